@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tuner.engine.argv import build_argv, build_env, flag_args, mask, mask_argv, secret_values
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--enforce-eager", True, ["--enforce-eager"]),
+        ("--enable-prefix-caching", False, ["--no-enable-prefix-caching"]),
+        ("-cc.cudagraph_mode", "PIECEWISE", ["-cc.cudagraph_mode=PIECEWISE"]),
+        ("--gpu-memory-utilization", 0.85, ["--gpu-memory-utilization", "0.85"]),
+        ("--max-num-seqs", 256, ["--max-num-seqs", "256"]),
+        ("--block-size", 32.0, ["--block-size", "32"]),
+        ("--cudagraph-capture-sizes", [1, 2, 4], ["--cudagraph-capture-sizes", "1", "2", "4"]),
+        ("--limit-mm-per-prompt", {"image": 4}, ["--limit-mm-per-prompt", '{"image":4}']),
+        ("--max-model-len", None, []),
+    ],
+)
+def test_flag_args(flag: str, value: object, expected: list[str]) -> None:
+    assert flag_args(flag, value) == expected
+
+
+def test_build_argv_trial_and_baseline(make_cfg) -> None:
+    cfg = make_cfg("+workload=image_heavy")
+    params = {"gpu_memory_utilization": 0.8, "enforce_eager": False, "cudagraph_mode": "PIECEWISE"}
+    argv = build_argv(cfg.engine, cfg.model, cfg.space, params, port=1234,
+                      server_args=cfg.workload.server_args)
+    assert argv[0] == sys.executable  # a leading "python" is this interpreter
+    assert argv[argv.index("--port") + 1] == "1234"
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert ["--load-format", "dummy"] == argv[argv.index("--load-format"):][:2]
+    assert "--limit-mm-per-prompt" in argv
+    assert "-cc.cudagraph_mode=PIECEWISE" in argv
+    assert "--no-enforce-eager" in argv
+    base = build_argv(cfg.engine, cfg.model, cfg.space, params, port=1, baseline=True)
+    assert "--gpu-memory-utilization" not in base and "-cc.cudagraph_mode=PIECEWISE" not in base
+
+
+def test_when_condition_drops_cudagraph_mode_under_eager(make_cfg) -> None:
+    cfg = make_cfg("+workload=chat")
+    argv = build_argv(cfg.engine, cfg.model, cfg.space,
+                      {"enforce_eager": True, "cudagraph_mode": "FULL"}, port=1)
+    assert "--enforce-eager" in argv
+    assert not any(a.startswith("-cc.cudagraph_mode") for a in argv)
+
+
+def test_env_lease_no_vllm_port_and_secrets(make_cfg) -> None:
+    cfg = make_cfg("+workload=chat", "engine=vllm", "engine.gpus=[2,3]")
+    environ = {"VLLM_PORT": "9000", "HF_TOKEN": "hf_secret_value", "PATH": "/bin"}
+    env = build_env(cfg.engine, cache_root=None, environ=environ)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "VLLM_PORT" not in env
+    assert env["HF_TOKEN"] == "hf_secret_value"
+    assert env["VLLM_NO_USAGE_STATS"] == "1"
+    secrets = secret_values(cfg.engine, environ)
+    assert secrets == ["hf_secret_value"]
+    assert mask("token=hf_secret_value!", secrets) == "token=***!"
+    assert mask_argv(["x", "--api-key", "abc123", "--api-key=abc123"], []) == [
+        "x", "--api-key", "***", "--api-key=***"]

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from tuner.config import load_config
+from tuner.errors import ConfigError
+from tuner.space import defaults, defaults_outside, distributions
+
+
+def test_default_space_distributions(make_cfg) -> None:
+    cfg = make_cfg("+workload=chat")
+    d = distributions(cfg.space)
+    assert isinstance(d["gpu_memory_utilization"], optuna.distributions.FloatDistribution)
+    assert isinstance(d["max_num_seqs"], optuna.distributions.IntDistribution)
+    assert d["max_num_seqs"].log
+    assert d["enforce_eager"].choices == (False, True)
+    assert 40960 in d["max_model_len"].choices  # the model's own length, by interpolation
+    base = defaults(cfg.space)
+    assert base["gpu_memory_utilization"] == 0.92 and base["max_model_len"] == 40960
+    for name, value in base.items():  # the baseline must be inside the space
+        assert d[name]._contains(d[name].to_internal_repr(value)), name
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("space.params.gpu_memory_utilization.high=1.5", "0 < x <= 1"),
+        ("space.params.gpu_memory_utilization.low=0.0", "0 < x <= 1"),
+        ("space.params.max_num_seqs.low=0", "integer >= 1"),
+        ("space.params.kv_cache_dtype.choices=[auto,fp7]", "fp8"),
+        ("space.params.cudagraph_mode.choices=[FULL,SOMETIMES]", "PIECEWISE"),
+        ("space.params.max_model_len.choices=[4096,99999]", "<= 40960"),
+        ("space.params.block_size.type=normal", "float, int, categorical, bool"),
+    ],
+)
+def test_out_of_range_fails_with_one_line(make_cfg, override: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        make_cfg("+workload=chat", override)
+    msg = str(e.value)
+    assert needle in msg
+    assert "\n" not in msg
+
+
+def test_defaults_outside_a_narrowed_range(make_cfg) -> None:
+    cfg = make_cfg("+workload=chat", "space.params.gpu_memory_utilization.high=0.5")
+    assert defaults_outside(cfg.space) == ["gpu_memory_utilization"]
+    assert defaults_outside(make_cfg("+workload=chat").space) == []
+
+
+def test_unknown_key_fails_at_compose(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="nope"):
+        load_config(["+workload=chat", "engine.nope=1",
+                     f"paths.output_dir={tmp_path}", f"paths.state_dir={tmp_path}"])
+    with pytest.raises(ConfigError):
+        load_config(["+workload=chat", "study.n_trials=many",
+                     f"paths.output_dir={tmp_path}", f"paths.state_dir={tmp_path}"])

@@ -1,0 +1,81 @@
+"""``python -m tuner +workload=chat [overrides]`` — the Hydra entry point.
+
+Thin: compose (Hydra) → convert to dataclasses once (:func:`tuner.config.to_config`) →
+:func:`tuner.study.run`. User mistakes become one line on stderr and exit code 2; nothing is
+launched before the whole config has been checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from types import FrameType
+
+import hydra
+from omegaconf import DictConfig
+
+from tuner.config import available, conf_dir, register_schemas, to_config
+from tuner.errors import ConfigError, TunerError
+
+log = logging.getLogger("tuner")
+
+register_schemas()
+
+
+def _check_groups(argv: list[str]) -> None:
+    """Reject an unknown group option (``+workload=nope``) with one line, before Hydra's
+    multi-line message."""
+    groups = {p.name for p in conf_dir().iterdir() if p.is_dir() and p.name != "hydra"}
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or key not in groups or not value or "," in value or "(" in value:
+            continue
+        options = available(key)
+        if value not in options:
+            raise ConfigError(f"unknown {key} {value!r}; allowed: {', '.join(options)}")
+
+
+def _sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def _app(cfg: DictConfig) -> None:
+    from tuner.study import run
+
+    try:
+        config = to_config(cfg)
+        if config.dry_run:
+            from tuner.plan import print_plan
+
+            print_plan(config)
+            return
+        run(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except TunerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        _check_groups(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        _app()
+    except KeyboardInterrupt:
+        from tuner.engine.process import kill_all_groups
+
+        kill_all_groups()
+        print("interrupted; stored trials are kept", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,364 @@
+"""Typed configuration: Hydra structured-config schemas, converted once at the entry point.
+
+The schemas are registered in Hydra's ConfigStore as ``tuner_schema`` (the primary config's first
+default), so an unknown key or a wrong type fails when Hydra composes the config. :func:`to_config`
+turns the composed ``DictConfig`` into these dataclasses and checks what types cannot (ranges,
+choices); nothing below the entry point sees a ``DictConfig``.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from tuner.errors import ConfigError
+
+__all__ = [
+    "ArrivalConfig",
+    "DistConfig",
+    "EngineConfig",
+    "ImageConfig",
+    "ModelConfig",
+    "ObjectiveConfig",
+    "ObjectiveSpec",
+    "ParamSpec",
+    "PathsConfig",
+    "SLOConfig",
+    "SpaceConfig",
+    "StudyConfig",
+    "TrackingConfig",
+    "TunerConfig",
+    "WorkloadConfig",
+    "register_schemas",
+    "to_config",
+]
+
+
+@dataclass
+class EngineConfig:
+    """How a server is started. ``kind`` is ``sim`` (the simulated engine) or ``vllm``."""
+
+    kind: str = "sim"
+    command: list[str] = field(default_factory=lambda: ["python", "-m", "tuner.sim", "serve"])
+    """argv prefix; the model path and flags follow. A leading ``python`` means this interpreter."""
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 900.0
+    stop_timeout_s: float = 15.0
+    health_interval_s: float = 0.5
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the server process (values starting with ``$`` are read from ours)."""
+    pass_env: list[str] = field(default_factory=lambda: ["HF_TOKEN", "VLLM_API_KEY"])
+    """Variables passed through from our environment if set; their values are masked everywhere."""
+    gpus: list[int] = field(default_factory=lambda: [0])
+    """The GPU lease: indices that become ``CUDA_VISIBLE_DEVICES``."""
+    cache_root: str | None = None
+    """Shared ``VLLM_CACHE_ROOT`` so torch.compile results are reused across trials."""
+    gpu_free_timeout_s: float = 120.0
+    """Before a launch, wait at most this long for NVML to show the memory the trial needs."""
+    extra_args: list[str] = field(default_factory=list)
+    """Flags added to every launch, after the model's fixed flags."""
+    gpu: str = "h200"
+    """GPU profile for the memory model's KV prediction (tuner.memory.GPU_PROFILES)."""
+
+
+@dataclass
+class ModelConfig:
+    """The model under test. ``path`` is a local directory with ``config.json`` and a tokenizer."""
+
+    name: str = MISSING
+    path: str = MISSING
+    served_name: str = "m"
+    max_model_len: int = MISSING
+    """The model's own context length (vLLM's derived max_model_len)."""
+    fixed_args: dict[str, Any] = field(default_factory=dict)
+    """Flags passed on every launch, e.g. ``{load-format: dummy}``."""
+
+
+@dataclass
+class ParamSpec:
+    """One searched engine parameter; the name is the key in ``space.params``.
+
+    ``type``: ``float``, ``int``, ``categorical`` or ``bool``. ``flag``: the ``vllm serve`` flag
+    (default ``--`` + name with dashes); a flag containing ``.`` (e.g. ``-cc.cudagraph_mode``) is
+    passed as ``flag=value``. ``default`` is vLLM's own default, used for the baseline trial.
+    """
+
+    type: str = MISSING
+    flag: str | None = None
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    choices: list[Any] | None = None
+    default: Any = None
+    enabled: bool = True
+    when: dict[str, Any] | None = None
+    """Pass the flag only when the other params have these values (e.g. cudagraph_mode only
+    when enforce_eager is false)."""
+
+
+@dataclass
+class SpaceConfig:
+    params: dict[str, ParamSpec] = field(default_factory=dict)
+
+
+@dataclass
+class DistConfig:
+    """A token-length distribution: ``fixed`` (mean), ``uniform`` (low..high), ``normal`` and
+    ``lognormal`` (mean, std), always clipped to [low, high]."""
+
+    kind: str = "fixed"
+    mean: float = 128.0
+    std: float = 0.0
+    low: int = 1
+    high: int = 1_000_000
+
+
+@dataclass
+class ImageConfig:
+    """Synthetic images per request: a count in [min_count, max_count], sizes drawn from buckets."""
+
+    min_count: int = 1
+    max_count: int = 4
+    sizes: list[list[int]] = field(default_factory=lambda: [[512, 512], [1024, 768]])
+    formats: list[str] = field(default_factory=lambda: ["jpeg", "png"])
+
+
+@dataclass
+class ArrivalConfig:
+    """``concurrency`` (closed loop: N in flight), ``poisson``/``gamma``/``constant`` at ``rate``."""
+
+    kind: str = "concurrency"
+    concurrency: int = 32
+    rate: float = 10.0
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+
+
+@dataclass
+class SLOConfig:
+    """Per-request service levels; a request meets them only if it meets all that are set."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+
+@dataclass
+class WorkloadConfig:
+    name: str = MISSING
+    endpoint: str = "chat"
+    num_requests: int = 200
+    duration_s: float = 300.0
+    """Upper bound on the replay's wall time; unsent requests are not counted."""
+    warmup_requests: int = 0
+    request_timeout_s: float = 300.0
+    seed: int = 0
+    system_prompt_tokens: int = 0
+    """A system prompt shared by every request (so prefix caching matters)."""
+    turns: int = 1
+    """Turns per conversation; later turns carry the earlier ones as context."""
+    input_tokens: DistConfig = field(default_factory=DistConfig)
+    output_tokens: DistConfig = field(default_factory=DistConfig)
+    images: ImageConfig | None = None
+    arrival: ArrivalConfig = field(default_factory=ArrivalConfig)
+    slo: SLOConfig = field(default_factory=SLOConfig)
+    server_args: dict[str, Any] = field(default_factory=dict)
+    """Flags this workload needs on every launch (e.g. ``limit-mm-per-prompt``)."""
+    corpus: str = "${paths.root_dir}/workloads/corpus.txt"
+
+
+@dataclass
+class StudyConfig:
+    name: str | None = None
+    """Default: ``<workload>-<model>``, so the same command continues the same study."""
+    n_trials: int = 12
+    """Trials to run in this invocation (added to those already stored)."""
+    sampler: str = "tpe"
+    seed: int = 0
+    storage: str | None = None
+    """Optuna storage URL; default SQLite under ``paths.state_dir``."""
+    baseline_first: bool = True
+    """Trial 0 of a new study runs vLLM's defaults (no searched flag passed)."""
+    n_startup_trials: int = 4
+
+
+@dataclass
+class ObjectiveSpec:
+    metric: str = MISSING
+    direction: str = MISSING
+
+
+@dataclass
+class ObjectiveConfig:
+    objectives: list[ObjectiveSpec] = field(
+        default_factory=lambda: [
+            ObjectiveSpec("output_throughput", "maximize"),
+            ObjectiveSpec("ttft_p95_ms", "minimize"),
+        ]
+    )
+    max_error_rate: float = 0.05
+    """A trial whose failed-request share exceeds this violates a constraint."""
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    uri: str = "sqlite:///mlflow.db"
+    experiment: str | None = None
+    """Default: the study name."""
+
+
+@dataclass
+class PathsConfig:
+    root_dir: str = MISSING
+    output_dir: str = MISSING
+    """This invocation's run directory (Hydra's); trial artifacts go to ``trial_NNNN/`` below it."""
+    state_dir: str = MISSING
+    """Survives invocations: Optuna storage, compile cache."""
+
+
+@dataclass
+class TunerConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    space: SpaceConfig = field(default_factory=SpaceConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    workload: WorkloadConfig = MISSING
+    dry_run: bool = False
+    """Print the plan (study, space, first argv) and exit without launching anything."""
+
+
+def register_schemas() -> None:
+    """Register the schema in Hydra's ConfigStore and the ``${tuner_root:}`` resolver."""
+    from hydra.core.config_store import ConfigStore
+
+    if not OmegaConf.has_resolver("tuner_root"):
+        root = str(Path(__file__).resolve().parent.parent)
+        OmegaConf.register_new_resolver("tuner_root", lambda: root)
+    ConfigStore.instance().store(name="tuner_schema", node=TunerConfig)
+
+
+def load_config(overrides: list[str]) -> TunerConfig:
+    """Compose with Hydra's compose API (tests, notebooks) and convert, like the CLI does.
+
+    Paths that come from Hydra's run (``paths.output_dir``) must be given in ``overrides``.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    register_schemas()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    except HydraException as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        raise ConfigError(" ".join(lines[:2])) from exc
+    return to_config(cfg)
+
+
+# --- semantic checks that types cannot express ---------------------------------------------
+
+ENGINE_KINDS = ("sim", "vllm")
+SAMPLERS = ("tpe", "random", "gp", "nsga2")
+DIRECTIONS = ("maximize", "minimize")
+PARAM_TYPES = ("float", "int", "categorical", "bool")
+ENDPOINTS = ("chat", "completions")
+ARRIVALS = ("concurrency", "poisson", "gamma", "constant")
+DISTS = ("fixed", "uniform", "normal", "lognormal")
+
+
+def _one_of(what: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{what} is {value!r}; allowed: {', '.join(allowed)}")
+
+
+def to_config(cfg: DictConfig) -> TunerConfig:
+    """Convert the composed Hydra config to :class:`TunerConfig` and validate it.
+
+    Raises :class:`ConfigError` with one line naming what is wrong and what is allowed.
+    """
+    if OmegaConf.is_missing(cfg, "workload"):
+        raise ConfigError(
+            f"no workload selected; add +workload=NAME (one of: {', '.join(available('workload'))})"
+        )
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as exc:
+        key = getattr(exc, "full_key", "?")
+        raise ConfigError(f"missing required config value {key}") from exc
+    except OmegaConfBaseException as exc:
+        first = str(exc).splitlines()[0]
+        raise ConfigError(f"invalid config: {first} (key {getattr(exc, 'full_key', '?')})") from exc
+    assert isinstance(obj, TunerConfig)
+    validate(obj)
+    return obj
+
+
+def validate(c: TunerConfig) -> None:
+    from tuner.space import validate_space  # stage module owns the vLLM ranges
+
+    _one_of("engine.kind", c.engine.kind, ENGINE_KINDS)
+    if not c.engine.command:
+        raise ConfigError("engine.command is empty; give the argv prefix, e.g. [vllm, serve]")
+    if c.engine.host not in ("127.0.0.1", "localhost", "::1"):
+        raise ConfigError(f"engine.host is {c.engine.host!r}; servers bind to loopback only")
+    if not c.engine.gpus:
+        raise ConfigError("engine.gpus is empty; list at least one GPU index, e.g. [0]")
+    _one_of("study.sampler", c.study.sampler, SAMPLERS)
+    if c.study.n_trials < 0:
+        raise ConfigError(f"study.n_trials is {c.study.n_trials}; allowed: an integer >= 0")
+    if not c.objective.objectives:
+        raise ConfigError("objective.objectives is empty; name at least one metric")
+    from tuner.score import METRICS
+
+    for o in c.objective.objectives:
+        _one_of("objective direction", o.direction, DIRECTIONS)
+        _one_of("objective metric", o.metric, tuple(sorted(METRICS)))
+    if not 0.0 <= c.objective.max_error_rate <= 1.0:
+        raise ConfigError(
+            f"objective.max_error_rate is {c.objective.max_error_rate}; allowed: 0.0 to 1.0"
+        )
+    w = c.workload
+    _one_of("workload.endpoint", w.endpoint, ENDPOINTS)
+    _one_of("workload.arrival.kind", w.arrival.kind, ARRIVALS)
+    for name, d in (("input_tokens", w.input_tokens), ("output_tokens", w.output_tokens)):
+        _one_of(f"workload.{name}.kind", d.kind, DISTS)
+        if d.low < 1 or d.high < d.low:
+            raise ConfigError(f"workload.{name} bounds [{d.low}, {d.high}]; need 1 <= low <= high")
+    if w.num_requests < 1:
+        raise ConfigError(f"workload.num_requests is {w.num_requests}; allowed: >= 1")
+    if w.arrival.kind == "concurrency" and w.arrival.concurrency < 1:
+        raise ConfigError(f"workload.arrival.concurrency is {w.arrival.concurrency}; allowed: >= 1")
+    if w.arrival.kind != "concurrency" and w.arrival.rate <= 0:
+        raise ConfigError(f"workload.arrival.rate is {w.arrival.rate}; allowed: > 0 requests/s")
+    if w.images is not None:
+        im = w.images
+        if not 0 <= im.min_count <= im.max_count:
+            raise ConfigError(
+                f"workload.images count [{im.min_count}, {im.max_count}]; need 0 <= min <= max"
+            )
+        if not im.sizes or any(len(s) != 2 or min(s) < 1 for s in im.sizes):
+            raise ConfigError("workload.images.sizes must be a list of [width, height] pairs")
+        for f in im.formats:
+            _one_of("workload.images format", f, ("jpeg", "png"))
+        if w.endpoint != "chat":
+            raise ConfigError("workload.images needs workload.endpoint=chat")
+    if not Path(c.model.path, "config.json").is_file():
+        raise ConfigError(f"model.path {c.model.path!r} has no config.json")
+    validate_space(c.space, c.model)
+
+
+def conf_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "conf"
+
+
+def available(group: str) -> list[str]:
+    """Option names of a config group (the YAML files in ``conf/<group>/``)."""
+    d = conf_dir() / group
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []

@@ -1,0 +1,273 @@
+"""Stage 3 — the server process: one lifecycle for ``vllm serve`` and the simulator.
+
+``Server`` starts an argv list (never a shell) in its own session/process group on a free
+loopback port, logs to a file, and is ready at the first ``GET /health`` == 200 while it watches
+both the process and every new log line: a fatal line (vllm-facts.md §3) fails the launch at once.
+Stopping sends SIGTERM to the whole group, waits, then SIGKILLs it, and checks through /proc that no
+member survived. A registry of live groups is killed on interpreter exit and on SIGTERM, so a
+dying tuner leaves no server behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import aiohttp
+
+from tuner.engine.logparse import classify, is_fatal, parse_facts
+from tuner.errors import EngineError, FailureReason, LaunchFailed
+from tuner.records import LaunchInfo
+
+__all__ = ["Server", "free_port", "group_members", "kill_all_groups"]
+
+log = logging.getLogger(__name__)
+
+_LIVE_GROUPS: set[int] = set()
+
+
+def kill_all_groups() -> None:
+    """SIGKILL every process group this tuner started and has not stopped (exit/signal path)."""
+    for pgid in list(_LIVE_GROUPS):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        _LIVE_GROUPS.discard(pgid)
+
+
+atexit.register(kill_all_groups)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``, read from /proc."""
+    out: list[int] = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may contain spaces/parens: split after the last ')'
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(d.name))
+    return out
+
+
+class Server:
+    """An engine server process. Use ``async with Server(...) as info:``."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        log_path: Path,
+        host: str,
+        port: int,
+        startup_timeout_s: float,
+        stop_timeout_s: float = 15.0,
+        health_interval_s: float = 0.5,
+    ) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.log_path = log_path
+        self.host = host
+        self.port = port
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.health_interval_s = health_interval_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pgid: int | None = None
+        self.ready = False
+        self.stop_s: float | None = None
+        self.survivors: list[int] = []
+        self._log_pos = 0
+        self._lines: list[str] = []
+        self._partial = ""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # -- log --------------------------------------------------------------------------------
+
+    def _read_new_lines(self) -> list[str]:
+        try:
+            with self.log_path.open("r", encoding="utf-8", errors="replace") as f:
+                f.seek(self._log_pos)
+                chunk = f.read()
+                self._log_pos = f.tell()
+        except FileNotFoundError:
+            return []
+        if not chunk:
+            return []
+        text = self._partial + chunk
+        parts = text.split("\n")
+        self._partial = parts.pop()
+        new = [p.rstrip("\r") for p in parts]
+        self._lines += new
+        return new
+
+    def log_lines(self) -> list[str]:
+        self._read_new_lines()
+        return self._lines + ([self._partial] if self._partial else [])
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> LaunchInfo:
+        """Launch and wait until ready. Raises :class:`LaunchFailed` with a classified reason."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with self.log_path.open("wb") as logf:
+            try:
+                self.proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise EngineError(f"cannot start {self.argv[0]!r}: {exc.strerror}") from exc
+        self.pgid = self.proc.pid  # start_new_session: the child leads its own group
+        _LIVE_GROUPS.add(self.pgid)
+        log.debug("started pid %s: %s", self.proc.pid, " ".join(self.argv))
+        timeout = aiohttp.ClientTimeout(total=2.0)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                fatal = [ln for ln in self._read_new_lines() if is_fatal(ln)]
+                if fatal:
+                    # let the traceback finish (pydantic prints the details under the line)
+                    await asyncio.sleep(0.5)
+                    raise self._failed()
+                if self.proc.poll() is not None:
+                    raise self._failed()
+                elapsed = time.monotonic() - t0
+                if elapsed > self.startup_timeout_s:
+                    raise LaunchFailed(
+                        FailureReason.STARTUP_TIMEOUT,
+                        f"no /health 200 within {self.startup_timeout_s:.0f} s",
+                    )
+                if await self._health(http) == 200:
+                    break
+                await asyncio.sleep(self.health_interval_s)
+            startup_s = time.monotonic() - t0
+            version = await self._version(http)
+        self.ready = True
+        facts = parse_facts(self.log_lines())
+        return LaunchInfo(
+            port=self.port,
+            pid=self.proc.pid,
+            startup_s=round(startup_s, 3),
+            kv_cache_tokens=facts.kv_cache_tokens,
+            max_concurrency=facts.max_concurrency,
+            max_model_len=facts.max_model_len,
+            kv_cache_gib=facts.kv_cache_gib,
+            model_load_gib=facts.model_load_gib,
+            model_load_s=facts.model_load_s,
+            graph_capture_s=facts.graph_capture_s,
+            graph_capture_gib=facts.graph_capture_gib,
+            init_engine_s=facts.init_engine_s,
+            compile_s=facts.compile_s,
+            engine_version=version or facts.engine_version,
+        )
+
+    def _failed(self) -> LaunchFailed:
+        reason, detail = classify(self.log_lines())
+        code = self.proc.poll() if self.proc else None
+        if reason is FailureReason.CRASH and code is not None:
+            detail = f"exit code {code}: {detail}"
+        return LaunchFailed(reason, detail)
+
+    async def _health(self, http: aiohttp.ClientSession) -> int | None:
+        try:
+            async with http.get(f"{self.base_url}/health") as r:
+                return r.status
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return None
+
+    async def _version(self, http: aiohttp.ClientSession) -> str | None:
+        try:
+            async with http.get(f"{self.base_url}/version") as r:
+                if r.status == 200:
+                    v = (await r.json()).get("version")
+                    return str(v) if v else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            pass
+        return None
+
+    async def check(self, http: aiohttp.ClientSession) -> tuple[FailureReason, str] | None:
+        """After ready: ``(ENGINE_DEAD, evidence)`` if the engine died, else None."""
+        new = self._read_new_lines()
+        dead_line = any("EngineCore encountered a fatal error" in ln for ln in new)
+        exited = self.proc is not None and self.proc.poll() is not None
+        if dead_line or exited or await self._health(http) == 503:
+            reason, detail = classify(self.log_lines(), after_ready=True)
+            if reason is not FailureReason.CUDA_OOM:
+                reason = FailureReason.ENGINE_DEAD
+            return reason, detail
+        return None
+
+    async def stop(self) -> None:
+        """SIGTERM the group, wait ``stop_timeout_s``, SIGKILL; then verify nothing survived."""
+        if self.proc is None or self.pgid is None:
+            return
+        t0 = time.monotonic()
+        pgid = self.pgid
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
+        deadline = t0 + self.stop_timeout_s
+        while time.monotonic() < deadline:
+            self.proc.poll()
+            if not group_members(pgid):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            log.warning("server group %s still alive after SIGTERM; sending SIGKILL", pgid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        for _ in range(50):
+            self.survivors = group_members(pgid)
+            if not self.survivors:
+                break
+            await asyncio.sleep(0.1)
+        _LIVE_GROUPS.discard(pgid)
+        self.stop_s = round(time.monotonic() - t0, 3)
+        if self.survivors:
+            log.error("processes %s of server group %s survived SIGKILL", self.survivors, pgid)
+        self._read_new_lines()
+
+    async def __aenter__(self) -> LaunchInfo:
+        try:
+            return await self.start()
+        except BaseException:
+            await asyncio.shield(self.stop())
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.shield(self.stop())

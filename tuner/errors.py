@@ -1,0 +1,82 @@
+"""One exception hierarchy for the tuner, and the classification of failed trials.
+
+::
+
+    TunerError                      anything the tuner raises on purpose
+    ├── ConfigError                 bad user input; caught at the entry point, printed as one line
+    ├── TrialFailed(reason, detail) a trial that could not be measured; recorded as data, never
+    │   ├── LaunchFailed            fatal to the study: the server did not become ready
+    │   └── ReplayFailed            the server was ready but the measurement broke
+    └── EngineError                 the tuner could not drive the engine at all (missing binary, ...)
+
+Lower-level errors (aiohttp, NVML, subprocess) are translated at one boundary each with
+``raise ... from exc``. Failed *requests* are not exceptions: they are a status on a record.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "ConfigError",
+    "EngineError",
+    "FailureReason",
+    "LaunchFailed",
+    "ReplayFailed",
+    "TrialFailed",
+    "TunerError",
+]
+
+
+class FailureReason(enum.StrEnum):
+    """Why a trial produced no measurement. Values are stable: they are stored in Optuna and MLflow."""
+
+    INVALID_CONFIG = "invalid_config"
+    """The engine rejected its arguments (argparse, pydantic, validation errors)."""
+    KV_TOO_SMALL = "kv_too_small"
+    """The KV cache cannot hold one ``max_model_len`` request."""
+    NO_KV_MEMORY = "no_kv_memory"
+    """Nothing left for KV cache blocks after weights and activations."""
+    CUDA_OOM = "cuda_oom"
+    """CUDA out of memory while loading, profiling, capturing graphs or warming up."""
+    GPU_BUSY = "gpu_busy"
+    """Free GPU memory below ``gpu_memory_utilization`` x total (another process holds the GPU)."""
+    ENGINE_DEAD = "engine_dead"
+    """The engine died after it became ready."""
+    STARTUP_TIMEOUT = "startup_timeout"
+    """The server did not answer ``/health`` in time."""
+    CRASH = "crash"
+    """The server exited without a message we recognise."""
+    PRECHECK = "precheck"
+    """Rejected by the tuner before launch (e.g. TP does not divide the heads)."""
+    REPLAY_ERRORS = "replay_errors"
+    """The server was up but too many requests failed."""
+
+
+class TunerError(Exception):
+    """Base of every error the tuner raises on purpose."""
+
+
+class ConfigError(TunerError):
+    """Bad user input. The message is one line naming what is wrong and what is allowed."""
+
+
+class EngineError(TunerError):
+    """The tuner could not drive the engine at all (e.g. the command does not exist)."""
+
+
+class TrialFailed(TunerError):
+    """A trial could not be measured; it is recorded with ``reason``, not raised out of the study."""
+
+    def __init__(self, reason: FailureReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class LaunchFailed(TrialFailed):
+    """The server never became ready."""
+
+
+class ReplayFailed(TrialFailed):
+    """The server became ready, but the measurement broke."""

@@ -1,0 +1,134 @@
+"""Frozen, JSON-serialisable records that flow between the pipeline stages.
+
+Every artifact the tuner writes (``requests.jsonl``, ``result.json``, ...) is one of these, dumped
+with :func:`to_json`. Times are seconds (``*_s``) unless a name says otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+__all__ = [
+    "LaunchInfo",
+    "RequestRecord",
+    "RequestSpec",
+    "TrialResult",
+    "to_json",
+    "to_jsonable",
+]
+
+RequestStatus = Literal["ok", "error", "timeout"]
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, enums, tuples and mappings to plain JSON types (recursively)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "value") and hasattr(obj, "name") and type(obj).__module__ != "builtins":
+        return obj.value  # enums
+    return obj
+
+
+def to_json(obj: Any, **kwargs: Any) -> str:
+    return json.dumps(to_jsonable(obj), **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSpec:
+    """One request the replay will send. Built by :mod:`tuner.workload`, consumed by :mod:`tuner.replay`.
+
+    ``body`` is the OpenAI request body without ``model`` and ``stream`` (the replay adds them).
+    ``arrival_s`` is the scheduled send time relative to the replay start for open-loop arrivals,
+    ``None`` for closed-loop. ``warmup`` requests are sent first and excluded from the metrics.
+    """
+
+    index: int
+    endpoint: Literal["chat", "completions"]
+    body: dict[str, Any]
+    prompt_tokens: int
+    output_tokens: int
+    arrival_s: float | None = None
+    warmup: bool = False
+    images: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestRecord:
+    """What happened to one request. A failed request is a status, never an exception."""
+
+    index: int
+    status: RequestStatus
+    t_sent_s: float
+    """Send time relative to the replay start."""
+    ttft_s: float | None = None
+    itl_s: tuple[float, ...] = ()
+    """Gaps between consecutive content chunks (one sample per chunk, as ``vllm bench serve``)."""
+    e2e_s: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    http_status: int | None = None
+    error: str | None = None
+    warmup: bool = False
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(e2e - ttft) / (output_tokens - 1), as ``vllm bench serve`` defines TPOT."""
+        if (
+            self.e2e_s is None
+            or self.ttft_s is None
+            or self.output_tokens is None
+            or self.output_tokens < 2
+        ):
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchInfo:
+    """What the launcher learned while starting a server (from its log and timing)."""
+
+    port: int
+    pid: int
+    startup_s: float
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_model_len: int | None = None
+    kv_cache_gib: float | None = None
+    model_load_gib: float | None = None
+    model_load_s: float | None = None
+    graph_capture_s: float | None = None
+    graph_capture_gib: float | None = None
+    init_engine_s: float | None = None
+    compile_s: float | None = None
+    engine_version: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialResult:
+    """The outcome of one trial: what Optuna is told and MLflow records."""
+
+    number: int
+    params: dict[str, Any]
+    argv: tuple[str, ...]
+    values: tuple[float, ...] | None
+    """Objective values in the order of the objective config; ``None`` if the trial failed."""
+    constraints: tuple[float, ...]
+    """> 0 means violated (Optuna's convention)."""
+    metrics: dict[str, float]
+    failure_reason: str | None = None
+    failure_detail: str | None = None
+    launch: LaunchInfo | None = None
+    predicted_kv_tokens: int | None = None
+    baseline: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.failure_reason is None

@@ -1,0 +1,90 @@
+"""What the user sees: a line per trial and, at the end, the trials of this run and the Pareto-best
+trials of the whole study (Optuna's ``best_trials``, which honours the constraints)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tuner.config import TunerConfig
+from tuner.records import TrialResult
+
+if TYPE_CHECKING:
+    from tuner.study import StudyOutcome
+
+__all__ = ["print_summary", "progress_line"]
+
+_UNITS = {"output_throughput": "tok/s", "goodput": "req/s", "request_throughput": "req/s"}
+
+
+def _fmt_metric(name: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    if name.endswith("_ms"):
+        return f"{v:,.0f} ms"
+    return f"{v:,.1f} {_UNITS.get(name, '')}".strip()
+
+
+def _changed(params: Mapping[str, Any], cfg: TunerConfig) -> str:
+    """Params that differ from vLLM's defaults, as ``name=value`` (the rest are defaults)."""
+    parts = []
+    for k, v in params.items():
+        spec = cfg.space.params.get(k)
+        if spec is not None and v != spec.default:
+            parts.append(f"{k}={v}")
+    return " ".join(parts) or "(vLLM defaults)"
+
+
+def progress_line(r: TrialResult, i: int, n: int, cfg: TunerConfig) -> str:
+    head = f"[{i}/{n}] trial {r.number}"
+    if r.baseline:
+        head += " (baseline)"
+    params = _changed(r.params, cfg)
+    if not r.ok:
+        return f"{head}: FAILED {r.failure_reason}: {r.failure_detail} | {params}"
+    objs = ", ".join(
+        f"{o.metric} {_fmt_metric(o.metric, r.metrics.get(o.metric))}"
+        for o in cfg.objective.objectives
+    )
+    launch = r.launch
+    start = f"start {launch.startup_s:.1f} s" if launch else ""
+    kv = f"KV {launch.kv_cache_tokens:,}" if launch and launch.kv_cache_tokens else ""
+    ok = f"{r.metrics.get('success_rate', 0.0):.0%} ok"
+    return f"{head}: {objs}, {ok} ({', '.join(x for x in (start, kv) if x)}) | {params}"
+
+
+def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | None = None) -> None:
+    console = console or Console(width=160)
+    objs = [o.metric for o in cfg.objective.objectives]
+    t = Table(title=f"Trials of this run — study {outcome.study.study_name}")
+    for col in ("#", "result", *objs, "startup s", "KV tokens", "KV predicted", "params"):
+        t.add_column(col, overflow="fold")
+    for r in outcome.results:
+        launch = r.launch
+        t.add_row(
+            str(r.number),
+            "ok" if r.ok else f"FAILED {r.failure_reason}",
+            *(_fmt_metric(m, r.metrics.get(m)) if r.ok else "-" for m in objs),
+            f"{launch.startup_s:.1f}" if launch else "-",
+            f"{launch.kv_cache_tokens:,}" if launch and launch.kv_cache_tokens else "-",
+            f"{r.predicted_kv_tokens:,}" if r.predicted_kv_tokens is not None else "-",
+            _changed(r.params, cfg),
+        )
+    console.print(t)
+    best = outcome.study.best_trials
+    b = Table(title=f"Pareto-best trials of study {outcome.study.study_name} ({len(best)})")
+    for col in ("#", *objs, "params"):
+        b.add_column(col, overflow="fold")
+    for tr in sorted(best, key=lambda x: x.number):
+        b.add_row(
+            str(tr.number),
+            *(_fmt_metric(m, v) for m, v in zip(objs, tr.values or [], strict=False)),
+            _changed(tr.params, cfg),
+        )
+    if best:
+        console.print(b)
+    else:
+        console.print("No feasible trial yet: every trial failed or violated a constraint.")

@@ -1,0 +1,158 @@
+"""Stage 1 — the search space: YAML parameter specs → Optuna distributions, checked against vLLM.
+
+Any ``vllm serve`` flag can be searched by naming it in ``conf/space/*.yaml``; this module knows
+the allowed range of the common ones (vLLM 0.24.0, shared/research/vllm-facts.md §1.2) so that a
+bound vLLM would reject fails at start-up with one clear line instead of in every trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna.distributions as od
+
+from tuner.config import PARAM_TYPES, ModelConfig, ParamSpec, SpaceConfig
+from tuner.errors import ConfigError
+
+__all__ = [
+    "CUDAGRAPH_MODES",
+    "KV_CACHE_DTYPES",
+    "defaults",
+    "defaults_outside",
+    "distributions",
+    "flag_name",
+    "validate_space",
+]
+
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+KV_CACHE_DTYPES = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+    "int8_per_token_head", "fp8_per_token_head", "nvfp4",
+)  # fmt: skip
+
+# name -> (lowest allowed, lowest inclusive?, highest allowed or None, text for the error)
+_NUMERIC_RANGES: dict[str, tuple[float, bool, float | None, str]] = {
+    "gpu_memory_utilization": (0.0, False, 1.0, "0 < x <= 1"),
+    "block_size": (1, True, None, "an integer >= 1 (multiples of 16 on Hopper)"),
+    "max_num_seqs": (1, True, None, "an integer >= 1"),
+    "max_num_batched_tokens": (1, True, None, "an integer >= 1"),
+    "max_model_len": (1, True, None, "an integer >= 1, at most the model's max_model_len"),
+    "tensor_parallel_size": (1, True, None, "an integer >= 1"),
+    "max_cudagraph_capture_size": (0, True, None, "an integer >= 0"),
+    "stream_interval": (1, True, None, "an integer >= 1"),
+    "cpu_offload_gb": (0.0, True, None, "a number >= 0"),
+    "watermark": (0.0, True, 1.0, "0 <= x < 1"),
+}
+_CHOICES: dict[str, tuple[Any, ...]] = {
+    "kv_cache_dtype": KV_CACHE_DTYPES,
+    "cudagraph_mode": CUDAGRAPH_MODES,
+    "performance_mode": ("balanced", "interactivity", "throughput"),
+    "scheduling_policy": ("fcfs", "priority"),
+    "optimization_level": (0, 1, 2, 3),
+}
+
+
+def flag_name(name: str, spec: ParamSpec) -> str:
+    """The ``vllm serve`` flag for a parameter: ``spec.flag`` or ``--`` + name with dashes."""
+    return spec.flag or "--" + name.replace("_", "-")
+
+
+def _check_value(name: str, value: Any, model: ModelConfig) -> str | None:
+    """Why vLLM would reject ``value`` for ``name``, or None if it is allowed."""
+    if name in _NUMERIC_RANGES and value is not None:
+        lo, lo_incl, hi, text = _NUMERIC_RANGES[name]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"allowed: {text}"
+        too_low = value < lo or (value == lo and not lo_incl)
+        too_high = hi is not None and (value > hi or (value == hi and name == "watermark"))
+        if name == "max_model_len" and value > model.max_model_len:
+            return f"allowed: <= {model.max_model_len} (model {model.name}'s max_model_len)"
+        if too_low or too_high:
+            return f"allowed: {text}"
+    if name in _CHOICES and value is not None:
+        allowed = _CHOICES[name]
+        v = value.upper() if name == "cudagraph_mode" and isinstance(value, str) else value
+        if v not in allowed:
+            return f"allowed: {', '.join(map(str, allowed))}"
+    return None
+
+
+def validate_space(space: SpaceConfig, model: ModelConfig) -> None:
+    """Raise :class:`ConfigError` (one line) for a spec Optuna or vLLM would reject."""
+    for name, spec in space.params.items():
+        where = f"space.params.{name}"
+        if spec.type not in PARAM_TYPES:
+            raise ConfigError(f"{where}.type is {spec.type!r}; allowed: {', '.join(PARAM_TYPES)}")
+        if spec.type in ("float", "int"):
+            if spec.low is None or spec.high is None:
+                raise ConfigError(f"{where} needs low and high for type {spec.type}")
+            if spec.low > spec.high:
+                raise ConfigError(f"{where} has low {spec.low} > high {spec.high}")
+            if spec.type == "int" and (spec.low != int(spec.low) or spec.high != int(spec.high)):
+                raise ConfigError(f"{where} is an int parameter; low and high must be integers")
+            for bound, v in (("low", spec.low), ("high", spec.high)):
+                why = _check_value(name, int(v) if spec.type == "int" else v, model)
+                if why:
+                    raise ConfigError(f"{where}.{bound} = {v} is outside vLLM's range; {why}")
+            if spec.log and spec.low <= 0:
+                raise ConfigError(f"{where} is log-scaled, so low must be > 0 (got {spec.low})")
+        elif spec.type == "categorical":
+            if not spec.choices:
+                raise ConfigError(f"{where} is categorical but has no choices")
+            for c in spec.choices:
+                why = _check_value(name, c, model)
+                if why:
+                    raise ConfigError(f"{where} choice {c!r} is outside vLLM's range; {why}")
+
+
+def _contains(spec: ParamSpec, value: Any) -> bool:
+    if spec.type == "bool":
+        return isinstance(value, bool)
+    if spec.type == "categorical":
+        return value in (spec.choices or [])
+    assert spec.low is not None and spec.high is not None
+    return isinstance(value, int | float) and spec.low <= value <= spec.high
+
+
+def distributions(space: SpaceConfig) -> dict[str, od.BaseDistribution]:
+    """Optuna distributions for the enabled parameters, in YAML order."""
+    out: dict[str, od.BaseDistribution] = {}
+    for name, spec in space.params.items():
+        if not spec.enabled:
+            continue
+        if spec.type == "float":
+            assert spec.low is not None and spec.high is not None
+            out[name] = od.FloatDistribution(spec.low, spec.high, log=spec.log, step=spec.step)
+        elif spec.type == "int":
+            assert spec.low is not None and spec.high is not None
+            out[name] = od.IntDistribution(
+                int(spec.low), int(spec.high), log=spec.log, step=int(spec.step or 1)
+            )
+        elif spec.type == "bool":
+            out[name] = od.CategoricalDistribution([False, True])
+        else:
+            out[name] = od.CategoricalDistribution(list(spec.choices or []))
+    return out
+
+
+def defaults(space: SpaceConfig) -> dict[str, Any]:
+    """vLLM's default for every enabled parameter (the baseline trial's params)."""
+    return {n: s.default for n, s in space.params.items() if s.enabled}
+
+
+def defaults_outside(space: SpaceConfig) -> list[str]:
+    """Enabled params whose vLLM default lies outside the searched range (no baseline then)."""
+    return [
+        n
+        for n, s in space.params.items()
+        if s.enabled and (s.default is None or not _contains(s, s.default))
+    ]
+
+
+def resolved(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Params with vLLM's defaults filled in for disabled/unsampled parameters."""
+    out = {n: s.default for n, s in space.params.items()}
+    out.update(params)
+    return out

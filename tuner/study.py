@@ -1,0 +1,453 @@
+"""The study loop: ask Optuna for params, run the trial's stages, tell Optuna, record in MLflow.
+
+Reads as the list of stages in shared/design/ARCHITECTURE.md::
+
+    params = space (ask) → precheck → launch → replay (+ telemetry) → score → record → teardown
+
+A trial that cannot start or measure is *data*: it is told to Optuna as COMPLETE with a violated
+``failed`` constraint (so the sampler learns the region) and recorded in MLflow with its
+``failure_reason``. ``FAIL`` is used only for an interrupted trial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import optuna
+
+from tuner import __version__
+from tuner.config import TunerConfig
+from tuner.engine.argv import build_argv, build_env, mask, mask_argv, secret_values
+from tuner.engine.process import Server, free_port
+from tuner.errors import ConfigError, FailureReason, LaunchFailed, TrialFailed
+from tuner.memory import GPU_PROFILES, ModelShape, estimate
+from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, to_json
+from tuner.replay import replay
+from tuner.score import failure_values, objective_values, summarize
+from tuner.space import defaults, defaults_outside, distributions, resolved
+from tuner.telemetry.gpu import GpuSampler, gpu_memory, nvml_available, wait_for_free_memory
+from tuner.telemetry.prom import MetricsScraper
+from tuner.tracking import NullTracker, Tracker, open_tracker
+from tuner.workload import build_requests
+
+__all__ = ["StudyOutcome", "run"]
+
+log = logging.getLogger("tuner")
+
+CONSTRAINTS = ("failed", "error_rate")
+
+
+@dataclass
+class StudyOutcome:
+    study: optuna.Study
+    results: list[TrialResult] = field(default_factory=list)
+    interrupted: bool = False
+
+
+@dataclass
+class _Ctx:
+    cfg: TunerConfig
+    shape: ModelShape
+    requests: list[RequestSpec]
+    secrets: list[str]
+    run_dir: Path
+    cache_root: Path | None
+    engine_version: str | None = None
+
+
+def study_name(cfg: TunerConfig) -> str:
+    return cfg.study.name or f"{cfg.workload.name}-{cfg.model.name}"
+
+
+def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
+    # A resumed study must not replay the same random start-up points: offset the seed.
+    seed = cfg.study.seed + n_existing
+    s = cfg.study.sampler
+    if s == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if s == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
+    if s == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
+
+
+def open_study(cfg: TunerConfig) -> optuna.Study:
+    state = Path(cfg.paths.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    storage = cfg.study.storage or f"sqlite:///{state / 'optuna.db'}"
+    name = study_name(cfg)
+    directions = [o.direction for o in cfg.objective.objectives]
+    n_existing = 0
+    with contextlib.suppress(KeyError):
+        n_existing = len(optuna.load_study(study_name=name, storage=storage).trials)
+    try:
+        study = optuna.create_study(
+            study_name=name,
+            storage=storage,
+            directions=directions,
+            sampler=_sampler(cfg, n_existing),
+            load_if_exists=True,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"study {name!r} exists with other objectives: {exc}") from exc
+    if [d.name.lower() for d in study.directions] != directions:
+        raise ConfigError(
+            f"study {name!r} in {storage} was created with directions "
+            f"{[d.name.lower() for d in study.directions]}; this run asks for {directions}; "
+            "set study.name to start a new study"
+        )
+    study.set_metric_names([o.metric for o in cfg.objective.objectives])
+    for key, value in (("workload", cfg.workload.name), ("model", cfg.model.name)):
+        study.set_user_attr(key, value)
+    return study
+
+
+def run(cfg: TunerConfig) -> StudyOutcome:
+    """Run ``cfg.study.n_trials`` more trials of the study ``cfg`` names."""
+    from tuner.report import print_summary, progress_line
+
+    run_dir = Path(cfg.paths.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    study = open_study(cfg)
+    dists = distributions(cfg.space)
+    if cfg.study.baseline_first and not study.trials:
+        outside = defaults_outside(cfg.space)
+        if outside:
+            log.warning("no baseline trial: vLLM's default of %s is outside the searched range",
+                        ", ".join(outside))
+        else:
+            study.enqueue_trial(defaults(cfg.space), user_attrs={"baseline": True})
+    requests = build_requests(cfg.workload, Path(cfg.model.path))
+    secrets = secret_values(cfg.engine)
+    cache_root = Path(cfg.engine.cache_root) if cfg.engine.cache_root else None
+    if cache_root is None and cfg.engine.kind == "vllm":
+        cache_root = Path(cfg.paths.state_dir) / "vllm_cache"
+    ctx = _Ctx(cfg, ModelShape.from_dir(cfg.model.path), requests, secrets, run_dir, cache_root)
+    tracker = open_tracker(
+        cfg.tracking.enabled,
+        cfg.tracking.uri,
+        cfg.tracking.experiment or study.study_name,
+        run_dir.name,
+        _tags(cfg),
+        lambda s: mask(s, secrets),
+    )
+    outcome = StudyOutcome(study)
+    log.info(
+        "study %s: %d trials stored, running %d more (%s engine, model %s, workload %s, %d "
+        "requests/trial); run dir %s",
+        study.study_name,
+        len(study.trials),
+        cfg.study.n_trials,
+        cfg.engine.kind,
+        cfg.model.name,
+        cfg.workload.name,
+        sum(not r.warmup for r in requests),
+        run_dir,
+    )
+    status = "FINISHED"
+    try:
+        for i in range(cfg.study.n_trials):
+            trial = study.ask(dists)
+            baseline = bool(trial.user_attrs.get("baseline", False))
+            try:
+                result = asyncio.run(_run_trial(ctx, trial.number, dict(trial.params), baseline))
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            _tell(study, trial, result, cfg)
+            _record(tracker, result, run_dir, ctx, cfg)
+            outcome.results.append(result)
+            log.info(progress_line(result, i + 1, cfg.study.n_trials, cfg))
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+        status = "KILLED"
+        log.warning("interrupted: the running trial is marked FAIL; stored trials are kept")
+        raise
+    finally:
+        tracker.finish(status, _parent_summary(outcome))
+    print_summary(outcome, cfg)
+    return outcome
+
+
+def _tags(cfg: TunerConfig) -> dict[str, str]:
+    return {
+        "engine": cfg.engine.kind,
+        "model": cfg.model.name,
+        "workload": cfg.workload.name,
+        "tuner.version": __version__,
+        "optuna.version": optuna.__version__,
+    }
+
+
+def _parent_summary(outcome: StudyOutcome) -> dict[str, float]:
+    ok = [r for r in outcome.results if r.ok]
+    return {
+        "trials_run": float(len(outcome.results)),
+        "trials_ok": float(len(ok)),
+        "trials_failed": float(len(outcome.results) - len(ok)),
+    }
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, cfg: TunerConfig) -> None:
+    for key, value in zip(CONSTRAINTS, result.constraints, strict=True):
+        trial.set_constraint(key, value)
+    attrs: dict[str, Any] = {
+        "metrics": result.metrics,
+        "failure_reason": result.failure_reason,
+        "failure_detail": result.failure_detail,
+        "predicted_kv_tokens": result.predicted_kv_tokens,
+        "argv": list(result.argv),
+    }
+    if result.launch is not None:
+        attrs["kv_cache_tokens"] = result.launch.kv_cache_tokens
+        attrs["startup_s"] = result.launch.startup_s
+        attrs["engine_version"] = result.launch.engine_version
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    values = result.values if result.values is not None else failure_values(cfg.objective)
+    study.tell(trial, list(values))
+
+
+def _record(
+    tracker: Tracker | NullTracker, result: TrialResult, run_dir: Path, ctx: _Ctx, cfg: TunerConfig
+) -> None:
+    tags = {"vllm.version": ctx.engine_version or "unknown"}
+    try:
+        tracker.log_trial(result, _trial_dir(run_dir, result.number), tags)
+    except Exception as exc:  # tracking must never lose the study: log and go on
+        log.error("MLflow logging of trial %d failed: %s", result.number, exc)
+
+
+def _trial_dir(run_dir: Path, number: int) -> Path:
+    return run_dir / f"trial_{number:04d}"
+
+
+# --- one trial --------------------------------------------------------------------------------
+
+
+def _precheck(
+    cfg: TunerConfig, shape: ModelShape, params: Mapping[str, Any], requests: list[RequestSpec]
+) -> None:
+    """Certain failures, told to Optuna without launching anything."""
+    tp = int(params.get("tensor_parallel_size") or 1)
+    if tp > len(cfg.engine.gpus):
+        raise TrialFailed(
+            FailureReason.PRECHECK,
+            f"tensor_parallel_size {tp} exceeds the GPU lease {cfg.engine.gpus}",
+        )
+    if shape.num_attention_heads % tp:
+        raise TrialFailed(
+            FailureReason.PRECHECK,
+            f"tensor_parallel_size {tp} does not divide the {shape.num_attention_heads} "
+            "attention heads",
+        )
+    mml = params.get("max_model_len")
+    if isinstance(mml, int) and requests:
+        too_long = [r for r in requests if r.prompt_tokens + r.output_tokens > mml]
+        if len(too_long) > cfg.objective.max_error_rate * len(requests):
+            longest = max(r.prompt_tokens + r.output_tokens for r in requests)
+            raise TrialFailed(
+                FailureReason.PRECHECK,
+                f"max_model_len {mml} is shorter than {len(too_long)} of {len(requests)} "
+                f"requests (longest {longest:,} tokens); vLLM would reject them",
+            )
+
+
+async def _run_trial(
+    ctx: _Ctx, number: int, params: dict[str, Any], baseline: bool
+) -> TrialResult:
+    cfg = ctx.cfg
+    t0 = time.monotonic()
+    tdir = _trial_dir(ctx.run_dir, number)
+    tdir.mkdir(parents=True, exist_ok=True)
+    full = resolved(cfg.space, params)
+    predicted = _predict(ctx, full)
+    port = free_port(cfg.engine.host)
+    argv = build_argv(
+        cfg.engine,
+        cfg.model,
+        cfg.space,
+        params,
+        port=port,
+        server_args=cfg.workload.server_args,
+        baseline=baseline,
+    )
+    shown_argv = tuple(mask_argv(argv, ctx.secrets))
+    launch: LaunchInfo | None = None
+    records: list[RequestRecord] = []
+    metrics: dict[str, float] = {}
+    failure: TrialFailed | None = None
+    server: Server | None = None
+    try:
+        _precheck(cfg, ctx.shape, full, ctx.requests)
+        metrics.update(await _wait_gpu(cfg, full))
+        server = Server(
+            argv,
+            env=build_env(cfg.engine, cache_root=ctx.cache_root),
+            log_path=tdir / "server.log",
+            host=cfg.engine.host,
+            port=port,
+            startup_timeout_s=cfg.engine.startup_timeout_s,
+            stop_timeout_s=cfg.engine.stop_timeout_s,
+            health_interval_s=cfg.engine.health_interval_s,
+        )
+        log.info("trial %d: launching (%s)", number, "vLLM defaults" if baseline else params)
+        async with server as launch:
+            if launch.engine_version:
+                ctx.engine_version = launch.engine_version
+            log.info(
+                "trial %d: ready in %.1f s, KV cache %s tokens (predicted %s); replaying %d "
+                "requests",
+                number,
+                launch.startup_s,
+                _fmt_int(launch.kv_cache_tokens),
+                _fmt_int(predicted),
+                len(ctx.requests),
+            )
+            records, telemetry = await _measure(ctx, server, tdir)
+            metrics.update(telemetry)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
+                dead = await server.check(http)
+            if dead is not None:
+                failure = TrialFailed(*dead)
+    except TrialFailed as exc:
+        failure = exc
+    finally:
+        if server is not None:
+            metrics["stop_s"] = server.stop_s or 0.0
+            metrics["survivors"] = float(len(server.survivors))
+            _mask_file(tdir / "server.log", ctx.secrets)
+    metrics.update(summarize(records, cfg.workload.slo))
+    if failure is None and records and metrics["error_rate"] >= 1.0:
+        first = next((r.error for r in records if r.error), "all requests failed")
+        failure = TrialFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
+    values = None if failure is not None else objective_values(metrics, cfg.objective)
+    constraints = (
+        1.0 if failure is not None else 0.0,
+        metrics.get("error_rate", 1.0) - cfg.objective.max_error_rate,
+    )
+    result = TrialResult(
+        number=number,
+        params=full,
+        argv=shown_argv,
+        values=values,
+        constraints=constraints,
+        metrics=metrics,
+        failure_reason=failure.reason.value if failure else None,
+        failure_detail=mask(failure.detail, ctx.secrets) if failure else None,
+        launch=launch,
+        predicted_kv_tokens=predicted,
+        baseline=baseline,
+    )
+    result = replace(result, duration_s=round(time.monotonic() - t0, 3))
+    _write_artifacts(tdir, result, records)
+    return result
+
+
+async def _wait_gpu(cfg: TunerConfig, params: Mapping[str, Any]) -> dict[str, float]:
+    """Before a real launch: wait (bounded) for the memory vLLM's start-up check will demand."""
+    if cfg.engine.kind != "vllm" or not nvml_available():
+        return {}
+    gmu = float(params.get("gpu_memory_utilization") or 0.92)
+    gpus = cfg.engine.gpus
+    before = gpu_memory(gpus)
+    need = max(m.total_gib for m in before) * gmu + 0.5 if before else 0.0
+    ok, mem = await asyncio.to_thread(
+        wait_for_free_memory, gpus, need, cfg.engine.gpu_free_timeout_s
+    )
+    used = max((m.used_gib for m in mem), default=0.0)
+    if not ok:
+        raise LaunchFailed(
+            FailureReason.GPU_BUSY,
+            f"GPU memory not free after {cfg.engine.gpu_free_timeout_s:.0f} s: "
+            f"{used:.1f} GiB used, need {need:.1f} GiB free for gpu_memory_utilization {gmu}",
+        )
+    log.info("GPUs %s: %.2f GiB used before launch", gpus, used)
+    return {"gpu_used_before_launch_gib": used}
+
+
+async def _measure(
+    ctx: _Ctx, server: Server, tdir: Path
+) -> tuple[list[RequestRecord], dict[str, float]]:
+    cfg = ctx.cfg
+    w = cfg.workload
+    api_key = _api_key(cfg)
+    done = 0
+    total = len(ctx.requests)
+    step = max(1, total // 4)
+
+    def on_record(r: RequestRecord) -> None:
+        nonlocal done
+        done += 1
+        if done % step == 0 and done < total:
+            log.info("  replay %d/%d requests", done, total)
+
+    with GpuSampler(cfg.engine.gpus if cfg.engine.kind == "vllm" else [], 0.5) as gpu:
+        async with MetricsScraper(server.base_url, interval_s=1.0) as prom:
+            records = await replay(
+                server.base_url,
+                cfg.model.served_name,
+                ctx.requests,
+                w.arrival,
+                duration_s=w.duration_s,
+                request_timeout_s=w.request_timeout_s,
+                api_key=api_key,
+                on_record=on_record,
+            )
+    _write_jsonl(tdir / "metrics.jsonl", prom.samples)
+    _write_jsonl(tdir / "gpu.jsonl", gpu.samples)
+    return records, {**prom.summary(), **gpu.summary()}
+
+
+def _api_key(cfg: TunerConfig) -> str | None:
+    import os
+
+    key = os.environ.get("VLLM_API_KEY")
+    return key or None
+
+
+def _predict(ctx: _Ctx, params: Mapping[str, Any]) -> int | None:
+    gpu = GPU_PROFILES.get(ctx.cfg.engine.gpu)
+    if gpu is None:
+        return None
+    try:
+        est = estimate(ctx.shape, gpu, params)
+    except (ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+    return est.kv_tokens if est.failure is None else 0
+
+
+def _fmt_int(v: int | None) -> str:
+    return f"{v:,}" if v is not None else "?"
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def _write_artifacts(tdir: Path, result: TrialResult, records: list[RequestRecord]) -> None:
+    with (tdir / "requests.jsonl").open("w") as f:
+        for r in records:
+            f.write(to_json(r) + "\n")
+    (tdir / "result.json").write_text(to_json(result, indent=2) + "\n")
+
+
+def _mask_file(path: Path, secrets: list[str]) -> None:
+    if not secrets or not path.is_file():
+        return
+    text = path.read_text(errors="replace")
+    masked = mask(text, secrets)
+    if masked != text:
+        path.write_text(masked)

@@ -1,0 +1,164 @@
+"""Stage 6 — record: one MLflow experiment per study, a parent run per invocation, a child run
+per trial with params, metrics, tags and the trial's artifact folder.
+
+Uses ``MlflowClient`` (explicit run ids, no global active run), in the shape of optuna-integration's
+deprecated ``MLflowCallback``. Every string passes through ``mask`` first, so secrets the server
+needs never reach the tracking store.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tuner.records import TrialResult
+
+__all__ = ["NullTracker", "Tracker", "open_tracker"]
+
+log = logging.getLogger(__name__)
+
+_MAX_PARAM = 6000
+_MAX_TAG = 5000
+
+
+class NullTracker:
+    """Tracking switched off (``tracking.enabled=false``)."""
+
+    parent_run_id: str | None = None
+
+    def log_trial(self, result: TrialResult, trial_dir: Path, tags: Mapping[str, str]) -> None:
+        pass
+
+    def finish(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None) -> None:
+        pass
+
+
+class Tracker:
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_name: str,
+        tags: Mapping[str, str],
+        mask: Callable[[str], str],
+    ) -> None:
+        from mlflow import MlflowClient
+        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+        self._parent_tag = MLFLOW_PARENT_RUN_ID
+        self._name_tag = MLFLOW_RUN_NAME
+        self.mask = mask
+        self.client = MlflowClient(tracking_uri=uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = (
+            exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+        )
+        self.base_tags = {k: mask(str(v)) for k, v in tags.items()}
+        run = self.client.create_run(
+            self.experiment_id, run_name=run_name, tags={**self.base_tags, "tuner.role": "study"}
+        )
+        self.parent_run_id: str | None = run.info.run_id
+
+    def log_trial(self, result: TrialResult, trial_dir: Path, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=f"trial-{result.number:04d}",
+            tags={
+                **self.base_tags,
+                **{k: self.mask(str(v)) for k, v in tags.items()},
+                self._parent_tag: self.parent_run_id,
+                "tuner.role": "trial",
+            },
+        )
+        rid = run.info.run_id
+        now = int(time.time() * 1000)
+        params = [Param(k, self.mask(str(v))[:_MAX_PARAM]) for k, v in result.params.items()]
+        params.append(Param("argv", self.mask(" ".join(result.argv))[:_MAX_PARAM]))
+        metrics = [Metric(k, float(v), now, 0) for k, v in _metrics(result).items()]
+        trial_tags = {
+            "trial.number": str(result.number),
+            "trial.state": "ok" if result.ok else "failed",
+            "trial.baseline": str(result.baseline).lower(),
+        }
+        if result.failure_reason:
+            trial_tags["failure_reason"] = result.failure_reason
+            trial_tags["failure_detail"] = self.mask(result.failure_detail or "")[:_MAX_TAG]
+        rtags = [RunTag(k, v) for k, v in trial_tags.items()]
+        for i in range(0, len(metrics), 900):  # MLflow's batch limit is 1000
+            self.client.log_batch(
+                rid,
+                metrics=metrics[i : i + 900],
+                params=params if i == 0 else [],
+                tags=rtags if i == 0 else [],
+            )
+        if trial_dir.is_dir():
+            self.client.log_artifacts(rid, str(trial_dir))
+        self.client.set_terminated(rid, "FINISHED" if result.ok else "FAILED")
+
+    def finish(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None) -> None:
+        from mlflow.entities import Metric
+
+        if self.parent_run_id is None:
+            return
+        now = int(time.time() * 1000)
+        if summary:
+            self.client.log_batch(
+                self.parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in summary.items()]
+            )
+        self.client.set_terminated(self.parent_run_id, status)
+        self.parent_run_id = None
+
+
+def _metrics(result: TrialResult) -> dict[str, float]:
+    out: dict[str, float] = dict(result.metrics)
+    launch = result.launch
+    if launch is not None:
+        for k in (
+            "startup_s",
+            "kv_cache_tokens",
+            "max_concurrency",
+            "kv_cache_gib",
+            "model_load_gib",
+            "model_load_s",
+            "graph_capture_s",
+            "graph_capture_gib",
+            "init_engine_s",
+            "compile_s",
+        ):
+            v = getattr(launch, k)
+            if v is not None:
+                out[k] = float(v)
+    if result.predicted_kv_tokens is not None:
+        out["predicted_kv_tokens"] = float(result.predicted_kv_tokens)
+    out["failed_launch"] = 0.0 if result.ok or result.launch is not None else 1.0
+    out["trial_duration_s"] = result.duration_s
+    for i, c in enumerate(result.constraints):
+        out[f"constraint_{i}"] = c
+    return {k: v for k, v in out.items() if _finite(v)}
+
+
+def _finite(v: Any) -> bool:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return False
+    return f == f and f not in (float("inf"), float("-inf"))
+
+
+def open_tracker(
+    enabled: bool,
+    uri: str,
+    experiment: str,
+    run_name: str,
+    tags: Mapping[str, str],
+    mask: Callable[[str], str],
+) -> Tracker | NullTracker:
+    if not enabled:
+        return NullTracker()
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    return Tracker(uri, experiment, run_name, tags, mask)
