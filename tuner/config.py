@@ -128,7 +128,7 @@ class ImageConfig:
 
 @dataclass
 class ArrivalConfig:
-    """``concurrency`` (closed loop: N in flight), ``poisson``/``gamma``/``constant`` at ``rate``."""
+    """``concurrency`` (closed loop) or ``poisson``/``gamma``/``constant`` at ``rate``."""
 
     kind: str = "concurrency"
     concurrency: int = 32

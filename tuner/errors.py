@@ -7,7 +7,7 @@
     ├── TrialFailed(reason, detail) a trial that could not be measured; recorded as data, never
     │   ├── LaunchFailed            fatal to the study: the server did not become ready
     │   └── ReplayFailed            the server was ready but the measurement broke
-    └── EngineError                 the tuner could not drive the engine at all (missing binary, ...)
+    └── EngineError                 the tuner cannot drive the engine (missing binary, NVML, ...)
 
 Lower-level errors (aiohttp, NVML, subprocess) are translated at one boundary each with
 ``raise ... from exc``. Failed *requests* are not exceptions: they are a status on a record.
@@ -29,7 +29,7 @@ __all__ = [
 
 
 class FailureReason(enum.StrEnum):
-    """Why a trial produced no measurement. Values are stable: they are stored in Optuna and MLflow."""
+    """Why a trial produced no measurement. Values are stable: Optuna and MLflow store them."""
 
     INVALID_CONFIG = "invalid_config"
     """The engine rejected its arguments (argparse, pydantic, validation errors)."""
@@ -66,7 +66,7 @@ class EngineError(TunerError):
 
 
 class TrialFailed(TunerError):
-    """A trial could not be measured; it is recorded with ``reason``, not raised out of the study."""
+    """A trial could not be measured; recorded with ``reason``, never raised out of the study."""
 
     def __init__(self, reason: FailureReason, detail: str) -> None:
         super().__init__(f"{reason.value}: {detail}")

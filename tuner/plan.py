@@ -21,7 +21,15 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
     console.print(f"workload {cfg.workload.name}: {cfg.workload.num_requests} requests")
     for name, dist in distributions(cfg.space).items():
         console.print(f"  {name}: {dist}")
-    argv = build_argv(cfg.engine, cfg.model, cfg.space, defaults(cfg.space), port=0,
-                      server_args=cfg.workload.server_args)
-    console.print("argv with vLLM defaults: " + " ".join(mask_argv(argv, secret_values(cfg.engine))))
+    argv = build_argv(
+        cfg.engine,
+        cfg.model,
+        cfg.space,
+        defaults(cfg.space),
+        port=0,
+        server_args=cfg.workload.server_args,
+    )
+    console.print(
+        "argv with vLLM defaults: " + " ".join(mask_argv(argv, secret_values(cfg.engine)))
+    )
     console.print(f"state dir {Path(cfg.paths.state_dir).resolve()}")

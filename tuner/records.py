@@ -42,7 +42,7 @@ def to_json(obj: Any, **kwargs: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class RequestSpec:
-    """One request the replay will send. Built by :mod:`tuner.workload`, consumed by :mod:`tuner.replay`.
+    """One request to send: built by :mod:`tuner.workload`, sent by :mod:`tuner.replay`.
 
     ``body`` is the OpenAI request body without ``model`` and ``stream`` (the replay adds them).
     ``arrival_s`` is the scheduled send time relative to the replay start for open-loop arrivals,

@@ -88,3 +88,30 @@ def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | No
         console.print(b)
     else:
         console.print("No feasible trial yet: every trial failed or violated a constraint.")
+
+
+def trials_frame(study: Any) -> Any:
+    """One row per trial: number, state, objectives, params, failure reason, KV and startup."""
+    import pandas as pd
+
+    rows = []
+    names = study.metric_names or [f"value_{i}" for i in range(len(study.directions))]
+    for t in study.trials:
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name}
+        for n, v in zip(names, t.values or [None] * len(names), strict=False):
+            row[n] = v
+        row["feasible"] = bool(t.constraints) and all(v <= 0 for v in t.constraints.values())
+        for k in ("failure_reason", "kv_cache_tokens", "predicted_kv_tokens", "startup_s"):
+            row[k] = t.user_attrs.get(k)
+        row.update(t.params)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def pareto_figure(study: Any) -> Any:
+    """Optuna's Pareto-front plot (feasible best / feasible / infeasible colours)."""
+    import optuna
+
+    return optuna.visualization.plot_pareto_front(
+        study, target_names=study.metric_names or None, include_dominated_trials=True
+    )

@@ -28,7 +28,7 @@ from tuner import __version__
 from tuner.config import TunerConfig
 from tuner.engine.argv import build_argv, build_env, mask, mask_argv, secret_values
 from tuner.engine.process import Server, free_port
-from tuner.errors import ConfigError, FailureReason, LaunchFailed, TrialFailed
+from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
 from tuner.memory import GPU_PROFILES, ModelShape, estimate
 from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, to_json
 from tuner.replay import replay
@@ -94,7 +94,7 @@ def open_study(cfg: TunerConfig) -> optuna.Study:
         study = optuna.create_study(
             study_name=name,
             storage=storage,
-            directions=directions,
+            directions=directions,  # type: ignore[arg-type]  # validated: maximize|minimize
             sampler=_sampler(cfg, n_existing),
             load_if_exists=True,
         )
@@ -123,8 +123,10 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     if cfg.study.baseline_first and not study.trials:
         outside = defaults_outside(cfg.space)
         if outside:
-            log.warning("no baseline trial: vLLM's default of %s is outside the searched range",
-                        ", ".join(outside))
+            log.warning(
+                "no baseline trial: vLLM's default of %s is outside the searched range",
+                ", ".join(outside),
+            )
         else:
             study.enqueue_trial(defaults(cfg.space), user_attrs={"baseline": True})
     requests = build_requests(cfg.workload, Path(cfg.model.path))
@@ -173,10 +175,25 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         status = "KILLED"
         log.warning("interrupted: the running trial is marked FAIL; stored trials are kept")
         raise
+        _save_pareto(study, run_dir, tracker)
     finally:
         tracker.finish(status, _parent_summary(outcome))
     print_summary(outcome, cfg)
     return outcome
+
+
+def _save_pareto(study: optuna.Study, run_dir: Path, tracker: Tracker | NullTracker) -> None:
+    """The study's Pareto plot as HTML in the run dir and on the parent MLflow run."""
+    from tuner.report import pareto_figure
+
+    if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
+        return
+    path = run_dir / "pareto.html"
+    try:
+        pareto_figure(study).write_html(str(path), include_plotlyjs="cdn")
+        tracker.log_study_artifact(path)
+    except Exception as exc:  # a plot must never cost the study
+        log.warning("could not save the Pareto plot: %s", exc)
 
 
 def _tags(cfg: TunerConfig) -> dict[str, str]:
@@ -263,9 +280,7 @@ def _precheck(
             )
 
 
-async def _run_trial(
-    ctx: _Ctx, number: int, params: dict[str, Any], baseline: bool
-) -> TrialResult:
+async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: bool) -> TrialResult:
     cfg = ctx.cfg
     t0 = time.monotonic()
     tdir = _trial_dir(ctx.run_dir, number)
@@ -360,11 +375,15 @@ async def _wait_gpu(cfg: TunerConfig, params: Mapping[str, Any]) -> dict[str, fl
         return {}
     gmu = float(params.get("gpu_memory_utilization") or 0.92)
     gpus = cfg.engine.gpus
-    before = gpu_memory(gpus)
-    need = max(m.total_gib for m in before) * gmu + 0.5 if before else 0.0
-    ok, mem = await asyncio.to_thread(
-        wait_for_free_memory, gpus, need, cfg.engine.gpu_free_timeout_s
-    )
+    try:
+        before = gpu_memory(gpus)
+        need = max(m.total_gib for m in before) * gmu + 0.5 if before else 0.0
+        ok, mem = await asyncio.to_thread(
+            wait_for_free_memory, gpus, need, cfg.engine.gpu_free_timeout_s
+        )
+    except EngineError as exc:
+        log.warning("cannot read GPU memory before launch (%s); launching anyway", exc)
+        return {}
     used = max((m.used_gib for m in mem), default=0.0)
     if not ok:
         raise LaunchFailed(

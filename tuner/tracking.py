@@ -32,6 +32,9 @@ class NullTracker:
     def log_trial(self, result: TrialResult, trial_dir: Path, tags: Mapping[str, str]) -> None:
         pass
 
+    def log_study_artifact(self, path: Path) -> None:
+        pass
+
     def finish(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None) -> None:
         pass
 
@@ -99,6 +102,11 @@ class Tracker:
         if trial_dir.is_dir():
             self.client.log_artifacts(rid, str(trial_dir))
         self.client.set_terminated(rid, "FINISHED" if result.ok else "FAILED")
+
+    def log_study_artifact(self, path: Path) -> None:
+        """A file for the invocation's parent run (e.g. the Pareto plot)."""
+        if self.parent_run_id is not None:
+            self.client.log_artifact(self.parent_run_id, str(path))
 
     def finish(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None) -> None:
         from mlflow.entities import Metric

@@ -28,12 +28,13 @@ def test_flag_args(flag: str, value: object, expected: list[str]) -> None:
 def test_build_argv_trial_and_baseline(make_cfg) -> None:
     cfg = make_cfg("+workload=image_heavy")
     params = {"gpu_memory_utilization": 0.8, "enforce_eager": False, "cudagraph_mode": "PIECEWISE"}
-    argv = build_argv(cfg.engine, cfg.model, cfg.space, params, port=1234,
-                      server_args=cfg.workload.server_args)
+    argv = build_argv(
+        cfg.engine, cfg.model, cfg.space, params, port=1234, server_args=cfg.workload.server_args
+    )
     assert argv[0] == sys.executable  # a leading "python" is this interpreter
     assert argv[argv.index("--port") + 1] == "1234"
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
-    assert ["--load-format", "dummy"] == argv[argv.index("--load-format"):][:2]
+    assert argv[argv.index("--load-format") :][:2] == ["--load-format", "dummy"]
     assert "--limit-mm-per-prompt" in argv
     assert "-cc.cudagraph_mode=PIECEWISE" in argv
     assert "--no-enforce-eager" in argv
@@ -43,8 +44,9 @@ def test_build_argv_trial_and_baseline(make_cfg) -> None:
 
 def test_when_condition_drops_cudagraph_mode_under_eager(make_cfg) -> None:
     cfg = make_cfg("+workload=chat")
-    argv = build_argv(cfg.engine, cfg.model, cfg.space,
-                      {"enforce_eager": True, "cudagraph_mode": "FULL"}, port=1)
+    argv = build_argv(
+        cfg.engine, cfg.model, cfg.space, {"enforce_eager": True, "cudagraph_mode": "FULL"}, port=1
+    )
     assert "--enforce-eager" in argv
     assert not any(a.startswith("-cc.cudagraph_mode") for a in argv)
 
@@ -61,4 +63,8 @@ def test_env_lease_no_vllm_port_and_secrets(make_cfg) -> None:
     assert secrets == ["hf_secret_value"]
     assert mask("token=hf_secret_value!", secrets) == "token=***!"
     assert mask_argv(["x", "--api-key", "abc123", "--api-key=abc123"], []) == [
-        "x", "--api-key", "***", "--api-key=***"]
+        "x",
+        "--api-key",
+        "***",
+        "--api-key=***",
+    ]

@@ -36,31 +36,53 @@ def test_strip_prefix() -> None:
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ("ValueError: Free memory on device cuda:0 (10.0/140.4 GiB) on startup is less than "
-         "desired GPU memory utilization (0.92, 129.2 GiB). Decrease GPU memory utilization",
-         FailureReason.GPU_BUSY),
-        ("ValueError: No available memory for the cache blocks. Try increasing "
-         "`gpu_memory_utilization` when initializing the engine", FailureReason.NO_KV_MEMORY),
-        ("ValueError: To serve at least one request with the model's max seq len (40960), "
-         "(5.62 GiB KV cache is needed, which is larger than the available KV cache memory "
-         "(1.20 GiB).", FailureReason.KV_TOO_SMALL),
-        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-         FailureReason.CUDA_OOM),
-        ("RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy "
-         "requests.", FailureReason.CUDA_OOM),
+        (
+            "ValueError: Free memory on device cuda:0 (10.0/140.4 GiB) on startup is less than "
+            "desired GPU memory utilization (0.92, 129.2 GiB). Decrease GPU memory utilization",
+            FailureReason.GPU_BUSY,
+        ),
+        (
+            "ValueError: No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine",
+            FailureReason.NO_KV_MEMORY,
+        ),
+        (
+            "ValueError: To serve at least one request with the model's max seq len (40960), "
+            "(5.62 GiB KV cache is needed, which is larger than the available KV cache memory "
+            "(1.20 GiB).",
+            FailureReason.KV_TOO_SMALL,
+        ),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            FailureReason.CUDA_OOM,
+        ),
+        (
+            "RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy "
+            "requests.",
+            FailureReason.CUDA_OOM,
+        ),
         ("vllm serve: error: unrecognized arguments: --swap-space 4", FailureReason.INVALID_CONFIG),
-        ("pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig",
-         FailureReason.INVALID_CONFIG),
-        ("ValueError: No valid attention backend found for cuda with AttentionSelectorConfig(",
-         FailureReason.INVALID_CONFIG),
+        (
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig",
+            FailureReason.INVALID_CONFIG,
+        ),
+        (
+            "ValueError: No valid attention backend found for cuda with AttentionSelectorConfig(",
+            FailureReason.INVALID_CONFIG,
+        ),
         ("ERROR [core.py:1232] EngineCore encountered a fatal error.", FailureReason.ENGINE_DEAD),
-        ("TimeoutError: Timed out waiting for engine core processes to start.",
-         FailureReason.STARTUP_TIMEOUT),
+        (
+            "TimeoutError: Timed out waiting for engine core processes to start.",
+            FailureReason.STARTUP_TIMEOUT,
+        ),
     ],
 )
 def test_classify(text: str, reason: FailureReason) -> None:
-    lines = ["INFO 11-30 02:13:05 [x.py:1] starting", text,
-             "RuntimeError: Engine core initialization failed. See root cause above."]
+    lines = [
+        "INFO 11-30 02:13:05 [x.py:1] starting",
+        text,
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
     got, detail = classify(lines)
     assert got is reason
     assert detail.split(":")[0] in text

@@ -9,9 +9,17 @@ from tuner.score import failure_values, objective_values, summarize
 
 
 def rec(i: int, t: float, ttft: float, e2e: float, out: int, **kw) -> RequestRecord:
-    return RequestRecord(index=i, status=kw.pop("status", "ok"), t_sent_s=t, ttft_s=ttft,
-                         itl_s=kw.pop("itl", (0.01,)), e2e_s=e2e, prompt_tokens=100,
-                         output_tokens=out, **kw)
+    return RequestRecord(
+        index=i,
+        status=kw.pop("status", "ok"),
+        t_sent_s=t,
+        ttft_s=ttft,
+        itl_s=kw.pop("itl", (0.01,)),
+        e2e_s=e2e,
+        prompt_tokens=100,
+        output_tokens=out,
+        **kw,
+    )
 
 
 def test_summary_matches_bench_serve_definitions() -> None:

@@ -50,8 +50,20 @@ def test_defaults_outside_a_narrowed_range(make_cfg) -> None:
 
 def test_unknown_key_fails_at_compose(tmp_path) -> None:
     with pytest.raises(ConfigError, match="nope"):
-        load_config(["+workload=chat", "engine.nope=1",
-                     f"paths.output_dir={tmp_path}", f"paths.state_dir={tmp_path}"])
+        load_config(
+            [
+                "+workload=chat",
+                "engine.nope=1",
+                f"paths.output_dir={tmp_path}",
+                f"paths.state_dir={tmp_path}",
+            ]
+        )
     with pytest.raises(ConfigError):
-        load_config(["+workload=chat", "study.n_trials=many",
-                     f"paths.output_dir={tmp_path}", f"paths.state_dir={tmp_path}"])
+        load_config(
+            [
+                "+workload=chat",
+                "study.n_trials=many",
+                f"paths.output_dir={tmp_path}",
+                f"paths.state_dir={tmp_path}",
+            ]
+        )

@@ -16,7 +16,8 @@ __all__ = ["FATAL", "LogFacts", "classify", "is_fatal", "parse_facts", "strip_pr
 
 _PREFIX = re.compile(
     r"^(?:\x1b\[[0-9;]*m)*(?:\([A-Za-z_]+\d* pid=\d+\)\s*)?"
-    r"(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s*)?"
+    r"(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+"
+    r"\[[^\]]*\]\s*)?"
 )
 
 
@@ -31,7 +32,9 @@ def _num(s: str) -> float:
 
 _FACTS: dict[str, re.Pattern[str]] = {
     "kv_cache_tokens": re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
-    "max_concurrency": re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
+    "max_concurrency": re.compile(
+        r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"
+    ),
     "kv_cache_gib": re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
     "model_load": re.compile(r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds"),
     "graph_capture": re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.-]+) GiB"),
@@ -122,7 +125,8 @@ _CLASSES: list[tuple[FailureReason, re.Pattern[str]]] = [
             r"|is greater than the derived max_model_len|must be divisible by tensor parallel size"
             r"|is smaller than max_model_len|must be greater than or equal to max_num_seqs"
             r"|No valid attention backend found|are mutually exclusive"
-            r"|Concurrent Partial Prefill is not supported|is larger than the number of available GPUs"
+            r"|Concurrent Partial Prefill is not supported"
+            r"|is larger than the number of available GPUs"
             r"|Invalid compilation mode|should be consistent with the max value"
             r"|is not supported with .* backend|Pipeline parallelism is not supported"
         ),

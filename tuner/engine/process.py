@@ -201,7 +201,7 @@ class Server:
         try:
             async with http.get(f"{self.base_url}/health") as r:
                 return r.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return None
 
     async def _version(self, http: aiohttp.ClientSession) -> str | None:
@@ -210,7 +210,7 @@ class Server:
                 if r.status == 200:
                     v = (await r.json()).get("version")
                     return str(v) if v else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             pass
         return None
 

@@ -1,0 +1,150 @@
+"""The real launcher (tuner.engine.process.Server) against the simulator as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tuner.engine.process import Server, free_port, group_members
+from tuner.errors import FailureReason, LaunchFailed
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = str(ROOT / "models" / "qwen-0.5b-dummy")
+
+
+def make_server(
+    tmp_path: Path, *flags: str, env: dict[str, str] | None = None, timeout: float = 30.0
+) -> Server:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "tuner.sim",
+        "serve",
+        MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "m",
+        "--load-format",
+        "dummy",
+        *flags,
+    ]
+    full_env = {**os.environ, "TUNER_SIM_SPEEDUP": "20", **(env or {})}
+    return Server(
+        argv,
+        env=full_env,
+        log_path=tmp_path / "server.log",
+        host="127.0.0.1",
+        port=port,
+        startup_timeout_s=timeout,
+        stop_timeout_s=5,
+        health_interval_s=0.1,
+    )
+
+
+async def test_ready_facts_and_clean_teardown(tmp_path: Path) -> None:
+    server = make_server(tmp_path, "--gpu-memory-utilization", "0.5")
+    async with server as info:
+        assert info.kv_cache_tokens and info.kv_cache_tokens > 0
+        assert info.max_concurrency and info.max_concurrency > 0
+        assert info.engine_version and info.engine_version.startswith("0.24")
+        assert info.startup_s > 0
+        pgid = server.pgid
+        assert pgid is not None
+        assert len(group_members(pgid)) >= 2  # API server + its EngineCore child
+    assert server.survivors == []
+    assert group_members(pgid) == []
+    assert server.stop_s is not None
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        (["--gpu-memory-utilization", "0.005"], FailureReason.NO_KV_MEMORY),
+        (["--swap-space", "4"], FailureReason.INVALID_CONFIG),
+        (["--gpu-memory-utilization", "1.5"], FailureReason.INVALID_CONFIG),
+        (["--block-size", "24"], FailureReason.INVALID_CONFIG),
+    ],
+)
+async def test_startup_failures_are_classified(
+    tmp_path: Path, flags: list[str], reason: FailureReason
+) -> None:
+    server = make_server(tmp_path, *flags)
+    with pytest.raises(LaunchFailed) as e:
+        async with server:
+            pass
+    assert e.value.reason is reason, e.value.detail
+    assert server.survivors == []
+
+
+async def test_kv_too_small_on_8b(tmp_path: Path) -> None:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "tuner.sim",
+        "serve",
+        str(ROOT / "models" / "qwen3-8b-dummy"),
+        "--port",
+        str(port),
+        "--gpu-memory-utilization",
+        "0.15",
+        "--max-model-len",
+        "40960",
+    ]
+    server = Server(
+        argv,
+        env=dict(os.environ),
+        log_path=tmp_path / "s.log",
+        host="127.0.0.1",
+        port=port,
+        startup_timeout_s=30,
+        stop_timeout_s=5,
+        health_interval_s=0.1,
+    )
+    with pytest.raises(LaunchFailed) as e:
+        await server.start()
+    await server.stop()
+    assert e.value.reason is FailureReason.KV_TOO_SMALL
+    assert "max seq len" in e.value.detail
+
+
+async def test_gpu_busy(tmp_path: Path) -> None:
+    server = make_server(tmp_path, env={"TUNER_SIM_USED_GIB": "60"})
+    with pytest.raises(LaunchFailed) as e:
+        async with server:
+            pass
+    assert e.value.reason is FailureReason.GPU_BUSY
+
+
+async def test_startup_timeout_kills_the_group(tmp_path: Path) -> None:
+    server = make_server(tmp_path, env={"TUNER_SIM_HANG": "1"}, timeout=1.5)
+    with pytest.raises(LaunchFailed) as e:
+        async with server:
+            pass
+    assert e.value.reason is FailureReason.STARTUP_TIMEOUT
+    assert server.pgid is not None and group_members(server.pgid) == []
+
+
+async def test_engine_death_after_ready_is_detected(tmp_path: Path) -> None:
+    import asyncio
+
+    server = make_server(tmp_path, env={"TUNER_SIM_DIE_AFTER_S": "0.3"})
+    async with server, aiohttp.ClientSession() as http:
+        dead = None
+        for _ in range(50):
+            dead = await server.check(http)
+            if dead:
+                break
+            await asyncio.sleep(0.1)
+        assert dead is not None and dead[0] is FailureReason.ENGINE_DEAD
+    assert server.survivors == []

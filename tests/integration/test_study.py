@@ -1,0 +1,235 @@
+"""Whole studies through the CLI (`python -m tuner`), the simulator as the engine, in a temp cwd."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+
+pytestmark = pytest.mark.integration
+
+# Small and fast, but every stage real: launch, replay over HTTP, score, Optuna, MLflow.
+FAST = [
+    "workload.num_requests=12",
+    "workload.warmup_requests=1",
+    "workload.arrival.concurrency=6",
+    "workload.output_tokens.low=8",
+    "workload.output_tokens.high=24",
+    "engine.env.TUNER_SIM_SPEEDUP=20",
+]
+
+
+def tuner(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def storage(cwd: Path) -> str:
+    return f"sqlite:///{cwd / 'outputs' / 'state' / 'optuna.db'}"
+
+
+def mlflow_runs(cwd: Path, experiment: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None
+    return client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
+    args = ["+workload=chat", "engine=sim", "study.n_trials=3", *FAST]
+    p = tuner(tmp_path, *args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Pareto-best trials" in p.stdout
+    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    assert len(study.trials) == 3
+    first = study.trials[0]
+    assert first.user_attrs["baseline"] is True
+    assert first.user_attrs["failure_reason"] is None
+    assert first.user_attrs["kv_cache_tokens"] > 0
+    assert first.constraints == {"failed": 0.0, "error_rate": pytest.approx(-0.05)}
+
+    runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+    parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
+    children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
+    assert len(parents) == 1 and len(children) == 3
+    for c in children:
+        assert c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert {"engine", "model", "workload", "tuner.version", "vllm.version"} <= set(c.data.tags)
+        assert len(c.data.metrics) >= 8
+        assert "argv" in c.data.params
+    ok = [c for c in children if c.data.tags["trial.state"] == "ok"]
+    assert ok, "the baseline trial must succeed on the simulator"
+    m = ok[0].data.metrics
+    for key in (
+        "output_throughput",
+        "ttft_p95_ms",
+        "tpot_p50_ms",
+        "e2e_p99_ms",
+        "success_rate",
+        "kv_cache_tokens",
+        "startup_s",
+    ):
+        assert key in m, key
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    names = {a.path for a in client.list_artifacts(ok[0].info.run_id)}
+    assert {"server.log", "requests.jsonl", "result.json", "metrics.jsonl"} <= names
+
+    p2 = tuner(tmp_path, *args)  # the same command continues the same study
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    assert len(study.trials) == 6
+    assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
+    assert (
+        len(
+            [
+                r
+                for r in mlflow_runs(tmp_path, "chat-qwen3-8b")
+                if r.data.tags.get("tuner.role") == "study"
+            ]
+        )
+        == 2
+    )
+
+
+def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "study.n_trials=2",
+        "study.name=tiny",
+        "space.params.gpu_memory_utilization.low=0.10",
+        "space.params.gpu_memory_utilization.high=0.12",
+        *FAST,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    study = optuna.load_study(study_name="tiny", storage=storage(tmp_path))
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    for t in study.trials:
+        assert t.user_attrs["failure_reason"] == "no_kv_memory"
+        assert "No available memory for the cache blocks" in t.user_attrs["failure_detail"]
+        assert t.constraints["failed"] > 0
+        assert t.user_attrs["predicted_kv_tokens"] == 0
+    children = [
+        r for r in mlflow_runs(tmp_path, "tiny") if r.data.tags.get("tuner.role") == "trial"
+    ]
+    assert {c.data.tags["failure_reason"] for c in children} == {"no_kv_memory"}
+    assert {c.info.status for c in children} == {"FAILED"}
+    assert "No feasible trial yet" in p.stdout
+
+
+@pytest.mark.parametrize("workload", ["long_docs", "image_heavy"])
+def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
+    p = tuner(
+        tmp_path,
+        f"+workload={workload}",
+        "study.n_trials=1",
+        "tracking=none",
+        "workload.num_requests=4",
+        "workload.warmup_requests=0",
+        "workload.output_tokens.low=8",
+        "workload.output_tokens.high=16",
+        "engine.env.TUNER_SIM_SPEEDUP=20",
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    study = optuna.load_study(study_name=f"{workload}-qwen3-8b", storage=storage(tmp_path))
+    t = study.trials[0]
+    assert t.user_attrs["failure_reason"] is None, t.user_attrs["failure_detail"]
+    assert t.user_attrs["metrics"]["completed"] == 4
+    result = json.loads(
+        next((tmp_path / "outputs" / "runs").glob("*/trial_0000/result.json")).read_text()
+    )
+    assert result["metrics"]["prompt_tokens_mean"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["+workload=nope"], "allowed: chat, image_heavy, long_docs"),
+        (["+workload=chat", "space.params.gpu_memory_utilization.high=1.5"], "0 < x <= 1"),
+        (["engine=gpu9000", "+workload=chat"], "allowed: sim, vllm"),
+        ([], "+workload=NAME"),
+    ],
+)
+def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    p = tuner(tmp_path, *args, timeout=60)
+    assert p.returncode == 2
+    err = p.stderr.strip()
+    assert needle in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not list(tmp_path.glob("outputs/runs/*/trial_*")), "nothing may be launched"
+
+
+def _marked_pids(mark: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if mark.encode() in (d / "environ").read_bytes():
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
+    mark = f"TUNER_TEST_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "+workload=chat",
+            "study.n_trials=5",
+            "tracking=none",
+            "engine.env.TUNER_SIM_SPEEDUP=1",
+            "workload.num_requests=400",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until a server is up and replaying
+            logs = list(tmp_path.glob("outputs/runs/*/trial_0000/server.log"))
+            if logs and "Application startup complete" in logs[0].read_text():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no server came up")
+        assert len(_marked_pids(mark)) >= 3  # tuner + API server + EngineCore
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 130, out[-2000:]
+        time.sleep(0.5)
+        assert _marked_pids(mark) == [], "a process started by the tuner survived"
+        study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+        assert study.trials[0].state == optuna.trial.TrialState.FAIL
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,262 @@
+"""tuner.replay against a tiny in-test aiohttp server that streams SSE like vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tuner.config import ArrivalConfig
+from tuner.records import RequestRecord, RequestSpec
+from tuner.replay import replay
+
+
+class FakeVLLM:
+    """Streams ``n`` content chunks; the request body's ``x_mode`` picks a failure."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.received: list[tuple[float, dict[str, Any], dict[str, str]]] = []
+        self.t0 = time.perf_counter()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append((time.perf_counter(), body, dict(request.headers)))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._respond(request, body)
+        finally:
+            self.in_flight -= 1
+
+    async def _respond(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        mode = body.get("x_mode", "ok")
+        chat = request.path.endswith("/chat/completions")
+        if mode == "http500":
+            return web.json_response(
+                {"error": {"message": "boom: engine dead", "type": "InternalServerError"}},
+                status=500,
+            )
+        if mode == "http400_text":
+            return web.Response(status=400, text="bad request text")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+
+        async def send(obj: Any) -> None:
+            await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
+
+        n = int(body.get("max_tokens", 4))
+        await asyncio.sleep(float(body.get("x_ttft", 0.0)))
+        if chat:  # vLLM sends a role-only chunk first
+            await send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        for i in range(n):
+            if mode == "midstream_error" and i == 2:
+                await send({"error": {"message": "mid-stream failure", "code": 500}})
+                await resp.write(b"data: [DONE]\n\n")
+                return resp
+            if i:
+                await asyncio.sleep(float(body.get("x_itl", 0.0)))
+            if mode == "hang" and i == 1:
+                await asyncio.sleep(30)
+            if chat:
+                await send({"choices": [{"index": 0, "delta": {"content": f" t{i}"}}]})
+            else:
+                await send({"choices": [{"index": 0, "text": f" t{i}"}]})
+        final = {"index": 0, "finish_reason": "length"}
+        final.update({"delta": {"content": ""}} if chat else {"text": ""})
+        await send({"choices": [final]})
+        if body.get("stream_options", {}).get("include_usage"):
+            usage = {"prompt_tokens": 11, "completion_tokens": n, "total_tokens": 11 + n}
+            await send({"choices": [], "usage": usage})
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, FakeVLLM]]:
+    fake = FakeVLLM()
+    app = web.Application()
+    app.router.add_post("/v1/completions", fake.handle)
+    app.router.add_post("/v1/chat/completions", fake.handle)
+    srv = TestServer(app, host="127.0.0.1", port=0)
+    await srv.start_server()
+    try:
+        yield str(srv.make_url("")).rstrip("/"), fake
+    finally:
+        await srv.close()
+
+
+def spec(
+    i: int,
+    *,
+    endpoint: str = "completions",
+    arrival_s: float | None = None,
+    warmup: bool = False,
+    **extra: Any,
+) -> RequestSpec:
+    body: dict[str, Any] = {"max_tokens": 4, "ignore_eos": True, **extra}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hi"
+    return RequestSpec(
+        index=i,
+        endpoint=endpoint,  # type: ignore[arg-type]
+        body=body,
+        prompt_tokens=11,
+        output_tokens=int(body["max_tokens"]),
+        arrival_s=arrival_s,
+        warmup=warmup,
+    )
+
+
+CLOSED = ArrivalConfig(kind="concurrency", concurrency=2)
+
+
+async def run(
+    base: str, specs: list[RequestSpec], arrival: ArrivalConfig = CLOSED, **kw: Any
+) -> list[RequestRecord]:
+    kw.setdefault("duration_s", 60.0)
+    kw.setdefault("request_timeout_s", 10.0)
+    return await replay(base, "m", specs, arrival, **kw)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_ttft_itl_usage(server: tuple[str, FakeVLLM], endpoint: str) -> None:
+    base, fake = server
+    s = spec(0, endpoint=endpoint, max_tokens=5, x_ttft=0.05, x_itl=0.02)
+    (rec,) = await run(base, [s])
+    assert rec.status == "ok", rec.error
+    assert rec.http_status == 200
+    assert rec.prompt_tokens == 11
+    assert rec.output_tokens == 5
+    assert rec.ttft_s is not None
+    assert rec.ttft_s >= 0.05
+    assert len(rec.itl_s) == 4  # 5 content chunks; role-only and empty final chunks don't count
+    assert all(g >= 0.02 for g in rec.itl_s)
+    assert rec.e2e_s is not None
+    assert rec.e2e_s >= rec.ttft_s + sum(rec.itl_s) - 1e-9
+    assert rec.tpot_s is not None
+    assert rec.tpot_s > 0
+    ((_, body, headers),) = fake.received
+    assert body["model"] == "m"
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["ignore_eos"] is True
+    assert "Authorization" not in headers
+
+
+async def test_bearer_auth_and_on_record(server: tuple[str, FakeVLLM]) -> None:
+    base, fake = server
+    seen: list[RequestRecord] = []
+    recs = await run(base, [spec(i) for i in range(3)], api_key="sekret", on_record=seen.append)
+    assert sorted(r.index for r in seen) == [0, 1, 2]
+    assert [r.index for r in recs] == [0, 1, 2]
+    assert all(h["Authorization"] == "Bearer sekret" for _, _, h in fake.received)
+
+
+async def test_closed_loop_concurrency_bound(server: tuple[str, FakeVLLM]) -> None:
+    base, fake = server
+    specs = [spec(i, max_tokens=3, x_ttft=0.03, x_itl=0.005) for i in range(24)]
+    recs = await run(base, specs, ArrivalConfig(kind="concurrency", concurrency=3))
+    assert len(recs) == 24
+    assert all(r.status == "ok" for r in recs)
+    assert fake.max_in_flight <= 3
+    assert fake.max_in_flight >= 2  # it does overlap
+
+
+async def test_open_loop_respects_arrivals(server: tuple[str, FakeVLLM]) -> None:
+    base, fake = server
+    arrivals = [0.0, 0.15, 0.3, 0.45]
+    specs = [spec(i, arrival_s=a) for i, a in enumerate(arrivals)]
+    recs = await run(base, specs, ArrivalConfig(kind="poisson", rate=10.0))
+    assert [r.status for r in recs] == ["ok"] * 4
+    for r, a in zip(recs, arrivals, strict=True):
+        assert r.t_sent_s >= a - 1e-3
+    received = [t for t, _, _ in fake.received]
+    assert received == sorted(received)
+    assert received[-1] - received[0] >= 0.45 - 0.05  # spread out, not sent at once
+
+
+async def test_open_loop_max_concurrency(server: tuple[str, FakeVLLM]) -> None:
+    base, fake = server
+    specs = [spec(i, arrival_s=0.0, x_ttft=0.05) for i in range(8)]
+    arrival = ArrivalConfig(kind="constant", rate=100.0, max_concurrency=2)
+    recs = await run(base, specs, arrival)
+    assert len(recs) == 8
+    assert fake.max_in_flight <= 2
+
+
+async def test_warmup_first_and_flagged(server: tuple[str, FakeVLLM]) -> None:
+    base, fake = server
+    specs = [spec(0, warmup=True, x_tag="w0"), spec(1, warmup=True, x_tag="w1")]
+    specs += [spec(2 + i, arrival_s=0.0, x_tag=f"m{i}") for i in range(2)]
+    recs = await run(base, specs, ArrivalConfig(kind="poisson", rate=1.0))
+    assert [(r.index, r.warmup) for r in recs] == [(0, True), (1, True), (2, False), (3, False)]
+    tags = [b["x_tag"] for _, b, _ in fake.received]
+    assert set(tags[:2]) == {"w0", "w1"}
+    assert fake.max_in_flight == 1  # warm-ups one by one for open loop, then one at a time
+
+
+async def test_duration_bound_stops_new_sends(server: tuple[str, FakeVLLM]) -> None:
+    base, fake = server
+    specs = [spec(i, x_ttft=0.1) for i in range(50)]
+    recs = await run(base, specs, ArrivalConfig(kind="concurrency", concurrency=1), duration_s=0.35)
+    assert 1 <= len(recs) < 50
+    assert len(fake.received) == len(recs)  # unsent requests produce no record
+    assert all(r.t_sent_s < 0.35 for r in recs)
+    assert all(r.status == "ok" for r in recs)  # the one in flight at the deadline finished
+
+
+async def test_duration_bound_open_loop(server: tuple[str, FakeVLLM]) -> None:
+    base, _ = server
+    specs = [spec(i, arrival_s=i * 0.1) for i in range(20)]
+    recs = await run(base, specs, ArrivalConfig(kind="constant", rate=10.0), duration_s=0.25)
+    assert [r.index for r in recs] == [0, 1, 2]
+
+
+async def test_http_500_is_error_record(server: tuple[str, FakeVLLM]) -> None:
+    base, _ = server
+    recs = await run(base, [spec(0, x_mode="http500"), spec(1, x_mode="http400_text"), spec(2)])
+    assert [r.status for r in recs] == ["error", "error", "ok"]
+    assert recs[0].http_status == 500
+    assert recs[0].error == "boom: engine dead"
+    assert recs[1].http_status == 400
+    assert recs[1].error == "bad request text"
+
+
+async def test_midstream_error_chunk(server: tuple[str, FakeVLLM]) -> None:
+    base, _ = server
+    (rec,) = await run(base, [spec(0, endpoint="chat", x_mode="midstream_error", max_tokens=6)])
+    assert rec.status == "error"
+    assert rec.error == "mid-stream failure"
+    assert rec.ttft_s is not None  # partial timing is kept
+
+
+async def test_timeout_record(server: tuple[str, FakeVLLM]) -> None:
+    base, _ = server
+    (rec,) = await run(base, [spec(0, x_mode="hang")], request_timeout_s=0.3)
+    assert rec.status == "timeout"
+    assert rec.e2e_s is None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_connection_refused_is_error() -> None:
+    base = f"http://127.0.0.1:{free_port()}"
+    recs = await run(base, [spec(0), spec(1)], request_timeout_s=5.0)
+    assert [r.status for r in recs] == ["error", "error"]
+    assert all(r.error and "Connect" in r.error for r in recs)
+    assert all(r.http_status is None for r in recs)

@@ -1,0 +1,293 @@
+"""tuner.telemetry: Prometheus parsing/scraping and NVML sampling (with and without a GPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import types
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tuner.errors import EngineError
+from tuner.telemetry import gpu
+from tuner.telemetry.prom import DEFAULT_NAMES, MetricsScraper, parse_metrics
+
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 7.0
+vllm:num_requests_running{engine="1",model_name="m"} 5.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.4375
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 3.0
+vllm:num_preemptions_created{engine="0",model_name="m"} 1.7523e+09
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 12800.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 3200.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 51200.0
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 6400.0
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 10.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 40.0
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"} 0.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="m"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 30.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 50.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 50.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 4.25
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="2048"} 1.0
+# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 1234.0
+"""
+
+
+def test_parse_metrics_vllm_sample() -> None:
+    m = parse_metrics(METRICS)
+    assert m["vllm:num_requests_running"] == 12.0  # summed over engines
+    assert m["vllm:num_requests_waiting"] == 2.0
+    assert m["vllm:kv_cache_usage_perc"] == 0.4375
+    assert m["vllm:num_preemptions_total"] == 3.0
+    assert m["vllm:prefix_cache_hits_total"] == 3200.0
+    assert m["vllm:request_success_total"] == 50.0
+    assert m["vllm:time_to_first_token_seconds_sum"] == 4.25
+    assert m["vllm:time_to_first_token_seconds_count"] == 50.0
+    assert m["vllm:cache_config_info"] == 1.0
+    assert not any(k.endswith(("_bucket", "_created")) for k in m)
+    assert set(DEFAULT_NAMES) <= set(m)
+
+
+def test_parse_metrics_empty_and_nan() -> None:
+    assert parse_metrics("") == {}
+    assert parse_metrics('# TYPE g gauge\ng NaN\ng{a="1"} 2\n') == {"g": 2.0}
+
+
+def metrics_text(k: int) -> str:
+    """A /metrics page at scrape ``k``: counters grow, gauges move."""
+    return (
+        METRICS.replace(
+            'vllm:num_preemptions_total{engine="0",model_name="m"} 3.0',
+            f'vllm:num_preemptions_total{{engine="0",model_name="m"}} {3 + 2 * k}.0',
+        )
+        .replace(
+            'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 12800.0',
+            f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {12800 + 100 * k}.0',
+        )
+        .replace(
+            'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 3200.0',
+            f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {3200 + 25 * k}.0',
+        )
+        .replace(
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.4375',
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {(k % 4) / 4}',
+        )
+    )
+
+
+class MetricsServer:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail_on: set[int] = set()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        k = self.calls
+        self.calls += 1
+        if k in self.fail_on:
+            return web.Response(status=500, text="oops")
+        return web.Response(text=metrics_text(k), content_type="text/plain")
+
+
+@pytest.fixture
+async def metrics_server() -> AsyncIterator[tuple[str, MetricsServer]]:
+    ms = MetricsServer()
+    app = web.Application()
+    app.router.add_get("/metrics", ms.handle)
+    srv = TestServer(app, host="127.0.0.1", port=0)
+    await srv.start_server()
+    try:
+        yield str(srv.make_url("")).rstrip("/"), ms
+    finally:
+        await srv.close()
+
+
+async def wait_calls(ms: MetricsServer, n: int) -> None:
+    for _ in range(2000):
+        if ms.calls >= n:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"only {ms.calls} scrapes")
+
+
+async def test_scraper_time_series_and_summary(
+    metrics_server: tuple[str, MetricsServer],
+) -> None:
+    base, ms = metrics_server
+    ms.fail_on = {2}
+    async with MetricsScraper(base + "/", interval_s=0.02) as s:
+        await wait_calls(ms, 6)
+    assert s.errors == 1
+    assert s.last_error is not None
+    assert ms.calls - 2 <= len(s.samples) <= ms.calls - 1  # a scrape cut off at exit is lost
+    ts = [x["t_s"] for x in s.samples]
+    assert ts == sorted(ts)
+    assert all(set(x) == {"t_s", *DEFAULT_NAMES} for x in s.samples)
+    first, last = s.samples[0], s.samples[-1]
+    assert first["vllm:num_preemptions_total"] == 3.0  # the entry scrape is the baseline
+    summ = s.summary()
+    assert summ["preemptions"] == last["vllm:num_preemptions_total"] - 3.0
+    assert summ["preemptions"] >= 2 * 4  # at least scrapes 0..5 minus one: counters grew
+    assert summ["prefix_cache_hit_rate"] == pytest.approx(0.25)
+    kv = [x["vllm:kv_cache_usage_perc"] for x in s.samples]
+    assert summ["kv_cache_usage_max"] == max(kv) == 0.75
+    assert summ["kv_cache_usage_mean"] == pytest.approx(sum(kv) / len(kv))
+    assert summ["running_max"] == 12.0
+    assert summ["waiting_max"] == 2.0
+    assert summ["scrape_errors"] == 1.0
+
+
+async def test_scraper_with_session(metrics_server: tuple[str, MetricsServer]) -> None:
+    base, ms = metrics_server
+    async with aiohttp.ClientSession(base_url=base) as session:
+        async with MetricsScraper(session, interval_s=0.02, names=["vllm:num_requests_running"]):
+            await wait_calls(ms, 2)
+        assert not session.closed  # a borrowed session is left open
+
+
+async def test_scraper_unreachable_never_raises() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with MetricsScraper(f"http://127.0.0.1:{port}", interval_s=0.01) as s:
+        for _ in range(1000):
+            if s.errors >= 3:
+                break
+            await asyncio.sleep(0.005)
+    assert s.errors >= 3
+    assert s.samples == []
+    assert s.summary() == {"scrape_errors": float(s.errors)}
+
+
+# --- GPU -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_nvml() -> Iterator[None]:
+    gpu._reset()
+    yield
+    gpu._reset()
+
+
+def test_no_nvml_is_noop(fresh_nvml: None) -> None:
+    if gpu.nvml_available():
+        pytest.skip("a GPU driver is present")
+    assert gpu.nvml_available() is False
+    assert gpu.gpu_memory([0]) == []
+    assert gpu.wait_for_free_memory([0], 1e9, timeout_s=100.0) == (True, [])
+    with gpu.GpuSampler([0], 0.01) as s:
+        assert not s.active
+    assert s.samples == []
+    assert s.summary() == {}
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+def fake_pynvml(free_after: int = 0, fail_index: int | None = None) -> Any:
+    """A stand-in pynvml: 80 GiB GPUs whose free memory grows after ``free_after`` reads."""
+    reads = {"n": 0}
+    gib = 1 << 30
+
+    def handle(i: int) -> int:
+        if i == fail_index:
+            raise FakeNVMLError("Invalid Argument")
+        return i
+
+    def mem(h: int) -> Any:
+        reads["n"] += 1
+        used = 70 * gib if reads["n"] <= free_after else 10 * gib
+        return types.SimpleNamespace(used=used, free=80 * gib - used, total=80 * gib)
+
+    return types.SimpleNamespace(
+        NVMLError=FakeNVMLError,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=handle,
+        nvmlDeviceGetMemoryInfo=mem,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50 + 10 * h),
+        nvmlDeviceGetPowerUsage=lambda h: 300_000,
+    )
+
+
+def test_fake_nvml_memory_and_wait(monkeypatch: pytest.MonkeyPatch, fresh_nvml: None) -> None:
+    monkeypatch.setattr(gpu, "pynvml", fake_pynvml(free_after=2))
+    assert gpu.nvml_available()
+    (m,) = gpu.gpu_memory([0])
+    assert (m.index, m.used_gib, m.free_gib, m.total_gib) == (0, 70.0, 10.0, 80.0)
+    ok, mem = gpu.wait_for_free_memory([0], need_gib=40.0, timeout_s=30.0, poll_s=0.001)
+    assert ok
+    assert mem[0].free_gib == 70.0
+    ok, mem = gpu.wait_for_free_memory([0], need_gib=75.0, timeout_s=0.0, poll_s=0.001)
+    assert not ok
+    assert mem[0].free_gib == 70.0
+
+
+def test_fake_nvml_error_translated(monkeypatch: pytest.MonkeyPatch, fresh_nvml: None) -> None:
+    monkeypatch.setattr(gpu, "pynvml", fake_pynvml(fail_index=3))
+    with pytest.raises(EngineError, match="Invalid Argument"):
+        gpu.gpu_memory([0, 3])
+    s = gpu.GpuSampler([3], 0.01).start()  # never raises
+    assert not s.active
+    assert s.errors == 1
+
+
+def test_fake_nvml_init_failure(monkeypatch: pytest.MonkeyPatch, fresh_nvml: None) -> None:
+    fake = fake_pynvml()
+
+    def boom() -> None:
+        raise FakeNVMLError("Driver Not Loaded")
+
+    fake.nvmlInit = boom
+    monkeypatch.setattr(gpu, "pynvml", fake)
+    assert gpu.nvml_available() is False
+    assert "Driver Not Loaded" in (gpu.nvml_error() or "")
+
+
+def test_fake_nvml_sampler(monkeypatch: pytest.MonkeyPatch, fresh_nvml: None) -> None:
+    monkeypatch.setattr(gpu, "pynvml", fake_pynvml(free_after=1))
+    with gpu.GpuSampler([0, 1], 0.005) as s:
+        assert s.active
+        for _ in range(2000):
+            if len(s.samples) >= 6:
+                break
+            time.sleep(0.002)
+    assert not s.active
+    assert {x["gpu"] for x in s.samples} == {0.0, 1.0}
+    summ = s.summary()
+    assert summ["gpu_mem_used_peak_gib"] == 70.0
+    assert summ["gpu_power_mean_w"] == 300.0
+    assert 50.0 <= summ["gpu_util_mean"] <= 60.0

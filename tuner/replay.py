@@ -1,0 +1,307 @@
+"""The load generator: replays :class:`~tuner.records.RequestSpec` against an OpenAI server.
+
+Measurements follow ``vllm bench serve`` (``time.perf_counter``, streaming with usage):
+
+* TTFT: send -> first SSE chunk carrying generated text (role-only chunks do not count);
+* ITL: gaps between consecutive content chunks (one sample per chunk);
+* E2E: send -> the last content-or-usage chunk;
+* token counts from the final ``usage`` chunk (fallback: number of content chunks).
+
+Failed requests are records with ``status="error"``/``"timeout"``, never exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
+
+import aiohttp
+
+from tuner.config import ArrivalConfig
+from tuner.records import RequestRecord, RequestSpec
+
+__all__ = ["replay"]
+
+log = logging.getLogger(__name__)
+
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_MAX_ERROR_CHARS = 300
+
+
+def _error_message(payload: Any, fallback: str) -> str:
+    """The server's message from a vLLM/OpenAI error body (``{"error": {"message": ...}}``,
+    ``{"message": ...}`` or ``{"detail": ...}``), else ``fallback``."""
+    if isinstance(payload, dict):
+        err = payload.get("error", payload)
+        if isinstance(err, dict):
+            for key in ("message", "detail"):
+                if err.get(key):
+                    return str(err[key])[:_MAX_ERROR_CHARS]
+        elif err:
+            return str(err)[:_MAX_ERROR_CHARS]
+    return fallback[:_MAX_ERROR_CHARS]
+
+
+class _Runner:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        model: str,
+        request_timeout_s: float,
+        headers: dict[str, str],
+        on_record: Callable[[RequestRecord], None] | None,
+    ) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.request_timeout_s = request_timeout_s
+        self.headers = headers
+        self.on_record = on_record
+        self.records: list[RequestRecord] = []
+        self._callback_failed = False
+
+    def _done(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        if self.on_record is not None:
+            try:
+                self.on_record(record)
+            except Exception:  # a broken progress display must not break the measurement
+                if not self._callback_failed:
+                    log.exception("on_record callback failed; further failures are not logged")
+                self._callback_failed = True
+
+    async def send(self, spec: RequestSpec, t0: float) -> None:
+        """Send one request and record what happened; ``t0`` is the replay start."""
+        body = {
+            **spec.body,
+            "model": self.model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        data = json.dumps(body).encode()
+        url = self.base_url + _PATHS[spec.endpoint]
+        sent = time.perf_counter()
+        state: dict[str, Any] = {"ttft": None, "last": None, "itl": [], "chunks": 0}
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                record = await self._stream(spec, url, data, sent, t0, state)
+        except TimeoutError:
+            record = self._partial(
+                spec, sent, t0, state, "timeout", f"no completion in {self.request_timeout_s} s"
+            )
+        except aiohttp.ClientError as exc:
+            record = self._partial(spec, sent, t0, state, "error", f"{type(exc).__name__}: {exc}")
+        except (OSError, ValueError) as exc:  # socket errors, malformed stream lines
+            record = self._partial(spec, sent, t0, state, "error", f"{type(exc).__name__}: {exc}")
+        self._done(record)
+
+    def _partial(
+        self,
+        spec: RequestSpec,
+        sent: float,
+        t0: float,
+        state: dict[str, Any],
+        status: Literal["error", "timeout"],
+        error: str,
+        http_status: int | None = None,
+    ) -> RequestRecord:
+        return RequestRecord(
+            index=spec.index,
+            status=status,
+            t_sent_s=sent - t0,
+            ttft_s=state["ttft"],
+            itl_s=tuple(state["itl"]),
+            http_status=http_status,
+            error=error[:_MAX_ERROR_CHARS],
+            warmup=spec.warmup,
+        )
+
+    async def _stream(
+        self,
+        spec: RequestSpec,
+        url: str,
+        data: bytes,
+        sent: float,
+        t0: float,
+        state: dict[str, Any],
+    ) -> RequestRecord:
+        async with self.session.post(url, data=data, headers=self.headers) as resp:
+            if resp.status != 200:
+                text = await resp.text(errors="replace")
+                try:
+                    payload: Any = json.loads(text)
+                except ValueError:
+                    payload = None
+                msg = _error_message(payload, text or resp.reason or f"HTTP {resp.status}")
+                return self._partial(spec, sent, t0, state, "error", msg, resp.status)
+            itl: list[float] = state["itl"]
+            last_event: float | None = None
+            usage: dict[str, Any] | None = None
+            async for raw in resp.content:
+                if not raw.startswith(b"data:"):
+                    continue  # blank separators, comments, event: lines
+                payload_bytes = raw[5:].strip()
+                if payload_bytes == b"[DONE]":
+                    break
+                now = time.perf_counter()
+                try:
+                    chunk = json.loads(payload_bytes)
+                except ValueError:
+                    return self._partial(
+                        spec, sent, t0, state, "error", f"malformed SSE data: {raw[:200]!r}", 200
+                    )
+                if not isinstance(chunk, dict):
+                    continue
+                if chunk.get("error"):
+                    msg = _error_message(chunk, "error chunk in stream")
+                    return self._partial(spec, sent, t0, state, "error", msg, 200)
+                choices = chunk.get("choices")
+                if choices:
+                    c0 = choices[0]
+                    delta = c0.get("delta")
+                    text = c0.get("text")
+                    if not text and delta:
+                        text = (
+                            delta.get("content")
+                            or delta.get("reasoning_content")
+                            or delta.get("reasoning")
+                        )
+                    if text:
+                        if state["ttft"] is None:
+                            state["ttft"] = now - sent
+                        else:
+                            itl.append(now - state["last"])
+                        state["last"] = now
+                        state["chunks"] += 1
+                        last_event = now
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                    last_event = now
+            if state["ttft"] is None:
+                return self._partial(
+                    spec, sent, t0, state, "error", "stream ended without generated text", 200
+                )
+            prompt_tokens = output_tokens = None
+            if usage is not None:
+                prompt_tokens = usage.get("prompt_tokens")
+                output_tokens = usage.get("completion_tokens")
+            if output_tokens is None:
+                output_tokens = state["chunks"]
+            assert last_event is not None
+            return RequestRecord(
+                index=spec.index,
+                status="ok",
+                t_sent_s=sent - t0,
+                ttft_s=state["ttft"],
+                itl_s=tuple(itl),
+                e2e_s=last_event - sent,
+                prompt_tokens=prompt_tokens,
+                output_tokens=output_tokens,
+                http_status=200,
+                warmup=spec.warmup,
+            )
+
+
+async def _closed_loop(
+    runner: _Runner, specs: Sequence[RequestSpec], concurrency: int, t0: float, deadline: float
+) -> None:
+    it: Iterator[RequestSpec] = iter(specs)
+
+    async def worker() -> None:
+        for spec in it:  # a shared iterator: each spec goes to exactly one worker
+            if time.perf_counter() >= deadline:
+                return
+            await runner.send(spec, t0)
+
+    workers = max(1, min(concurrency, len(specs)))
+    await asyncio.gather(*(worker() for _ in range(workers)))
+
+
+async def _open_loop(
+    runner: _Runner,
+    specs: Sequence[RequestSpec],
+    max_concurrency: int | None,
+    t0: float,
+    deadline: float,
+) -> None:
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def one(spec: RequestSpec) -> None:
+        if sem is None:
+            await runner.send(spec, t0)
+            return
+        async with sem:
+            if time.perf_counter() < deadline:  # may have waited past the deadline for a slot
+                await runner.send(spec, t0)
+
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for spec in sorted(specs, key=lambda s: (s.arrival_s or 0.0, s.index)):
+            at = t0 + (spec.arrival_s or 0.0)
+            if at >= deadline:
+                break
+            delay = at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(spec)))
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def replay(
+    base_url: str,
+    model: str,
+    requests: Sequence[RequestSpec],
+    arrival: ArrivalConfig,
+    *,
+    duration_s: float,
+    request_timeout_s: float,
+    api_key: str | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+) -> list[RequestRecord]:
+    """Send ``requests`` to ``base_url`` (``http://host:port``) and measure each one.
+
+    Warm-up specs go first (closed loop at ``arrival.concurrency``, or one by one for open-loop
+    arrivals) and are awaited; then the clock starts for the measured ones. Closed loop
+    (``arrival.kind == "concurrency"``) keeps ``arrival.concurrency`` requests in flight; open
+    loop sends each spec at ``arrival_s`` after the start, at most ``arrival.max_concurrency``
+    in flight if set. No request is sent once ``duration_s`` has passed since the start; those in
+    flight get up to ``request_timeout_s`` to finish; unsent requests produce no record.
+
+    Returns every record (warm-ups included, ``warmup=True``) sorted by index. ``t_sent_s`` is
+    relative to the measured start (to the warm-up start for warm-ups).
+    """
+    closed = arrival.kind == "concurrency"
+    # the connection pool is the in-flight bound; 0 means no limit (open loop without a cap)
+    limit = max(1, arrival.concurrency) if closed else max(0, arrival.max_concurrency or 0)
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    warm = [s for s in requests if s.warmup]
+    measured = [s for s in requests if not s.warmup]
+
+    connector = aiohttp.TCPConnector(limit=limit, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(request_timeout_s, 30.0))
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, read_bufsize=2**18
+    ) as session:
+        runner = _Runner(session, base_url, model, request_timeout_s, headers, on_record)
+        if warm:
+            t_warm = time.perf_counter()
+            await _closed_loop(
+                runner, warm, arrival.concurrency if closed else 1, t_warm, float("inf")
+            )
+        t0 = time.perf_counter()
+        deadline = t0 + duration_s
+        if closed:
+            await _closed_loop(runner, measured, arrival.concurrency, t0, deadline)
+        else:
+            await _open_loop(runner, measured, arrival.max_concurrency, t0, deadline)
+    return sorted(runner.records, key=lambda r: (not r.warmup, r.index))

@@ -1,0 +1,200 @@
+"""vLLM's Prometheus ``/metrics``: parsing and a background scraper for the replay window."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["DEFAULT_NAMES", "MetricsScraper", "parse_metrics"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAMES: tuple[str, ...] = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+)
+"""The vLLM 0.24 series the scraper keeps (gauges, and counters by their ``_total`` name)."""
+
+_SKIP_SUFFIXES = ("_bucket", "_created", "_gsum", "_gcount")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> ``{sample name: value summed over label sets}``.
+
+    Counters keep their ``_total`` sample name; histograms and summaries contribute ``_sum``
+    and ``_count`` (buckets, quantiles and ``_created`` timestamps are dropped); NaN samples
+    are skipped. Raises ``ValueError`` on text that is not the exposition format.
+    """
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if name.endswith(_SKIP_SUFFIXES):
+                continue
+            if family.type == "summary" and name == family.name:
+                continue  # quantile samples
+            value = float(sample.value)
+            if math.isnan(value):
+                continue
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
+class MetricsScraper:
+    """Polls ``GET {base_url}/metrics`` every ``interval_s`` while the replay runs.
+
+    ``async with MetricsScraper("http://127.0.0.1:8000") as s: ...`` takes a sample on entry,
+    one per interval in a background task, and a last one on exit. Give an
+    :class:`aiohttp.ClientSession` instead of a URL to reuse it (then ``base_url`` is its base
+    URL, or pass ``base_url=``). ``samples`` holds ``{"t_s": seconds since entry, name: value}``
+    for the ``names`` present; scrape failures are counted in ``errors`` (last one in
+    ``last_error``) and never raised.
+    """
+
+    def __init__(
+        self,
+        session_or_base_url: aiohttp.ClientSession | str,
+        interval_s: float = 1.0,
+        names: Sequence[str] = DEFAULT_NAMES,
+        *,
+        base_url: str | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
+        if isinstance(session_or_base_url, str):
+            self._session: aiohttp.ClientSession | None = None
+            self._own_session = True
+            url = session_or_base_url
+        else:
+            self._session = session_or_base_url
+            self._own_session = False
+            url = base_url or ""  # "": the session's own base_url resolves "/metrics"
+        self.url = url.rstrip("/") + "/metrics"
+        self.interval_s = max(0.01, interval_s)
+        self.names = tuple(names)
+        self.timeout_s = timeout_s
+        self.samples: list[dict[str, float]] = []
+        self.errors = 0
+        self.last_error: str | None = None
+        self._t0 = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def scrape_once(self) -> dict[str, float] | None:
+        """One scrape appended to ``samples``; ``None`` (and ``errors`` + 1) if it failed."""
+        assert self._session is not None, "use MetricsScraper as an async context manager"
+        t = time.perf_counter() - self._t0
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._session.get(self.url) as resp:
+                    if resp.status != 200:
+                        raise ValueError(f"HTTP {resp.status}")
+                    text = await resp.text(errors="replace")
+            values = parse_metrics(text)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # network, HTTP, parse: counted, never raised
+            self.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.debug("metrics scrape failed: %s", self.last_error)
+            return None
+        sample: dict[str, float] = {"t_s": t}
+        for name in self.names:
+            if name in values:
+                sample[name] = values[name]
+        self.samples.append(sample)
+        return sample
+
+    async def _loop(self) -> None:
+        next_at = time.perf_counter()
+        while True:
+            next_at += self.interval_s
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            await self.scrape_once()
+
+    async def __aenter__(self) -> MetricsScraper:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        self._t0 = time.perf_counter()
+        await self.scrape_once()
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            if exc_type is None:
+                await self.scrape_once()
+        finally:
+            if self._own_session and self._session is not None:
+                await self._session.close()
+                self._session = None
+
+    def series(self, name: str) -> list[float]:
+        """The values of ``name`` over time (samples that lack it are skipped)."""
+        return [s[name] for s in self.samples if name in s]
+
+    def summary(self) -> dict[str, float]:
+        """Aggregates over the samples; a key is absent when its series is.
+
+        ``kv_cache_usage_max``/``_mean`` (0..1), ``running_max``, ``waiting_max``,
+        ``preemptions`` (delta), ``prompt_tokens``/``generation_tokens`` (deltas),
+        ``prefix_cache_hit_rate`` (delta hits / delta queries, when queries grew),
+        ``scrape_errors``.
+        """
+        out: dict[str, float] = {"scrape_errors": float(self.errors)}
+        kv = self.series("vllm:kv_cache_usage_perc")
+        if kv:
+            out["kv_cache_usage_max"] = max(kv)
+            out["kv_cache_usage_mean"] = sum(kv) / len(kv)
+        for key, name in (
+            ("running_max", "vllm:num_requests_running"),
+            ("waiting_max", "vllm:num_requests_waiting"),
+        ):
+            values = self.series(name)
+            if values:
+                out[key] = max(values)
+        for key, name in (
+            ("preemptions", "vllm:num_preemptions_total"),
+            ("prompt_tokens", "vllm:prompt_tokens_total"),
+            ("generation_tokens", "vllm:generation_tokens_total"),
+        ):
+            d = self._delta(name)
+            if d is not None:
+                out[key] = d
+        hits = self._delta("vllm:prefix_cache_hits_total")
+        queries = self._delta("vllm:prefix_cache_queries_total")
+        if hits is not None and queries is not None and queries > 0:
+            out["prefix_cache_hit_rate"] = hits / queries
+        return out
+
+    def _delta(self, name: str) -> float | None:
+        values = self.series(name)
+        if not values:
+            return None
+        return max(0.0, values[-1] - values[0])
+
+    def to_jsonable(self) -> dict[str, Any]:
+        return {"samples": self.samples, "errors": self.errors, "last_error": self.last_error}

@@ -1,0 +1,148 @@
+"""Workload config -> the deterministic request stream the replay sends.
+
+:func:`build_requests` turns a :class:`~tuner.config.WorkloadConfig` into
+``warmup_requests`` warm-up :class:`~tuner.records.RequestSpec` followed by ``num_requests``
+measured ones. Everything is drawn from numpy generators spawned from ``w.seed``, so the same
+config gives byte-identical request bodies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from tuner.config import WorkloadConfig
+from tuner.errors import ConfigError
+from tuner.records import RequestSpec
+from tuner.workload.arrivals import arrival_gaps, arrival_times
+from tuner.workload.images import image_data_url, image_tokens, make_image
+from tuner.workload.lengths import sample_lengths
+from tuner.workload.prompts import ChatTemplate, TokenCorpus, load_tokenizer, token_corpus
+
+__all__ = [
+    "ChatTemplate",
+    "TokenCorpus",
+    "arrival_gaps",
+    "arrival_times",
+    "build_requests",
+    "image_data_url",
+    "image_tokens",
+    "load_tokenizer",
+    "make_image",
+    "sample_lengths",
+    "token_corpus",
+]
+
+
+def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
+    """The request stream for ``w``: warm-ups (``warmup=True``, no arrival time) then measured.
+
+    Indices run 0..warmup+num-1 over the whole stream. Conversations of ``w.turns`` turns are
+    laid out one after another (turn k of a conversation is the request after turn k-1); the
+    warm-up and measured parts each start a fresh conversation. ``prompt_tokens`` is what the
+    server counts: the rendered chat template (or the completions prompt) plus
+    ceil(w/28) x ceil(h/28) per image.
+    """
+    if w.endpoint not in ("chat", "completions"):
+        raise ConfigError(f"workload.endpoint is {w.endpoint!r}; allowed: chat, completions")
+    if w.images is not None and w.endpoint != "chat":
+        raise ConfigError("workload.images needs workload.endpoint=chat")
+    endpoint: Literal["chat", "completions"] = "chat" if w.endpoint == "chat" else "completions"
+    corpus = token_corpus(model_dir, w.corpus)
+    template = ChatTemplate(model_dir) if endpoint == "chat" else None
+    tokenizer = corpus.tokenizer
+
+    r_len, r_text, r_img, r_arr, r_sys = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(w.seed).spawn(5)
+    )
+    n_warm, n_meas = max(0, w.warmup_requests), w.num_requests
+    total = n_warm + n_meas
+    turns = max(1, w.turns)
+    in_lens = sample_lengths(w.input_tokens, total, r_len)
+    out_lens = sample_lengths(w.output_tokens, total, r_len)
+    arrivals = arrival_times(w.arrival, n_meas, r_arr)
+    system = corpus.text(w.system_prompt_tokens, r_sys) if w.system_prompt_tokens > 0 else None
+
+    specs: list[RequestSpec] = []
+    to_count: list[str] = []  # per spec: the text the server tokenises
+    history: list[tuple[Any, str, int, str]] = []  # (user content, user text, image tokens, reply)
+    for i in range(total):
+        warm = i < n_warm
+        turn = (i if warm else i - n_warm) % turns
+        if turn == 0:
+            history = []
+        user_text = corpus.text(in_lens[i], r_text)
+        content: Any = user_text
+        n_images = img_tokens = 0
+        if w.images is not None:
+            im = w.images
+            n_images = int(r_img.integers(im.min_count, im.max_count + 1))
+            parts: list[dict[str, Any]] = [{"type": "text", "text": user_text}]
+            for _ in range(n_images):
+                wd, ht = (int(v) for v in im.sizes[int(r_img.integers(len(im.sizes)))])
+                fmt = im.formats[int(r_img.integers(len(im.formats)))]
+                url = image_data_url(wd, ht, fmt, r_img)
+                parts.append({"type": "image_url", "image_url": {"url": url}})
+                img_tokens += image_tokens(wd, ht)
+            if n_images:
+                content = parts
+
+        max_tokens = out_lens[i]
+        if template is not None:
+            messages: list[dict[str, Any]] = []
+            counted: list[dict[str, str]] = []
+            if system is not None:
+                messages.append({"role": "system", "content": system})
+                counted.append({"role": "system", "content": system})
+            for h_content, h_text, _, reply in history:
+                messages.append({"role": "user", "content": h_content})
+                messages.append({"role": "assistant", "content": reply})
+                counted.append({"role": "user", "content": h_text})
+                counted.append({"role": "assistant", "content": reply})
+            messages.append({"role": "user", "content": content})
+            counted.append({"role": "user", "content": user_text})
+            to_count.append(template.render(counted))
+            extra_tokens = img_tokens + sum(h[2] for h in history)
+            images_in_body = n_images + sum(
+                len(h[0]) - 1 for h in history if isinstance(h[0], list)
+            )
+            body: dict[str, Any] = {
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            }
+        else:
+            pieces = [system] if system is not None else []
+            for _, h_text, _, reply in history:
+                pieces += [h_text, reply]
+            pieces.append(user_text)
+            prompt = "\n\n".join(pieces)
+            to_count.append(prompt)
+            extra_tokens = images_in_body = 0
+            body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+
+        specs.append(
+            RequestSpec(
+                index=i,
+                endpoint=endpoint,
+                body=body,
+                prompt_tokens=extra_tokens,  # the text's tokens are added below
+                output_tokens=max_tokens,
+                arrival_s=None if warm or arrivals is None else arrivals[i - n_warm],
+                warmup=warm,
+                images=images_in_body,
+            )
+        )
+        last_in_conv = turn == turns - 1 or i == total - 1 or (warm and i == n_warm - 1)
+        if not last_in_conv:
+            history.append((content, user_text, img_tokens, corpus.text(max_tokens, r_text)))
+
+    # count the server's tokens in one parallel batch (chat templates add their own specials)
+    encoded = tokenizer.encode_batch(to_count, add_special_tokens=template is None)
+    return [
+        dataclasses.replace(s, prompt_tokens=s.prompt_tokens + len(e.ids))
+        for s, e in zip(specs, encoded, strict=True)
+    ]

@@ -1,0 +1,173 @@
+"""Token-exact prompt text cut from a corpus, and prompt-token counting with the chat template."""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from tuner.errors import ConfigError
+
+__all__ = [
+    "ChatTemplate",
+    "TokenCorpus",
+    "load_tokenizer",
+    "token_corpus",
+]
+
+_CHUNK_CHARS = 64_000
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(path: str) -> Tokenizer:
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # the tokenizers library raises a bare Exception
+        raise ConfigError(f"cannot load tokenizer {path}: {exc}") from exc
+
+
+def load_tokenizer(model_dir: Path | str) -> Tokenizer:
+    """``model_dir/tokenizer.json`` as a :class:`tokenizers.Tokenizer` (offline, cached)."""
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError(f"model directory {model_dir} has no tokenizer.json")
+    with _lock:
+        return _load_tokenizer(str(path.resolve()))
+
+
+class TokenCorpus:
+    """A corpus tokenised once; :meth:`text` cuts token-exact windows at random offsets."""
+
+    def __init__(self, tokenizer: Tokenizer, text: str) -> None:
+        if not text.strip():
+            raise ConfigError("the workload corpus is empty")
+        self.tokenizer = tokenizer
+        chunks: list[str] = []
+        start = 0
+        while start < len(text):  # split at paragraph ends so encode_batch can run in parallel
+            end = text.find("\n\n", start + _CHUNK_CHARS)
+            end = len(text) if end < 0 else end + 2
+            chunks.append(text[start:end])
+            start = end
+        ids: list[int] = []
+        for enc in tokenizer.encode_batch(chunks, add_special_tokens=False):
+            ids.extend(enc.ids)
+        self.ids = np.asarray(ids, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text`` without special tokens."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _window(self, offset: int, k: int) -> str:
+        ids = np.take(self.ids, np.arange(offset, offset + k), mode="wrap")
+        return str(self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)).strip()
+
+    def text(self, n_tokens: int, rng: np.random.Generator, *, attempts: int = 8) -> str:
+        """Text that re-encodes to exactly ``n_tokens`` tokens (at worst within ±1 %).
+
+        Decoding a token window and encoding it again can merge or split tokens at the edges, so
+        the window length is corrected from the re-encoded count until it matches; a few offsets
+        are tried before the closest candidate is accepted.
+        """
+        if n_tokens <= 0:
+            return ""
+        best: tuple[int, str] | None = None
+        for _ in range(6):
+            offset = int(rng.integers(0, len(self)))
+            k = n_tokens
+            for _ in range(attempts):
+                candidate = self._window(offset, k)
+                m = self.count(candidate)
+                if m == n_tokens:
+                    return candidate
+                if best is None or abs(m - n_tokens) < abs(best[0] - n_tokens):
+                    best = (m, candidate)
+                k = max(1, k + n_tokens - m)
+        assert best is not None
+        return best[1]
+
+
+@functools.lru_cache(maxsize=8)
+def _token_corpus(tokenizer_path: str, corpus_path: str, mtime_ns: int) -> TokenCorpus:
+    del mtime_ns  # part of the cache key only
+    text = Path(corpus_path).read_text(encoding="utf-8", errors="replace")
+    return TokenCorpus(_load_tokenizer(tokenizer_path), text)
+
+
+def token_corpus(model_dir: Path | str, corpus: Path | str) -> TokenCorpus:
+    """The corpus file tokenised with the model's tokenizer (cached per pair of paths)."""
+    load_tokenizer(model_dir)  # validates the tokenizer path
+    cpath = Path(corpus)
+    if not cpath.is_file():
+        raise ConfigError(f"workload.corpus {str(corpus)!r} is not a file")
+    with _lock:
+        return _token_corpus(
+            str((Path(model_dir) / "tokenizer.json").resolve()),
+            str(cpath.resolve()),
+            cpath.stat().st_mtime_ns,
+        )
+
+
+def _chatml(messages: Sequence[Mapping[str, str]]) -> str:
+    parts = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+    return "".join(parts) + "<|im_start|>assistant\n"
+
+
+class ChatTemplate:
+    """Renders chat messages with the model's template (``tokenizer_config.json``) for counting.
+
+    Falls back to ChatML when the model has no template or it cannot be rendered here (jinja2
+    missing, a template that needs features we do not provide).
+    """
+
+    def __init__(self, model_dir: Path | str) -> None:
+        self._template: Any = None
+        self._specials: dict[str, Any] = {}
+        cfg_path = Path(model_dir) / "tokenizer_config.json"
+        try:
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+        except (OSError, ValueError):
+            cfg = {}
+        source = cfg.get("chat_template")
+        if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+            source = named.get("default")
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            tok = cfg.get(key)
+            self._specials[key] = tok.get("content", "") if isinstance(tok, dict) else tok or ""
+        if isinstance(source, str):
+            try:
+                from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                env.globals["raise_exception"] = _raise
+                self._template = env.from_string(source)
+            except Exception:  # jinja2 missing or the template does not compile: use ChatML
+                self._template = None
+
+    def render(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The prompt string for text-only ``messages``, with the generation prompt appended."""
+        if self._template is not None:
+            try:
+                return str(
+                    self._template.render(
+                        messages=list(messages), add_generation_prompt=True, **self._specials
+                    )
+                )
+            except Exception:  # a template we cannot render outside transformers
+                self._template = None
+        return _chatml(messages)
+
+
+def _raise(message: str) -> None:
+    raise ValueError(message)
