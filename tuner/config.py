@@ -183,6 +183,9 @@ class StudyConfig:
     baseline_first: bool = True
     """Trial 0 of a new study runs vLLM's defaults (no searched flag passed)."""
     n_startup_trials: int = 4
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
+    """Configs to try before the sampler's own (e.g. your current flags): each entry names some
+    params; the others take vLLM's defaults. An entry already tried is not enqueued again."""
 
 
 @dataclass

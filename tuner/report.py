@@ -15,7 +15,7 @@ from tuner.records import TrialResult
 if TYPE_CHECKING:
     from tuner.study import StudyOutcome
 
-__all__ = ["print_summary", "progress_line"]
+__all__ = ["changed_params", "pareto_figure", "print_summary", "progress_line", "trials_frame"]
 
 _UNITS = {"output_throughput": "tok/s", "goodput": "req/s", "request_throughput": "req/s"}
 
@@ -28,13 +28,13 @@ def _fmt_metric(name: str, v: float | None) -> str:
     return f"{v:,.1f} {_UNITS.get(name, '')}".strip()
 
 
-def _changed(params: Mapping[str, Any], cfg: TunerConfig) -> str:
+def changed_params(params: Mapping[str, Any], cfg: TunerConfig) -> str:
     """Params that differ from vLLM's defaults, as ``name=value`` (the rest are defaults)."""
     parts = []
     for k, v in params.items():
         spec = cfg.space.params.get(k)
         if spec is not None and v != spec.default:
-            parts.append(f"{k}={v}")
+            parts.append(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}")
     return " ".join(parts) or "(vLLM defaults)"
 
 
@@ -42,7 +42,7 @@ def progress_line(r: TrialResult, i: int, n: int, cfg: TunerConfig) -> str:
     head = f"[{i}/{n}] trial {r.number}"
     if r.baseline:
         head += " (baseline)"
-    params = _changed(r.params, cfg)
+    params = changed_params(r.params, cfg)
     if not r.ok:
         return f"{head}: FAILED {r.failure_reason}: {r.failure_detail} | {params}"
     objs = ", ".join(
@@ -71,7 +71,7 @@ def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | No
             f"{launch.startup_s:.1f}" if launch else "-",
             f"{launch.kv_cache_tokens:,}" if launch and launch.kv_cache_tokens else "-",
             f"{r.predicted_kv_tokens:,}" if r.predicted_kv_tokens is not None else "-",
-            _changed(r.params, cfg),
+            changed_params(r.params, cfg),
         )
     console.print(t)
     best = outcome.study.best_trials
@@ -82,7 +82,7 @@ def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | No
         b.add_row(
             str(tr.number),
             *(_fmt_metric(m, v) for m, v in zip(objs, tr.values or [], strict=False)),
-            _changed(tr.params, cfg),
+            changed_params(tr.params, cfg),
         )
     if best:
         console.print(b)

@@ -32,6 +32,7 @@ from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, 
 from tuner.memory import GPU_PROFILES, ModelShape, estimate
 from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, to_json
 from tuner.replay import replay
+from tuner.report import changed_params
 from tuner.score import failure_values, objective_values, summarize
 from tuner.space import defaults, defaults_outside, distributions, resolved
 from tuner.telemetry.gpu import GpuSampler, gpu_memory, nvml_available, wait_for_free_memory
@@ -120,6 +121,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     run_dir.mkdir(parents=True, exist_ok=True)
     study = open_study(cfg)
     dists = distributions(cfg.space)
+    n_stored = len(study.trials)
     if cfg.study.baseline_first and not study.trials:
         outside = defaults_outside(cfg.space)
         if outside:
@@ -129,6 +131,11 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             )
         else:
             study.enqueue_trial(defaults(cfg.space), user_attrs={"baseline": True})
+    for entry in cfg.study.enqueue:
+        unknown = sorted(set(entry) - set(dists))
+        if unknown:
+            raise ConfigError(f"study.enqueue names {unknown}, not searched params {sorted(dists)}")
+        study.enqueue_trial({**defaults(cfg.space), **entry}, skip_if_exists=True)
     requests = build_requests(cfg.workload, Path(cfg.model.path))
     secrets = secret_values(cfg.engine)
     cache_root = Path(cfg.engine.cache_root) if cfg.engine.cache_root else None
@@ -148,7 +155,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         "study %s: %d trials stored, running %d more (%s engine, model %s, workload %s, %d "
         "requests/trial); run dir %s",
         study.study_name,
-        len(study.trials),
+        n_stored,
         cfg.study.n_trials,
         cfg.engine.kind,
         cfg.model.name,
@@ -316,18 +323,19 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
             stop_timeout_s=cfg.engine.stop_timeout_s,
             health_interval_s=cfg.engine.health_interval_s,
         )
-        log.info("trial %d: launching (%s)", number, "vLLM defaults" if baseline else params)
+        log.info("trial %d: launching with %s", number, changed_params(params, cfg))
         async with server as launch:
             if launch.engine_version:
                 ctx.engine_version = launch.engine_version
             log.info(
                 "trial %d: ready in %.1f s, KV cache %s tokens (predicted %s); replaying %d "
-                "requests",
+                "requests (%d warm-up)",
                 number,
                 launch.startup_s,
                 _fmt_int(launch.kv_cache_tokens),
                 _fmt_int(predicted),
                 len(ctx.requests),
+                sum(r.warmup for r in ctx.requests),
             )
             records, telemetry = await _measure(ctx, server, tdir)
             metrics.update(telemetry)

@@ -7,6 +7,7 @@ Skipped unless NVML sees a GPU and vLLM is importable (CI has neither). On the H
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from tuner.workload import build_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "qwen-0.5b-dummy"
+GPU = int(os.environ.get("TUNER_TEST_GPU", "0"))  # which GPU the tests lease
 
 pytestmark = [
     pytest.mark.gpu,
@@ -53,7 +55,7 @@ def server(tmp_path: Path, *flags: str, timeout: float = 300) -> Server:
         "dummy",
         *flags,
     ]
-    env = build_env(EngineConfig(kind="vllm", gpus=[0]), cache_root=tmp_path / "cache")
+    env = build_env(EngineConfig(kind="vllm", gpus=[GPU]), cache_root=tmp_path / "cache")
     return Server(
         argv,
         env=env,
@@ -70,7 +72,7 @@ def wait_gpu_free(limit_gib: float = 1.0, timeout_s: float = 60) -> float:
     deadline = time.monotonic() + timeout_s
     used = 1e9
     while time.monotonic() < deadline:
-        used = max(m.used_gib for m in gpu_memory([0]))
+        used = max(m.used_gib for m in gpu_memory([GPU]))
         if used < limit_gib:
             break
         time.sleep(1)
