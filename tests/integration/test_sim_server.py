@@ -186,13 +186,13 @@ async def test_startup_log_and_basic_endpoints(make_sim: Any, http: aiohttp.Clie
     assert body["data"][0]["id"] == "m" and body["data"][0]["max_model_len"] == 32768
 
 
-async def test_eager_has_no_graph_line(make_sim: Any) -> None:
+def test_eager_has_no_graph_line(make_sim: Any) -> None:
     sim = make_sim("--enforce-eager", "--max-model-len", "4096")
     assert "Graph capturing finished" not in sim.log
     assert "Using max model len 4096" in sim.log
 
 
-async def test_port_closed_until_ready(make_sim: Any) -> None:
+def test_port_closed_until_ready(make_sim: Any) -> None:
     sim = make_sim(env={"TUNER_SIM_STARTUP_S": "1.5"}, ready=False)
     deadline = time.monotonic() + 10
     while "Model loading took" not in sim.log:
@@ -413,7 +413,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def test_sigterm_stops_server_and_engine_core(make_sim: Any) -> None:
+def test_sigterm_stops_server_and_engine_core(make_sim: Any) -> None:
     sim = make_sim()
     child = sim.engine_pid()
     assert child != sim.proc.pid and _alive(child)
@@ -427,7 +427,7 @@ async def test_sigterm_stops_server_and_engine_core(make_sim: Any) -> None:
     assert not _alive(child)
 
 
-async def test_engine_core_survives_sigkill_of_server(make_sim: Any) -> None:
+def test_engine_core_survives_sigkill_of_server(make_sim: Any) -> None:
     sim = make_sim()
     child = sim.engine_pid()
     sim.proc.kill()
@@ -441,7 +441,7 @@ async def test_engine_core_survives_sigkill_of_server(make_sim: Any) -> None:
     assert not _alive(child)
 
 
-async def test_hang_never_ready(make_sim: Any) -> None:
+def test_hang_never_ready(make_sim: Any) -> None:
     sim = make_sim(env={"TUNER_SIM_HANG": "1"}, ready=False)
     time.sleep(1.0)
     assert sim.proc.poll() is None

@@ -234,7 +234,10 @@ class Server:
         pgid = self.pgid
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGTERM)
-        deadline = t0 + self.stop_timeout_s
+        # A server that never became ready has nothing to drain (and vLLM 0.24 may hang in its
+        # failed-start cleanup, seen on the H200): give it a moment, then SIGKILL.
+        grace = self.stop_timeout_s if self.ready else min(self.stop_timeout_s, 2.0)
+        deadline = t0 + grace
         while time.monotonic() < deadline:
             self.proc.poll()
             if not group_members(pgid):

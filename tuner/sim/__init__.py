@@ -1,0 +1,11 @@
+"""A simulated ``vllm serve`` 0.24 for CI: same CLI, log lines, refusals, HTTP API and metrics.
+
+Run as ``python -m tuner.sim serve MODEL_DIR [vLLM flags]``. Modules: :mod:`.cli` (argument
+parsing), :mod:`.startup` (config checks and refusals), :mod:`.engine` (scheduler and speed
+model), :mod:`.runtime` (asyncio step loop and metrics), :mod:`.server` (process and HTTP),
+:mod:`.logs` (vLLM's log format). Memory decisions come from :mod:`tuner.memory`.
+
+Environment knobs (sim only): ``TUNER_SIM_GPU``, ``TUNER_SIM_GPU_MEMORY_GIB``,
+``CUDA_VISIBLE_DEVICES`` (GPU count), ``TUNER_SIM_USED_GIB``, ``TUNER_SIM_SPEEDUP``,
+``TUNER_SIM_STARTUP_S``, ``TUNER_SIM_DIE_AFTER_S``, ``TUNER_SIM_HANG``.
+"""
