@@ -28,6 +28,13 @@ def test_parse_facts() -> None:
     assert f.engine_version == "0.24.0"
 
 
+def test_model_load_line_as_vllm_0_24_prints_it() -> None:
+    # seen on the H200 (vLLM 0.24.0): no "memory" word
+    line = "(EngineCore pid=1429) INFO 11-30 02:28:11 [model_runner.py:302] Model loading took 15.27 GiB and 2.150722 seconds"
+    f = parse_facts([line])
+    assert (f.model_load_gib, f.model_load_s) == (pytest.approx(15.27), pytest.approx(2.150722))
+
+
 def test_strip_prefix() -> None:
     line = "(EngineCore_DP0 pid=5) ERROR 11-30 02:13:05 [core.py:1] EngineCore failed to start."
     assert strip_prefix(line) == "EngineCore failed to start."

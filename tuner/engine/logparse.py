@@ -36,7 +36,9 @@ _FACTS: dict[str, re.Pattern[str]] = {
         r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"
     ),
     "kv_cache_gib": re.compile(r"Available KV cache memory: ([\d.]+) GiB"),
-    "model_load": re.compile(r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds"),
+    # 0.24 logs "Model loading took 15.27 GiB and 2.15 seconds" (model_runner.py:302), older
+    # versions "... GiB memory and ... seconds"
+    "model_load": re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds"),
     "graph_capture": re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.-]+) GiB"),
     "init_engine": re.compile(
         r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?:econds)?"
