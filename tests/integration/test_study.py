@@ -112,11 +112,15 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
 
 
 def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
+    # Qwen3-8B at gmu 0.10/0.11 (other flags at vLLM's defaults): weights + activations leave no
+    # room for KV blocks. Enqueued, so the sampler's own choices cannot mix in other failures.
     p = tuner(
         tmp_path,
         "+workload=chat",
         "study.n_trials=2",
         "study.name=tiny",
+        "study.baseline_first=false",
+        "study.enqueue=[{gpu_memory_utilization:0.10},{gpu_memory_utilization:0.11}]",
         "space.params.gpu_memory_utilization.low=0.10",
         "space.params.gpu_memory_utilization.high=0.12",
         *FAST,
@@ -124,6 +128,7 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     study = optuna.load_study(study_name="tiny", storage=storage(tmp_path))
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert [t.params["gpu_memory_utilization"] for t in study.trials] == [0.10, 0.11]
     for t in study.trials:
         assert t.user_attrs["failure_reason"] == "no_kv_memory"
         assert "No available memory for the cache blocks" in t.user_attrs["failure_detail"]
