@@ -30,6 +30,7 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
         server_args=cfg.workload.server_args,
     )
     console.print(
-        "argv with vLLM defaults: " + " ".join(mask_argv(argv, secret_values(cfg.engine)))
+        "argv with vLLM defaults: "
+        + " ".join(mask_argv(argv, secret_values(cfg.engine, model=cfg.model)))
     )
     console.print(f"state dir {Path(cfg.paths.state_dir).resolve()}")

@@ -26,7 +26,7 @@ import optuna
 
 from tuner import __version__
 from tuner.config import TunerConfig
-from tuner.engine.argv import build_argv, build_env, mask, mask_argv, secret_values
+from tuner.engine.argv import api_key, build_argv, build_env, mask, mask_argv, secret_values
 from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
 from tuner.memory import GPU_PROFILES, ModelShape, estimate
@@ -137,7 +137,9 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             raise ConfigError(f"study.enqueue names {unknown}, not searched params {sorted(dists)}")
         study.enqueue_trial({**defaults(cfg.space), **entry}, skip_if_exists=True)
     requests = build_requests(cfg.workload, Path(cfg.model.path))
-    secrets = secret_values(cfg.engine)
+    secrets = secret_values(cfg.engine, model=cfg.model)
+    for saved in run_dir.glob(".hydra/*.yaml"):  # Hydra's copy of the command line and config
+        _mask_file(saved, secrets)
     cache_root = Path(cfg.engine.cache_root) if cfg.engine.cache_root else None
     if cache_root is None and cfg.engine.kind == "vllm":
         cache_root = Path(cfg.paths.state_dir) / "vllm_cache"
@@ -408,7 +410,6 @@ async def _measure(
 ) -> tuple[list[RequestRecord], dict[str, float]]:
     cfg = ctx.cfg
     w = cfg.workload
-    api_key = _api_key(cfg)
     done = 0
     total = len(ctx.requests)
     step = max(1, total // 4)
@@ -428,19 +429,12 @@ async def _measure(
                 w.arrival,
                 duration_s=w.duration_s,
                 request_timeout_s=w.request_timeout_s,
-                api_key=api_key,
+                api_key=api_key(cfg.engine, cfg.model),
                 on_record=on_record,
             )
     _write_jsonl(tdir / "metrics.jsonl", prom.samples)
     _write_jsonl(tdir / "gpu.jsonl", gpu.samples)
     return records, {**prom.summary(), **gpu.summary()}
-
-
-def _api_key(cfg: TunerConfig) -> str | None:
-    import os
-
-    key = os.environ.get("VLLM_API_KEY")
-    return key or None
 
 
 def _predict(ctx: _Ctx, params: Mapping[str, Any]) -> int | None:

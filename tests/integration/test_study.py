@@ -238,3 +238,33 @@ def test_interrupt_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> Non
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_secrets_never_reach_what_the_tuner_writes(tmp_path: Path) -> None:
+    """HF_TOKEN by environment and an --api-key flag: the server gets both, nothing written shows them."""
+    hf, key = "hf_SECRETtoken123456", "sk-SECRETkey987654"
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "study.n_trials=1",
+        f"engine.extra_args=[--api-key,{key}]",
+        *FAST,
+        env={"HF_TOKEN": hf},
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    trial = study.trials[0]
+    assert trial.user_attrs["failure_reason"] is None  # the replay authenticated with the key
+    assert trial.user_attrs["metrics"]["success_rate"] == 1.0
+    server_log = next(tmp_path.glob("outputs/runs/*/trial_0000/server.log")).read_text()
+    assert "***" in server_log  # the simulator logs its non-default args, as vLLM does
+    written = [f for f in tmp_path.rglob("*") if f.is_file() and "vllm_cache" not in f.parts]
+    assert len(written) > 5
+    for f in written:  # run dir, artifacts, Hydra's log, Optuna and MLflow databases
+        data = f.read_bytes()
+        assert hf.encode() not in data and key.encode() not in data, f
+    assert hf not in p.stdout + p.stderr and key not in p.stdout + p.stderr
+    runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+    for r in runs:
+        blob = json.dumps([r.data.params, r.data.tags])
+        assert hf not in blob and key not in blob

@@ -68,3 +68,14 @@ def test_env_lease_no_vllm_port_and_secrets(make_cfg) -> None:
         "***",
         "--api-key=***",
     ]
+
+
+def test_api_key_flag_is_a_secret_and_the_client_key(make_cfg) -> None:
+    from tuner.engine.argv import api_key
+
+    cfg = make_cfg("+workload=chat", "engine.extra_args=[--api-key,sk-123456]")
+    assert "sk-123456" in secret_values(cfg.engine, {}, cfg.model)
+    assert api_key(cfg.engine, cfg.model, {}) == "sk-123456"
+    plain = make_cfg("+workload=chat")
+    assert api_key(plain.engine, plain.model, {"VLLM_API_KEY": "envkey"}) == "envkey"
+    assert api_key(plain.engine, plain.model, {}) is None

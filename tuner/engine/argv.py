@@ -24,6 +24,7 @@ from tuner.space import flag_name
 
 __all__ = [
     "MASK",
+    "api_key",
     "build_argv",
     "build_env",
     "flag_args",
@@ -108,10 +109,38 @@ def _holds(when: Mapping[str, Any], params: Mapping[str, Any], space: SpaceConfi
     return True
 
 
-def secret_values(engine: EngineConfig, environ: Mapping[str, str] | None = None) -> list[str]:
-    """Values that must never appear in what the tuner writes (params, tags, logs, artifacts)."""
+def _flag_api_key(engine: EngineConfig, model: ModelConfig | None) -> str | None:
+    words = list(engine.extra_args) + (_dict_args(model.fixed_args) if model else [])
+    for i, word in enumerate(words):
+        if word == "--api-key" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--api-key="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def api_key(
+    engine: EngineConfig, model: ModelConfig, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The key the server will demand: ``--api-key`` among the fixed flags, else
+    ``VLLM_API_KEY`` from the environment (vLLM reads it too); None if neither is set."""
+    environ = os.environ if environ is None else environ
+    return _flag_api_key(engine, model) or environ.get("VLLM_API_KEY") or None
+
+
+def secret_values(
+    engine: EngineConfig,
+    environ: Mapping[str, str] | None = None,
+    model: ModelConfig | None = None,
+) -> list[str]:
+    """Values that must never appear in what the tuner writes (params, tags, logs, artifacts):
+    the passed-through variables, secret-looking ``engine.env`` entries, and any ``--api-key``
+    given in the model's fixed flags or ``engine.extra_args``."""
     environ = os.environ if environ is None else environ
     out = [environ[k] for k in engine.pass_env if environ.get(k)]
+    flag_key = _flag_api_key(engine, model)
+    if flag_key:
+        out.append(flag_key)
     for k, v in engine.env.items():
         if v.startswith("$") and environ.get(v[1:]):
             out.append(environ[v[1:]])
