@@ -179,12 +179,12 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             _record(tracker, result, run_dir, ctx, cfg)
             outcome.results.append(result)
             log.info(progress_line(result, i + 1, cfg.study.n_trials, cfg))
+        _save_pareto(study, run_dir, tracker)
     except KeyboardInterrupt:
         outcome.interrupted = True
         status = "KILLED"
         log.warning("interrupted: the running trial is marked FAIL; stored trials are kept")
         raise
-        _save_pareto(study, run_dir, tracker)
     finally:
         tracker.finish(status, _parent_summary(outcome))
     print_summary(outcome, cfg)

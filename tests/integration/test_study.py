@@ -93,6 +93,7 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     names = {a.path for a in client.list_artifacts(ok[0].info.run_id)}
     assert {"server.log", "requests.jsonl", "result.json", "metrics.jsonl"} <= names
+    assert [a.path for a in client.list_artifacts(parents[0].info.run_id)] == ["pareto.html"]
 
     p2 = tuner(tmp_path, *args)  # the same command continues the same study
     assert p2.returncode == 0, p2.stderr[-3000:]
