@@ -183,6 +183,9 @@ class StudyConfig:
     baseline_first: bool = True
     """Trial 0 of a new study runs vLLM's defaults (no searched flag passed)."""
     n_startup_trials: int = 4
+    precheck: bool = True
+    """Reject before launch what vLLM's validation or the memory model says certainly fails
+    (false: launch everything and let vLLM refuse; TP/lease limits are always checked)."""
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     """Configs to try before the sampler's own (e.g. your current flags): each entry names some
     params; the others take vLLM's defaults. An entry already tried is not enqueued again."""
@@ -204,6 +207,13 @@ class ObjectiveConfig:
     )
     max_error_rate: float = 0.05
     """A trial whose failed-request share exceeds this violates a constraint."""
+    slo_constraints: bool = True
+    """Each SLO the workload sets (``workload.slo``) becomes a constraint on its percentile."""
+    slo_percentile: int = 95
+    """The percentile of TTFT/TPOT/E2E that must meet the SLO (50, 90, 95 or 99)."""
+    prune: bool = True
+    """Stop a replay once a constraint is lost beyond doubt (too many requests over an SLO or
+    failed); the trial is PRUNED with its partial metrics."""
 
 
 @dataclass
@@ -323,6 +333,10 @@ def validate(c: TunerConfig) -> None:
     for o in c.objective.objectives:
         _one_of("objective direction", o.direction, DIRECTIONS)
         _one_of("objective metric", o.metric, tuple(sorted(METRICS)))
+    if c.objective.slo_percentile not in (50, 90, 95, 99):
+        raise ConfigError(
+            f"objective.slo_percentile is {c.objective.slo_percentile}; allowed: 50, 90, 95, 99"
+        )
     if not 0.0 <= c.objective.max_error_rate <= 1.0:
         raise ConfigError(
             f"objective.max_error_rate is {c.objective.max_error_rate}; allowed: 0.0 to 1.0"

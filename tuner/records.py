@@ -119,8 +119,8 @@ class TrialResult:
     argv: tuple[str, ...]
     values: tuple[float, ...] | None
     """Objective values in the order of the objective config; ``None`` if the trial failed."""
-    constraints: tuple[float, ...]
-    """> 0 means violated (Optuna's convention)."""
+    constraints: dict[str, float]
+    """Named Optuna constraints; > 0 means violated (:func:`tuner.score.constraints`)."""
     metrics: dict[str, float]
     failure_reason: str | None = None
     failure_detail: str | None = None
@@ -128,6 +128,12 @@ class TrialResult:
     predicted_kv_tokens: int | None = None
     baseline: bool = False
     duration_s: float = 0.0
+    launched: bool = False
+    """False when the precheck rejected the params (no server was started)."""
+    server_s: float = 0.0
+    """Seconds a server held the GPUs (launch to teardown): the trial's GPU cost."""
+    pruned: str | None = None
+    """Why the replay was stopped early (the trial is PRUNED), or None."""
 
     @property
     def ok(self) -> bool:

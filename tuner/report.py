@@ -3,7 +3,7 @@ trials of the whole study (Optuna's ``best_trials``, which honours the constrain
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -15,7 +15,16 @@ from tuner.records import TrialResult
 if TYPE_CHECKING:
     from tuner.study import StudyOutcome
 
-__all__ = ["changed_params", "pareto_figure", "print_summary", "progress_line", "trials_frame"]
+__all__ = [
+    "baseline_trial",
+    "changed_params",
+    "gpu_time",
+    "pareto_figure",
+    "pareto_rows",
+    "print_summary",
+    "progress_line",
+    "trials_frame",
+]
 
 _UNITS = {"output_throughput": "tok/s", "goodput": "req/s", "request_throughput": "req/s"}
 
@@ -43,6 +52,8 @@ def progress_line(r: TrialResult, i: int, n: int, cfg: TunerConfig) -> str:
     if r.baseline:
         head += " (baseline)"
     params = changed_params(r.params, cfg)
+    if r.pruned:
+        return f"{head}: PRUNED ({r.pruned}) | {params}"
     if not r.ok:
         return f"{head}: FAILED {r.failure_reason}: {r.failure_detail} | {params}"
     objs = ", ".join(
@@ -56,6 +67,51 @@ def progress_line(r: TrialResult, i: int, n: int, cfg: TunerConfig) -> str:
     return f"{head}: {objs}, {ok} ({', '.join(x for x in (start, kv) if x)}) | {params}"
 
 
+def _result_text(r: TrialResult) -> str:
+    if r.pruned:
+        return "PRUNED"
+    if r.ok:
+        return "ok"
+    return f"FAILED {r.failure_reason}" + ("" if r.launched else " (not launched)")
+
+
+def gpu_time(results: Sequence[TrialResult]) -> dict[str, float]:
+    """GPU-seconds held by servers, and the share spent on launches that failed."""
+    total = sum(r.server_s for r in results)
+    failed = sum(r.server_s for r in results if not r.ok and not r.pruned)
+    return {
+        "gpu_s_total": total,
+        "gpu_s_failed_launches": failed,
+        "gpu_s_failed_share": failed / total if total else 0.0,
+        "trials_not_launched": float(sum(not r.launched for r in results)),
+    }
+
+
+def baseline_trial(study: Any) -> Any | None:
+    """The study's feasible baseline trial (vLLM defaults), if it has one."""
+    for t in study.trials:
+        feasible = all(v <= 0 for v in t.constraints.values())
+        if t.user_attrs.get("baseline") and t.values is not None and feasible:
+            return t
+    return None
+
+
+def pareto_rows(study: Any, cfg: TunerConfig) -> list[dict[str, Any]]:
+    """Each Pareto-best trial with its values and its gain over the baseline in %."""
+    objs = [o.metric for o in cfg.objective.objectives]
+    base = baseline_trial(study)
+    rows = []
+    for tr in sorted(study.best_trials, key=lambda x: x.number):
+        row: dict[str, Any] = {"trial": tr.number, "params": dict(tr.params)}
+        for i, (m, v) in enumerate(zip(objs, tr.values or [], strict=False)):
+            row[m] = v
+            if base is not None and base.values:
+                b = base.values[i]
+                row[f"{m}_vs_baseline_pct"] = (v - b) / abs(b) * 100.0 if b else None
+        rows.append(row)
+    return rows
+
+
 def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | None = None) -> None:
     console = console or Console(width=160)
     objs = [o.metric for o in cfg.objective.objectives]
@@ -66,25 +122,33 @@ def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | No
         launch = r.launch
         t.add_row(
             str(r.number),
-            "ok" if r.ok else f"FAILED {r.failure_reason}",
-            *(_fmt_metric(m, r.metrics.get(m)) if r.ok else "-" for m in objs),
+            _result_text(r),
+            *(_fmt_metric(m, r.metrics.get(m)) if r.ok and not r.pruned else "-" for m in objs),
             f"{launch.startup_s:.1f}" if launch else "-",
             f"{launch.kv_cache_tokens:,}" if launch and launch.kv_cache_tokens else "-",
             f"{r.predicted_kv_tokens:,}" if r.predicted_kv_tokens is not None else "-",
             changed_params(r.params, cfg),
         )
     console.print(t)
-    best = outcome.study.best_trials
-    b = Table(title=f"Pareto-best trials of study {outcome.study.study_name} ({len(best)})")
-    for col in ("#", *objs, "params"):
+    g = gpu_time(outcome.results)
+    console.print(
+        f"GPU time held by servers: {g['gpu_s_total']:,.1f} s, of which "
+        f"{g['gpu_s_failed_launches']:,.1f} s ({g['gpu_s_failed_share']:.1%}) on launches that "
+        f"failed; {g['trials_not_launched']:.0f} trial(s) rejected before launch by the precheck."
+    )
+    rows = pareto_rows(outcome.study, cfg)
+    b = Table(title=f"Pareto-best trials of study {outcome.study.study_name} ({len(rows)})")
+    for col in ("#", *objs, *(f"{m} vs baseline" for m in objs), "params"):
         b.add_column(col, overflow="fold")
-    for tr in sorted(best, key=lambda x: x.number):
+    for row in rows:
+        gains = [row.get(f"{m}_vs_baseline_pct") for m in objs]
         b.add_row(
-            str(tr.number),
-            *(_fmt_metric(m, v) for m, v in zip(objs, tr.values or [], strict=False)),
-            changed_params(tr.params, cfg),
+            str(row["trial"]),
+            *(_fmt_metric(m, row[m]) for m in objs),
+            *(f"{x:+.1f} %" if x is not None else "-" for x in gains),
+            changed_params(row["params"], cfg),
         )
-    if best:
+    if rows:
         console.print(b)
     else:
         console.print("No feasible trial yet: every trial failed or violated a constraint.")

@@ -12,9 +12,18 @@ from collections.abc import Sequence
 import numpy as np
 
 from tuner.config import ObjectiveConfig, SLOConfig
+from tuner.errors import FailureReason
 from tuner.records import RequestRecord
 
-__all__ = ["METRICS", "PERCENTILES", "failure_values", "objective_values", "summarize"]
+__all__ = [
+    "METRICS",
+    "PERCENTILES",
+    "constraints",
+    "failure_values",
+    "objective_values",
+    "prune_reason",
+    "summarize",
+]
 
 PERCENTILES = (50, 90, 95, 99)
 _LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -106,3 +115,61 @@ def failure_values(objective: ObjectiveConfig) -> tuple[float, ...]:
     through a violated constraint, which is what the samplers act on): 0 for a maximised metric, a
     large latency/penalty for a minimised one."""
     return tuple(0.0 if o.direction == "maximize" else 1e7 for o in objective.objectives)
+
+
+def _slos(slo: SLOConfig) -> list[tuple[str, float]]:
+    pairs = (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2e", slo.e2e_ms))
+    return [(m, lim) for m, lim in pairs if lim is not None]
+
+
+def constraints(
+    metrics: dict[str, float],
+    failure_reason: str | None,
+    objective: ObjectiveConfig,
+    slo: SLOConfig,
+) -> dict[str, float]:
+    """Optuna constraints (> 0 violated), the same keys for every trial of a study.
+
+    ``failed_<reason>`` per failure class (1 for the trial's class), ``error_rate`` (share of
+    failed requests over the budget) and, if enabled, ``slo_<ttft|tpot|e2e>`` = percentile/SLO − 1.
+    A trial without a measurement violates every SLO.
+    """
+    out = {f"failed_{r.value}": float(failure_reason == r.value) for r in FailureReason}
+    out["error_rate"] = metrics.get("error_rate", 1.0) - objective.max_error_rate
+    if objective.slo_constraints:
+        q = objective.slo_percentile
+        for m, limit in _slos(slo):
+            value = metrics.get(f"{m}_p{q}_ms")
+            ok = failure_reason is None and value is not None
+            out[f"slo_{m}"] = value / limit - 1.0 if ok and value is not None else 1.0
+    return out
+
+
+def prune_reason(
+    records: Sequence[RequestRecord], total: int, objective: ObjectiveConfig, slo: SLOConfig
+) -> str | None:
+    """Why the replay can stop now: a constraint is already lost whatever the remaining requests
+    do. ``total`` is the number of measured requests the replay will send."""
+    measured = [r for r in records if not r.warmup]
+    if not objective.prune or total <= 0:
+        return None
+    failed = sum(r.status != "ok" for r in measured)
+    if failed > objective.max_error_rate * total:
+        return f"{failed} of {total} requests failed (budget {objective.max_error_rate:.0%})"
+    if not objective.slo_constraints:
+        return None
+    allowed = (1.0 - objective.slo_percentile / 100.0) * total
+    ok = [r for r in measured if r.status == "ok"]
+    for m, limit in _slos(slo):
+        values = {
+            "ttft": [r.ttft_s for r in ok],
+            "tpot": [r.tpot_s for r in ok],
+            "e2e": [r.e2e_s for r in ok],
+        }[m]
+        over = sum(v is not None and v * 1000.0 > limit for v in values)
+        if over > allowed + 1:
+            return (
+                f"{over} of {total} requests over the {m.upper()} SLO of {limit:g} ms: "
+                f"p{objective.slo_percentile} cannot meet it"
+            )
+    return None

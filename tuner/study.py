@@ -29,11 +29,12 @@ from tuner.config import TunerConfig
 from tuner.engine.argv import api_key, build_argv, build_env, mask, mask_argv, secret_values
 from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
-from tuner.memory import GPU_PROFILES, ModelShape, estimate
+from tuner.memory import ModelShape
+from tuner.precheck import precheck
 from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, to_json
 from tuner.replay import replay
 from tuner.report import changed_params
-from tuner.score import failure_values, objective_values, summarize
+from tuner.score import constraints, failure_values, objective_values, prune_reason, summarize
 from tuner.space import defaults, defaults_outside, distributions, resolved
 from tuner.telemetry.gpu import GpuSampler, gpu_memory, nvml_available, wait_for_free_memory
 from tuner.telemetry.prom import MetricsScraper
@@ -43,8 +44,6 @@ from tuner.workload import build_requests
 __all__ = ["StudyOutcome", "run"]
 
 log = logging.getLogger("tuner")
-
-CONSTRAINTS = ("failed", "error_rate")
 
 
 @dataclass
@@ -179,7 +178,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             _record(tracker, result, run_dir, ctx, cfg)
             outcome.results.append(result)
             log.info(progress_line(result, i + 1, cfg.study.n_trials, cfg))
-        _save_pareto(study, run_dir, tracker)
+        _save_pareto(study, run_dir, tracker, cfg)
     except KeyboardInterrupt:
         outcome.interrupted = True
         status = "KILLED"
@@ -191,18 +190,24 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     return outcome
 
 
-def _save_pareto(study: optuna.Study, run_dir: Path, tracker: Tracker | NullTracker) -> None:
-    """The study's Pareto plot as HTML in the run dir and on the parent MLflow run."""
-    from tuner.report import pareto_figure
+def _save_pareto(
+    study: optuna.Study, run_dir: Path, tracker: Tracker | NullTracker, cfg: TunerConfig
+) -> None:
+    """The Pareto-best trials with their gain over the baseline (``pareto.json``) and the plot
+    (``pareto.html``), in the run dir and on the parent MLflow run."""
+    from tuner.report import pareto_figure, pareto_rows
 
     if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
         return
+    table = run_dir / "pareto.json"
+    table.write_text(json.dumps(pareto_rows(study, cfg), indent=2, default=str) + "\n")
     path = run_dir / "pareto.html"
     try:
+        tracker.log_study_artifact(table)
         pareto_figure(study).write_html(str(path), include_plotlyjs="cdn")
         tracker.log_study_artifact(path)
-    except Exception as exc:  # a plot must never cost the study
-        log.warning("could not save the Pareto plot: %s", exc)
+    except Exception as exc:  # a report must never cost the study
+        log.warning("could not save the Pareto report: %s", exc)
 
 
 def _tags(cfg: TunerConfig) -> dict[str, str]:
@@ -216,22 +221,29 @@ def _tags(cfg: TunerConfig) -> dict[str, str]:
 
 
 def _parent_summary(outcome: StudyOutcome) -> dict[str, float]:
-    ok = [r for r in outcome.results if r.ok]
+    from tuner.report import gpu_time
+
+    ok = [r for r in outcome.results if r.ok and not r.pruned]
     return {
         "trials_run": float(len(outcome.results)),
         "trials_ok": float(len(ok)),
-        "trials_failed": float(len(outcome.results) - len(ok)),
+        "trials_failed": float(sum(not r.ok for r in outcome.results)),
+        "trials_pruned": float(sum(bool(r.pruned) for r in outcome.results)),
+        **gpu_time(outcome.results),
     }
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, cfg: TunerConfig) -> None:
-    for key, value in zip(CONSTRAINTS, result.constraints, strict=True):
+    for key, value in result.constraints.items():
         trial.set_constraint(key, value)
     attrs: dict[str, Any] = {
         "metrics": result.metrics,
         "failure_reason": result.failure_reason,
         "failure_detail": result.failure_detail,
         "predicted_kv_tokens": result.predicted_kv_tokens,
+        "launched": result.launched,
+        "server_s": result.server_s,
+        "pruned": result.pruned,
         "argv": list(result.argv),
     }
     if result.launch is not None:
@@ -240,6 +252,9 @@ def _tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, cfg: Tu
         attrs["engine_version"] = result.launch.engine_version
     for k, v in attrs.items():
         trial.set_user_attr(k, v)
+    if result.pruned:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return
     values = result.values if result.values is not None else failure_values(cfg.objective)
     study.tell(trial, list(values))
 
@@ -261,41 +276,12 @@ def _trial_dir(run_dir: Path, number: int) -> Path:
 # --- one trial --------------------------------------------------------------------------------
 
 
-def _precheck(
-    cfg: TunerConfig, shape: ModelShape, params: Mapping[str, Any], requests: list[RequestSpec]
-) -> None:
-    """Certain failures, told to Optuna without launching anything."""
-    tp = int(params.get("tensor_parallel_size") or 1)
-    if tp > len(cfg.engine.gpus):
-        raise TrialFailed(
-            FailureReason.PRECHECK,
-            f"tensor_parallel_size {tp} exceeds the GPU lease {cfg.engine.gpus}",
-        )
-    if shape.num_attention_heads % tp:
-        raise TrialFailed(
-            FailureReason.PRECHECK,
-            f"tensor_parallel_size {tp} does not divide the {shape.num_attention_heads} "
-            "attention heads",
-        )
-    mml = params.get("max_model_len")
-    if isinstance(mml, int) and requests:
-        too_long = [r for r in requests if r.prompt_tokens + r.output_tokens > mml]
-        if len(too_long) > cfg.objective.max_error_rate * len(requests):
-            longest = max(r.prompt_tokens + r.output_tokens for r in requests)
-            raise TrialFailed(
-                FailureReason.PRECHECK,
-                f"max_model_len {mml} is shorter than {len(too_long)} of {len(requests)} "
-                f"requests (longest {longest:,} tokens); vLLM would reject them",
-            )
-
-
 async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: bool) -> TrialResult:
     cfg = ctx.cfg
     t0 = time.monotonic()
     tdir = _trial_dir(ctx.run_dir, number)
     tdir.mkdir(parents=True, exist_ok=True)
     full = resolved(cfg.space, params)
-    predicted = _predict(ctx, full)
     port = free_port(cfg.engine.host)
     argv = build_argv(
         cfg.engine,
@@ -312,8 +298,13 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
     metrics: dict[str, float] = {}
     failure: TrialFailed | None = None
     server: Server | None = None
+    predicted: int | None = None
+    pruned: str | None = None
     try:
-        _precheck(cfg, ctx.shape, full, ctx.requests)
+        verdict = precheck(
+            cfg, ctx.shape, full, ctx.requests, baseline=baseline, veto=cfg.study.precheck
+        )
+        predicted = verdict.kv_tokens
         metrics.update(await _wait_gpu(cfg, full))
         server = Server(
             argv,
@@ -339,12 +330,13 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
                 len(ctx.requests),
                 sum(r.warmup for r in ctx.requests),
             )
-            records, telemetry = await _measure(ctx, server, tdir)
+            records, telemetry, pruned = await _measure(ctx, server, tdir)
             metrics.update(telemetry)
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
                 dead = await server.check(http)
             if dead is not None:
                 failure = TrialFailed(*dead)
+                pruned = None
     except TrialFailed as exc:
         failure = exc
     finally:
@@ -356,23 +348,24 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
     if failure is None and records and metrics["error_rate"] >= 1.0:
         first = next((r.error for r in records if r.error), "all requests failed")
         failure = TrialFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
+        pruned = None
+    reason = failure.reason.value if failure else None
     values = None if failure is not None else objective_values(metrics, cfg.objective)
-    constraints = (
-        1.0 if failure is not None else 0.0,
-        metrics.get("error_rate", 1.0) - cfg.objective.max_error_rate,
-    )
     result = TrialResult(
         number=number,
         params=full,
         argv=shown_argv,
         values=values,
-        constraints=constraints,
+        constraints=constraints(metrics, reason, cfg.objective, cfg.workload.slo),
         metrics=metrics,
-        failure_reason=failure.reason.value if failure else None,
+        failure_reason=reason,
         failure_detail=mask(failure.detail, ctx.secrets) if failure else None,
         launch=launch,
         predicted_kv_tokens=predicted,
         baseline=baseline,
+        launched=server is not None,
+        server_s=server.lifetime_s if server is not None else 0.0,
+        pruned=pruned,
     )
     result = replace(result, duration_s=round(time.monotonic() - t0, 3))
     _write_artifacts(tdir, result, records)
@@ -407,45 +400,57 @@ async def _wait_gpu(cfg: TunerConfig, params: Mapping[str, Any]) -> dict[str, fl
 
 async def _measure(
     ctx: _Ctx, server: Server, tdir: Path
-) -> tuple[list[RequestRecord], dict[str, float]]:
+) -> tuple[list[RequestRecord], dict[str, float], str | None]:
+    """Replay with telemetry beside it; stop early (pruned) once a constraint is lost."""
     cfg = ctx.cfg
     w = cfg.workload
-    done = 0
     total = len(ctx.requests)
+    n_measured = sum(not r.warmup for r in ctx.requests)
     step = max(1, total // 4)
+    done: list[RequestRecord] = []
+    lost = asyncio.Event()
+    why: list[str] = []
 
     def on_record(r: RequestRecord) -> None:
-        nonlocal done
-        done += 1
-        if done % step == 0 and done < total:
-            log.info("  replay %d/%d requests", done, total)
+        done.append(r)
+        if len(done) % step == 0 and len(done) < total:
+            log.info("  replay %d/%d requests", len(done), total)
+        if not r.warmup and not lost.is_set():
+            reason = prune_reason(done, n_measured, cfg.objective, w.slo)
+            if reason:
+                why.append(reason)
+                lost.set()
 
     with GpuSampler(cfg.engine.gpus if cfg.engine.kind == "vllm" else [], 0.5) as gpu:
         async with MetricsScraper(server.base_url, interval_s=1.0) as prom:
-            records = await replay(
-                server.base_url,
-                cfg.model.served_name,
-                ctx.requests,
-                w.arrival,
-                duration_s=w.duration_s,
-                request_timeout_s=w.request_timeout_s,
-                api_key=api_key(cfg.engine, cfg.model),
-                on_record=on_record,
+            task = asyncio.create_task(
+                replay(
+                    server.base_url,
+                    cfg.model.served_name,
+                    ctx.requests,
+                    w.arrival,
+                    duration_s=w.duration_s,
+                    request_timeout_s=w.request_timeout_s,
+                    api_key=api_key(cfg.engine, cfg.model),
+                    on_record=on_record,
+                )
             )
+            watch = asyncio.create_task(lost.wait())
+            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+            watch.cancel()
+            if task.done():
+                records = task.result()
+                pruned = None
+            else:  # pruned: keep what finished, drop what was in flight
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                records = list(done)
+                pruned = why[0]
+                log.info("  pruned after %d requests: %s", len(records), pruned)
     _write_jsonl(tdir / "metrics.jsonl", prom.samples)
     _write_jsonl(tdir / "gpu.jsonl", gpu.samples)
-    return records, {**prom.summary(), **gpu.summary()}
-
-
-def _predict(ctx: _Ctx, params: Mapping[str, Any]) -> int | None:
-    gpu = GPU_PROFILES.get(ctx.cfg.engine.gpu)
-    if gpu is None:
-        return None
-    try:
-        est = estimate(ctx.shape, gpu, params)
-    except (ValueError, KeyError, TypeError, ZeroDivisionError):
-        return None
-    return est.kv_tokens if est.failure is None else 0
+    return records, {**prom.summary(), **gpu.summary()}, pruned
 
 
 def _fmt_int(v: int | None) -> str:

@@ -83,11 +83,14 @@ class Tracker:
         params = [Param(k, self.mask(str(v))[:_MAX_PARAM]) for k, v in result.params.items()]
         params.append(Param("argv", self.mask(" ".join(result.argv))[:_MAX_PARAM]))
         metrics = [Metric(k, float(v), now, 0) for k, v in _metrics(result).items()]
+        state = "pruned" if result.pruned else "ok" if result.ok else "failed"
         trial_tags = {
             "trial.number": str(result.number),
-            "trial.state": "ok" if result.ok else "failed",
+            "trial.state": state,
             "trial.baseline": str(result.baseline).lower(),
         }
+        if result.pruned:
+            trial_tags["pruned_reason"] = result.pruned
         if result.failure_reason:
             trial_tags["failure_reason"] = result.failure_reason
             trial_tags["failure_detail"] = self.mask(result.failure_detail or "")[:_MAX_TAG]
@@ -101,7 +104,8 @@ class Tracker:
             )
         if trial_dir.is_dir():
             self.client.log_artifacts(rid, str(trial_dir))
-        self.client.set_terminated(rid, "FINISHED" if result.ok else "FAILED")
+        status = "KILLED" if result.pruned else "FINISHED" if result.ok else "FAILED"
+        self.client.set_terminated(rid, status)
 
     def log_study_artifact(self, path: Path) -> None:
         """A file for the invocation's parent run (e.g. the Pareto plot)."""
@@ -144,9 +148,11 @@ def _metrics(result: TrialResult) -> dict[str, float]:
     if result.predicted_kv_tokens is not None:
         out["predicted_kv_tokens"] = float(result.predicted_kv_tokens)
     out["failed_launch"] = 0.0 if result.ok or result.launch is not None else 1.0
+    out["launched"] = float(result.launched)
+    out["server_s"] = result.server_s
     out["trial_duration_s"] = result.duration_s
-    for i, c in enumerate(result.constraints):
-        out[f"constraint_{i}"] = c
+    for key, c in result.constraints.items():
+        out[f"constraint.{key}"] = c
     return {k: v for k, v in out.items() if _finite(v)}
 
 

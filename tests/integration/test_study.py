@@ -64,7 +64,10 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     assert first.user_attrs["baseline"] is True
     assert first.user_attrs["failure_reason"] is None
     assert first.user_attrs["kv_cache_tokens"] > 0
-    assert first.constraints == {"failed": 0.0, "error_rate": pytest.approx(-0.05)}
+    assert first.constraints["error_rate"] == pytest.approx(-0.05)
+    assert first.constraints["failed_no_kv_memory"] == 0.0
+    assert all(v <= 0 for v in first.constraints.values()), first.constraints
+    assert {"slo_ttft", "slo_tpot"} <= set(first.constraints)  # the chat profile's SLOs
 
     runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
     parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
@@ -93,7 +96,10 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     names = {a.path for a in client.list_artifacts(ok[0].info.run_id)}
     assert {"server.log", "requests.jsonl", "result.json", "metrics.jsonl"} <= names
-    assert [a.path for a in client.list_artifacts(parents[0].info.run_id)] == ["pareto.html"]
+    parent_files = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+    assert parent_files == {"pareto.html", "pareto.json"}
+    pareto = json.loads(next((tmp_path / "outputs" / "runs").glob("*/pareto.json")).read_text())
+    assert pareto and all("output_throughput_vs_baseline_pct" in row for row in pareto)
 
     p2 = tuner(tmp_path, *args)  # the same command continues the same study
     assert p2.returncode == 0, p2.stderr[-3000:]
@@ -121,6 +127,7 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
         "study.n_trials=2",
         "study.name=tiny",
         "study.baseline_first=false",
+        "study.precheck=false",  # launch them: this test is about vLLM's refusal as data
         "study.enqueue=[{gpu_memory_utilization:0.10},{gpu_memory_utilization:0.11}]",
         "space.params.gpu_memory_utilization.low=0.10",
         "space.params.gpu_memory_utilization.high=0.12",
@@ -133,8 +140,10 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
     for t in study.trials:
         assert t.user_attrs["failure_reason"] == "no_kv_memory"
         assert "No available memory for the cache blocks" in t.user_attrs["failure_detail"]
-        assert t.constraints["failed"] > 0
+        assert t.constraints["failed_no_kv_memory"] == 1.0
+        assert t.constraints["slo_ttft"] > 0
         assert t.user_attrs["predicted_kv_tokens"] == 0
+        assert t.user_attrs["launched"] is True
     children = [
         r for r in mlflow_runs(tmp_path, "tiny") if r.data.tags.get("tuner.role") == "trial"
     ]
@@ -269,3 +278,51 @@ def test_secrets_never_reach_what_the_tuner_writes(tmp_path: Path) -> None:
     for r in runs:
         blob = json.dumps([r.data.params, r.data.tags])
         assert hf not in blob and key not in blob
+
+
+def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> None:
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "study.n_trials=3",
+        "study.name=pre",
+        "study.enqueue=[{gpu_memory_utilization:0.11},"
+        "{enable_chunked_prefill:false,max_num_batched_tokens:2048}]",
+        *FAST,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    study = optuna.load_study(study_name="pre", storage=storage(tmp_path))
+    base, low, chunk = study.trials
+    assert base.user_attrs["launched"] is True and base.user_attrs["failure_reason"] is None
+    assert low.user_attrs["launched"] is False
+    assert low.user_attrs["failure_reason"] == "no_kv_memory"
+    assert low.user_attrs["failure_detail"].startswith("predicted before launch: No available")
+    assert chunk.user_attrs["failure_reason"] == "invalid_config"
+    assert chunk.user_attrs["launched"] is False
+    assert not list(tmp_path.glob("outputs/runs/*/trial_0001/server.log"))
+    assert "2 trial(s) rejected before launch" in p.stdout
+    assert "(0.0%) on launches that failed" in p.stdout
+
+
+def test_replay_is_pruned_once_the_slo_is_lost(tmp_path: Path) -> None:
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "study.n_trials=1",
+        "study.name=prune",
+        "workload.slo.ttft_ms=0.001",  # no request can meet it
+        "workload.num_requests=60",
+        *FAST[1:],
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    t = optuna.load_study(study_name="prune", storage=storage(tmp_path)).trials[0]
+    assert t.state == optuna.trial.TrialState.PRUNED
+    assert "TTFT SLO" in t.user_attrs["pruned"]
+    assert t.constraints["slo_ttft"] > 0
+    done = t.user_attrs["metrics"]["completed"]
+    assert 4 <= done < 60, done  # stopped early, with its partial metrics
+    children = [
+        r for r in mlflow_runs(tmp_path, "prune") if r.data.tags.get("tuner.role") == "trial"
+    ]
+    assert children[0].data.tags["trial.state"] == "pruned"
+    assert children[0].info.status == "KILLED"

@@ -5,7 +5,7 @@ import pytest
 
 from tuner.config import ObjectiveConfig, SLOConfig
 from tuner.records import RequestRecord
-from tuner.score import failure_values, objective_values, summarize
+from tuner.score import constraints, failure_values, objective_values, prune_reason, summarize
 
 
 def rec(i: int, t: float, ttft: float, e2e: float, out: int, **kw) -> RequestRecord:
@@ -47,3 +47,35 @@ def test_no_success_gives_zero_throughput_and_worst_values() -> None:
     assert m["output_throughput"] == 0.0 and m["error_rate"] == 1.0
     obj = ObjectiveConfig()
     assert objective_values(m, obj) == (0.0, failure_values(obj)[1])
+
+
+def test_constraints_per_failure_class_error_budget_and_slos() -> None:
+    obj = ObjectiveConfig()
+    slo = SLOConfig(ttft_ms=200, tpot_ms=50)
+    ok = constraints({"error_rate": 0.0, "ttft_p95_ms": 100.0, "tpot_p95_ms": 60.0}, None, obj, slo)
+    assert ok["error_rate"] == pytest.approx(-0.05)
+    assert ok["slo_ttft"] == pytest.approx(-0.5)
+    assert ok["slo_tpot"] == pytest.approx(0.2)  # p95 TPOT 60 ms over a 50 ms SLO
+    assert "slo_e2e" not in ok
+    assert all(ok[k] == 0.0 for k in ok if k.startswith("failed_"))
+    bad = constraints({}, "kv_too_small", obj, slo)
+    assert bad["failed_kv_too_small"] == 1.0
+    assert sum(bad[k] for k in bad if k.startswith("failed_")) == 1.0
+    assert bad["slo_ttft"] == 1.0 and bad["error_rate"] > 0
+    assert set(ok) == set(bad)  # the same keys for every trial
+    off = constraints({}, None, ObjectiveConfig(slo_constraints=False), slo)
+    assert not [k for k in off if k.startswith("slo_")]
+
+
+def test_prune_only_when_the_constraint_is_lost_for_sure() -> None:
+    obj = ObjectiveConfig()  # p95, 5 % error budget
+    slo = SLOConfig(ttft_ms=100)
+    slow = [rec(i, 0.0, 0.5, 1.0, 10) for i in range(6)]
+    # 100 requests: 5 may miss the p95 bound; 6 slow ones with one in hand is not yet certain
+    assert prune_reason(slow, 100, obj, slo) is None
+    assert "TTFT SLO" in (prune_reason([*slow, rec(6, 0.0, 0.5, 1.0, 10)], 100, obj, slo) or "")
+    errors = [RequestRecord(index=i, status="error", t_sent_s=0.0) for i in range(6)]
+    assert "failed" in (prune_reason(errors, 100, obj, slo) or "")
+    assert prune_reason(errors, 100, ObjectiveConfig(prune=False), slo) is None
+    fast = [rec(i, 0.0, 0.05, 1.0, 10) for i in range(50)]
+    assert prune_reason(fast, 100, obj, slo) is None

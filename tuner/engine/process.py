@@ -97,10 +97,19 @@ class Server:
         self.pgid: int | None = None
         self.ready = False
         self.stop_s: float | None = None
+        self._t_start: float | None = None
+        self._t_end: float | None = None
         self.survivors: list[int] = []
         self._log_pos = 0
         self._lines: list[str] = []
         self._partial = ""
+
+    @property
+    def lifetime_s(self) -> float:
+        """Seconds from launch to the end of teardown (so far, if still running)."""
+        if self._t_start is None:
+            return 0.0
+        return round((self._t_end or time.monotonic()) - self._t_start, 3)
 
     @property
     def base_url(self) -> str:
@@ -134,7 +143,7 @@ class Server:
     async def start(self) -> LaunchInfo:
         """Launch and wait until ready. Raises :class:`LaunchFailed` with a classified reason."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
+        t0 = self._t_start = time.monotonic()
         with self.log_path.open("wb") as logf:
             try:
                 self.proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
@@ -255,7 +264,8 @@ class Server:
                 break
             await asyncio.sleep(0.1)
         _LIVE_GROUPS.discard(pgid)
-        self.stop_s = round(time.monotonic() - t0, 3)
+        self._t_end = time.monotonic()
+        self.stop_s = round(self._t_end - t0, 3)
         if self.survivors:
             log.error("processes %s of server group %s survived SIGKILL", self.survivors, pgid)
         self._read_new_lines()

@@ -1,0 +1,351 @@
+"""Sample efficiency of the samplers on the simulator's landscape (chat profile, Qwen3-8B, H200).
+
+1. Evaluate every point of a discrete engine-parameter grid with
+   :func:`tuner.sim.landscape.evaluate` (virtual time, in process) and take the best goodput (req/s
+   meeting the profile's SLO) as the optimum.
+2. Run Optuna 5 ask/tell studies (single objective goodput, maximise; in-memory storage) with
+   ``TPESampler``, ``GPSampler`` and ``RandomSampler`` (their defaults), ``--seeds`` seeds each,
+   ``--trials`` trials each. Every trial is a grid point and only looks its result up. Infeasible
+   points are COMPLETE with goodput 0 and the constraint ``failed`` = 1 (0 when feasible).
+3. Per sampler: the number of trials until the best goodput so far is >= 95 % of the grid optimum
+   (a seed that never gets there counts as trials + 1), its median over seeds, and the ratio to
+   random search. Target (the issue's acceptance): tpe or gp needs <= 0.5x random's median and
+   <= 12 trials.
+
+Ordered numeric parameters with more than two values (gpu_memory_utilization, max_num_seqs) are
+given to the samplers as an integer index into their values (``suggest_int``), so TPE and GP see
+their order, as the tuner's float/log-int ranges do; the rest are categorical.
+
+``python benchmarks/sample_efficiency.py [--trials N] [--seeds K] [--quick] [--out PATH]``;
+``--quick`` is a tiny version (8 grid points, 40 requests, 2 seeds, 6 trials) for the tests.
+Writes ``benchmarks/results/sample_efficiency.json`` by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import itertools
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from tuner.config import load_config  # noqa: E402
+from tuner.memory import GPU_PROFILES, ModelShape  # noqa: E402
+from tuner.sim.landscape import LandscapeResult, evaluate, prepare_stream  # noqa: E402
+from tuner.workload import build_requests  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "sample_efficiency.json"
+THRESHOLD = 0.95
+TARGET_RATIO = 0.5
+TARGET_TRIALS = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class Dim:
+    """One searched parameter: its grid values; ``ordinal`` ones are suggested as an index."""
+
+    name: str
+    values: tuple[Any, ...]
+    ordinal: bool = False
+
+
+SPACE: tuple[Dim, ...] = (
+    Dim("gpu_memory_utilization", (0.15, 0.3, 0.5, 0.7, 0.9), ordinal=True),
+    Dim("max_num_seqs", (16, 32, 64, 128, 256), ordinal=True),
+    Dim("max_num_batched_tokens", (2048, 8192)),
+    Dim("max_model_len", (8192, 40960)),
+    Dim("block_size", (16, 32)),
+    Dim("enable_prefix_caching", (True, False)),
+    Dim("enable_chunked_prefill", (True, False)),
+    Dim("enforce_eager", (False, True)),
+)
+QUICK_SPACE: tuple[Dim, ...] = (
+    Dim("gpu_memory_utilization", (0.15, 0.9), ordinal=True),
+    Dim("max_num_seqs", (16, 256), ordinal=True),
+    Dim("enable_prefix_caching", (True, False)),
+)
+
+Key = tuple[Any, ...]
+
+
+def suggest(trial: optuna.Trial, space: Sequence[Dim]) -> Key:
+    """The grid point a trial asks for (values in ``space`` order)."""
+    out: list[Any] = []
+    for d in space:
+        if d.ordinal:
+            out.append(d.values[trial.suggest_int(d.name, 0, len(d.values) - 1)])
+        else:
+            out.append(trial.suggest_categorical(d.name, list(d.values)))
+    return tuple(out)
+
+
+def make_sampler(kind: str, seed: int) -> optuna.samplers.BaseSampler:
+    if kind == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown sampler {kind!r}")
+
+
+def trials_to_reach(
+    kind: str, seed: int, space: Sequence[Dim], lookup: Callable[[Key], LandscapeResult],
+    n_trials: int, target: float,
+) -> tuple[int | None, list[float]]:
+    """1-based trial number at which the best goodput so far first reaches ``target``."""
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(kind, seed))
+    reached: int | None = None
+    best = -math.inf
+    history: list[float] = []
+    for n in range(1, n_trials + 1):
+        trial = study.ask()
+        res = lookup(suggest(trial, space))
+        trial.set_constraint("failed", 0.0 if res.feasible else 1.0)
+        study.tell(trial, res.goodput)
+        best = max(best, res.goodput)
+        history.append(best)
+        if reached is None and best >= target:
+            reached = n
+    return reached, history
+
+
+def random_expectation(p: float, n_trials: int) -> dict[str, float | None]:
+    """Uniform sampling with replacement when a share ``p`` of the grid is good enough."""
+    if p <= 0:
+        return {"median": None, "mean": None, "p_reach_within_trials": 0.0}
+    median = 1.0 if p >= 1 else math.ceil(math.log(0.5) / math.log(1 - p))
+    return {
+        "median": float(median),
+        "mean": 1 / p,
+        "p_reach_within_trials": 1 - (1 - p) ** n_trials,
+    }
+
+
+def fmt_params(space: Sequence[Dim], key: Key) -> str:
+    return ", ".join(f"{d.name}={v}" for d, v in zip(space, key, strict=True))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--trials", type=int, default=40, help="trials per study (default 40)")
+    ap.add_argument("--seeds", type=int, default=10, help="seeds per sampler (default 10)")
+    ap.add_argument("--quick", action="store_true", help="tiny grid, 40 requests, 2 seeds")
+    ap.add_argument("--num-requests", type=int, default=None, help="workload.num_requests")
+    ap.add_argument("--samplers", default="tpe,gp,random")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    space = QUICK_SPACE if args.quick else SPACE
+    n_trials = 6 if args.quick and args.trials == 40 else args.trials
+    n_seeds = 2 if args.quick and args.seeds == 10 else args.seeds
+    num_requests = 40 if args.quick and args.num_requests is None else args.num_requests
+    samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    skipped: dict[str, str] = {}
+    if "gp" in samplers and importlib.util.find_spec("torch") is None:
+        # GPSampler needs PyTorch, which is not a dependency of the tuner
+        skipped["gp"] = "GPSampler needs torch, which is not installed"
+        samplers.remove("gp")
+        print(f"skipping gp: {skipped['gp']}")
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+    with tempfile.TemporaryDirectory(prefix="sample-eff-") as tmp:
+        overrides = ["+workload=chat", f"paths.output_dir={tmp}", f"paths.state_dir={tmp}"]
+        if num_requests is not None:
+            overrides.append(f"workload.num_requests={num_requests}")
+        cfg = load_config(overrides)
+    w = cfg.workload
+    shape = ModelShape.from_dir(cfg.model.path)
+    gpu = GPU_PROFILES[cfg.engine.gpu]
+    requests = build_requests(w, Path(cfg.model.path))
+    stream = prepare_stream(requests, w.system_prompt_tokens)
+    concurrency = w.arrival.concurrency
+    measured = sum(not r.warmup for r in requests)
+    note = (
+        f"workload.num_requests lowered to {w.num_requests}"
+        if num_requests is not None
+        else f"the profile's own {w.num_requests} requests"
+    )
+    print(
+        f"chat profile on the simulator ({cfg.model.name}, {gpu.name}): {measured} measured + "
+        f"{len(requests) - measured} warm-up requests ({note}), closed loop at concurrency "
+        f"{concurrency}, SLO ttft<={w.slo.ttft_ms} ms tpot<={w.slo.tpot_ms} ms"
+    )
+
+    # --- 1. the grid ---------------------------------------------------------------------
+    t0 = time.perf_counter()
+    cache: dict[Key, LandscapeResult] = {}
+    for key in itertools.product(*(d.values for d in space)):
+        params = {d.name: v for d, v in zip(space, key, strict=True)}
+        cache[key] = evaluate(shape, gpu, params, stream, concurrency=concurrency, slo=w.slo)
+    grid_s = time.perf_counter() - t0
+    best_key = max(cache, key=lambda k: cache[k].goodput)  # first of equals in grid order
+    optimum = cache[best_key].goodput
+    target = THRESHOLD * optimum
+    n_points = len(cache)
+    infeasible = [r for r in cache.values() if not r.feasible]
+    failures: dict[str, int] = {}
+    for r in infeasible:
+        failures[str(r.failure)] = failures.get(str(r.failure), 0) + 1
+    good_share = sum(r.goodput >= target for r in cache.values()) / n_points
+    feasible_evals = n_points - len(infeasible)
+    print(
+        f"grid: {n_points} points, {len(infeasible)} infeasible "
+        f"({100 * len(infeasible) / n_points:.1f} %: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(failures.items()))
+        + f"), evaluated in {grid_s:.1f} s "
+        f"({1000 * grid_s / max(1, feasible_evals):.0f} ms per feasible point)"
+    )
+    print(f"grid optimum: goodput {optimum:.3f} req/s at {fmt_params(space, best_key)}")
+    best = cache[best_key]
+    print(
+        f"  output {best.output_throughput:.0f} tok/s, TTFT p95 {best.ttft_p95_ms:.0f} ms, "
+        f"TPOT p95 {best.tpot_p95_ms:.1f} ms, prefix hits {100 * best.prefix_hit_rate:.0f} %"
+    )
+    print(
+        f"points within {THRESHOLD:.0%} of the optimum: {round(good_share * n_points)} "
+        f"({100 * good_share:.2f} % of the grid)"
+    )
+
+    # --- 2. the samplers ------------------------------------------------------------------
+    seeds = list(range(n_seeds))
+    results: dict[str, dict[str, Any]] = {}
+    for kind in samplers:
+        t1 = time.perf_counter()
+        counts: list[int] = []
+        not_reached: list[int] = []
+        curves: list[list[float]] = []
+        for s in seeds:
+            reached, history = trials_to_reach(
+                kind, s, space, cache.__getitem__, n_trials, target
+            )
+            counts.append(reached if reached is not None else n_trials + 1)
+            if reached is None:
+                not_reached.append(s)
+            curves.append([round(v, 4) for v in history])
+        results[kind] = {
+            "median": float(statistics.median(counts)),
+            "counts": counts,
+            "reached": len(seeds) - len(not_reached),
+            "not_reached_seeds": not_reached,
+            "best_so_far": curves,
+            "time_s": round(time.perf_counter() - t1, 2),
+        }
+
+    # --- 3. report --------------------------------------------------------------------------
+    rnd = results.get("random", {}).get("median")
+    ratios = {
+        f"{k}/random": (results[k]["median"] / rnd if rnd else None)
+        for k in samplers
+        if k != "random" and rnd is not None
+    }
+    print()
+    print(f"trials to reach {THRESHOLD:.0%} of the grid optimum ({n_trials} trials, "
+          f"{n_seeds} seeds; a seed that never reaches it counts {n_trials + 1}, marked *)")
+    header = f"{'sampler':<8} {'median':>7} {'reached':>8}  per-seed counts"
+    print(header)
+    print("-" * max(len(header), 60))
+    for kind in samplers:
+        r = results[kind]
+        per_seed = " ".join(
+            f"{c}{'*' if s in r['not_reached_seeds'] else ''}"
+            for s, c in zip(seeds, r["counts"], strict=True)
+        )
+        print(f"{kind:<8} {r['median']:>7.1f} {r['reached']:>5}/{n_seeds:<2}  {per_seed}")
+    for name, ratio in ratios.items():
+        print(f"{name}: {ratio:.2f}" if ratio is not None else f"{name}: n/a")
+    expect = random_expectation(good_share, n_trials)
+    if expect["median"] is not None:
+        print(
+            f"(uniform sampling with replacement would need a median of {expect['median']:.0f} "
+            f"trials, mean {expect['mean']:.1f})"
+        )
+
+    holds: dict[str, bool] = {}
+    for kind in ("tpe", "gp"):
+        if kind in results and rnd:
+            med = results[kind]["median"]
+            holds[kind] = med <= TARGET_RATIO * rnd and med <= TARGET_TRIALS
+    target_holds = any(holds.values())
+    detail = ", ".join(
+        f"{k}: median {results[k]['median']:.1f} vs {TARGET_RATIO} x random "
+        f"{TARGET_RATIO * rnd:.1f} and {TARGET_TRIALS} -> {'yes' if ok else 'no'}"
+        for k, ok in holds.items()
+        if rnd
+    )
+    print(f"target (tpe or gp <= {TARGET_RATIO}x random and <= {TARGET_TRIALS} trials): "
+          f"{'HOLDS' if target_holds else 'DOES NOT HOLD'} ({detail or 'not evaluated'})")
+
+    total_s = time.perf_counter() - t_start
+    out = {
+        "benchmark": "sample_efficiency",
+        "quick": bool(args.quick),
+        "profile": w.name,
+        "model": cfg.model.name,
+        "gpu": gpu.name,
+        "num_requests": w.num_requests,
+        "warmup_requests": w.warmup_requests,
+        "num_requests_note": note,
+        "concurrency": concurrency,
+        "slo": dataclasses.asdict(w.slo),
+        "objective": "goodput (measured requests/s meeting every SLO set), maximize",
+        "threshold": THRESHOLD,
+        "space": {
+            d.name: {"values": list(d.values), "encoding": "int index" if d.ordinal else "categorical"}
+            for d in space
+        },
+        "grid": {
+            "points": n_points,
+            "infeasible": len(infeasible),
+            "infeasible_share": len(infeasible) / n_points,
+            "failures": failures,
+            "optimum": optimum,
+            "optimum_params": {d.name: v for d, v in zip(space, best_key, strict=True)},
+            "optimum_metrics": dataclasses.asdict(best),
+            "within_threshold": round(good_share * n_points),
+            "within_threshold_share": good_share,
+            "random_with_replacement": expect,
+        },
+        "trials": n_trials,
+        "seeds": seeds,
+        "samplers": results,
+        "sampler_settings": {
+            "tpe": "TPESampler(seed=s), Optuna defaults",
+            "gp": "GPSampler(seed=s), Optuna defaults",
+            "random": "RandomSampler(seed=s)",
+        },
+        "skipped_samplers": skipped,
+        "ratios": ratios,
+        "target": {
+            "rule": f"tpe or gp median <= {TARGET_RATIO} x random median and <= {TARGET_TRIALS}",
+            "holds": target_holds,
+            "per_sampler": holds,
+        },
+        "optuna_version": optuna.__version__,
+        "time_s": {"grid": round(grid_s, 2), "total": round(total_s, 2)},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.out} ({total_s:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

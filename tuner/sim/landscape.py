@@ -1,0 +1,490 @@
+"""The simulator's objective landscape, in process and in virtual time (no server, no I/O).
+
+:func:`evaluate` answers "what would a trial with these engine parameters measure?" for the
+simulated engine, thousands of times faster than launching ``python -m tuner.sim serve`` and
+replaying: the start-up refusals come from :func:`tuner.memory.estimate` and vLLM's config
+validation, and the serving run drives the very :class:`~tuner.sim.engine.Scheduler` the simulated
+server builds (same block pool, same :class:`~tuner.sim.engine.SpeedModel`, same CUDA-graph batch
+limit) closed-loop at ``concurrency`` in virtual time, the way :mod:`tuner.replay` sends the
+stream: warm-ups first (awaited, not measured), then the measured requests.
+
+Token ids are synthetic but keep the prefix structure that matters to prefix caching: every
+request whose body carries the same system message starts with the same ``system_prompt_tokens``
+ids, a later turn of a conversation starts with all of its previous turn's prompt ids, and the rest
+are ids no other request has. Metrics follow ``vllm bench serve`` (see :mod:`tuner.score`): TTFT
+from send to the first token, TPOT = (e2e - ttft)/(output - 1), duration from the first measured
+send to the last completion, goodput = requests meeting every SLO set / duration. A request with
+``prompt + max_tokens > max_model_len`` is rejected (vLLM answers 400) and counts as not good.
+
+Differences from a real replay against the simulated server: no HTTP/SSE or tokenisation time, no
+``TUNER_SIM_SPEEDUP`` jitter, no ``workload.duration_s`` cut-off, and the request is "sent" the
+instant the previous one of its worker finished.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tuner.config import SLOConfig
+from tuner.errors import FailureReason
+from tuner.memory import GpuProfile, MemoryEstimate, ModelShape, ResolvedParams, estimate
+from tuner.memory import resolve_params as _resolve
+from tuner.records import RequestSpec
+from tuner.sim.engine import Request, Scheduler, SpeedModel, block_hashes
+from tuner.sim.startup import Refusal, Settings, engine_check
+
+__all__ = [
+    "LandscapeResult",
+    "PreparedStream",
+    "build_scheduler",
+    "config_refusal",
+    "evaluate",
+    "prepare_stream",
+]
+
+MAX_STEPS = 5_000_000
+"""Safety net against a scheduler that never drains (a bug, not a workload property)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LandscapeResult:
+    """What one configuration measures on the simulator (zeros when infeasible)."""
+
+    feasible: bool
+    failure: str | None
+    """A :class:`~tuner.errors.FailureReason` value when the engine would not start."""
+    goodput: float
+    """Measured requests per second that met every SLO set."""
+    output_throughput: float
+    """Output tokens per second of the completed measured requests."""
+    ttft_p95_ms: float
+    tpot_p95_ms: float
+    duration_s: float
+    preemptions: int
+    """Preemptions during the measured phase."""
+    completed: int = 0
+    rejected: int = 0
+    """Measured requests refused because ``prompt + max_tokens > max_model_len``."""
+    kv_tokens: int = 0
+    prefix_hit_rate: float = 0.0
+    """Prefix-cache hits / queries (tokens) during the measured phase."""
+    message: str | None = None
+    """The refusal text of an infeasible configuration (vLLM's wording where the sim has it)."""
+
+
+def _infeasible(failure: FailureReason, message: str | None) -> LandscapeResult:
+    return LandscapeResult(
+        feasible=False,
+        failure=failure.value,
+        goodput=0.0,
+        output_throughput=0.0,
+        ttft_p95_ms=0.0,
+        tpot_p95_ms=0.0,
+        duration_s=0.0,
+        preemptions=0,
+        message=message,
+    )
+
+
+# --- start-up ---------------------------------------------------------------------------------
+
+
+def _api_refusal(shape: ModelShape, r: ResolvedParams) -> str | None:
+    """The ``create_engine_config`` refusals of :func:`tuner.sim.startup.resolve` that depend on
+    the parameters alone (that function also parses argv and reads the model directory, so it
+    cannot be called with a :class:`ModelShape`). Same rules, same order; the unit tests check
+    the two agree on a grid of parameters. Not checked here: TP against the GPU count (the
+    caller's lease) and ``max_num_partial_prefills``."""
+    if r.gpu_memory_utilization <= 0 or r.gpu_memory_utilization > 1:
+        return f"gpu_memory_utilization {r.gpu_memory_utilization} outside (0, 1]"
+    if r.max_model_len > shape.max_position_embeddings:
+        return (
+            f"User-specified max_model_len ({r.max_model_len}) is greater than the derived "
+            f"max_model_len (max_position_embeddings={shape.max_position_embeddings})"
+        )
+    if r.block_size <= 0:
+        return f"block_size {r.block_size} must be > 0"
+    if r.tensor_parallel_size < 1:
+        return f"tensor_parallel_size {r.tensor_parallel_size} must be >= 1"
+    if r.max_num_seqs < 1 or r.max_num_batched_tokens < 1:
+        return "max_num_seqs and max_num_batched_tokens must be >= 1"
+    if not r.enable_chunked_prefill and r.max_num_batched_tokens < r.max_model_len:
+        return (
+            f"max_num_batched_tokens ({r.max_num_batched_tokens}) is smaller than max_model_len "
+            f"({r.max_model_len}). This effectively limits the maximum sequence length to "
+            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+            "max_num_batched_tokens or decrease max_model_len."
+        )
+    if r.max_num_batched_tokens < r.max_num_seqs:
+        return (
+            f"max_num_batched_tokens ({r.max_num_batched_tokens}) must be greater than or equal "
+            f"to max_num_seqs ({r.max_num_seqs})."
+        )
+    if shape.num_attention_heads % r.tensor_parallel_size:
+        return (
+            f"Total number of attention heads ({shape.num_attention_heads}) must be divisible "
+            f"by tensor parallel size ({r.tensor_parallel_size})."
+        )
+    return None
+
+
+def config_refusal(
+    shape: ModelShape,
+    gpu: GpuProfile,
+    params: Mapping[str, Any],
+    mem: MemoryEstimate | None = None,
+) -> tuple[FailureReason, str] | None:
+    """Why ``vllm serve`` (as simulated) would refuse to start with ``params``, or ``None``.
+
+    Order as in the simulated server: the API-side config validation (``invalid_config``), then
+    the EngineCore's attention-backend check and KV-cache memory checks
+    (:func:`tuner.sim.startup.engine_check`, i.e. :func:`tuner.memory.estimate`).
+    """
+    r = _resolve(shape, gpu, params)
+    msg = _api_refusal(shape, r)
+    if msg is not None:
+        return FailureReason.INVALID_CONFIG, msg
+    mem = mem if mem is not None else estimate(shape, gpu, params)
+    settings = Settings(
+        model_dir=Path("."),
+        shape=shape,
+        gpu=gpu,
+        gpu_count=max(1, r.tensor_parallel_size),
+        params=dict(params),
+        resolved=r,
+        memory=mem,
+        served_names=("m",),
+        max_model_len=mem.max_model_len,
+        image_limit=999,
+    )
+    try:
+        for stage in ("backend", "kv"):
+            engine_check(settings, {}, stage)
+    except Refusal as exc:
+        return exc.reason, exc.exc_line
+    return None
+
+
+def build_scheduler(
+    shape: ModelShape, r: ResolvedParams, mem: MemoryEstimate, *, speed: SpeedModel | None = None
+) -> Scheduler:
+    """The scheduler :class:`tuner.sim.runtime.AsyncEngine` builds for these resolved params."""
+    speed = speed or SpeedModel.for_model(shape, r.tensor_parallel_size, r.kv_dtype_bytes)
+    return Scheduler(
+        num_blocks=max(1, mem.kv_tokens // r.block_size),
+        block_size=r.block_size,
+        max_num_seqs=r.max_num_seqs,
+        max_num_batched_tokens=r.max_num_batched_tokens,
+        chunked_prefill=r.enable_chunked_prefill,
+        prefix_caching=r.enable_prefix_caching,
+        speed=speed,
+        max_graph_batch=max(r.capture_sizes, default=0) if r.cudagraph_mode != "NONE" else 0,
+    )
+
+
+# --- the request stream as token ids ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedStream:
+    """The request stream as the engine sees it: prompt token ids and output lengths."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    max_tokens: tuple[int, ...]
+    warmup: tuple[bool, ...]
+    key: tuple[Any, ...]
+    """Identifies the structure (lengths, shared prefixes) for caching block hashes."""
+
+
+def _content_key(content: Any) -> str:
+    return content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+
+
+def _message_keys(spec: RequestSpec) -> tuple[tuple[str, str], ...] | None:
+    messages = spec.body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    return tuple(
+        (str(m.get("role", "")), _content_key(m.get("content", "")))
+        for m in messages
+        if isinstance(m, Mapping)
+    )
+
+
+def _estimate_system_tokens(requests: Sequence[RequestSpec]) -> int:
+    """Tokens of the (first) system message from the stream's tokens-per-character ratio."""
+    chars = tokens = 0
+    system = None
+    for spec in requests:
+        keys = _message_keys(spec)
+        if not keys:
+            continue
+        if system is None and keys[0][0] == "system":
+            system = keys[0][1]
+        chars += sum(len(c) for _, c in keys)
+        tokens += spec.prompt_tokens
+    if system is None or chars == 0:
+        return 0
+    return round(len(system) * tokens / chars)
+
+
+_STREAMS: collections.OrderedDict[tuple[Any, ...], PreparedStream] = collections.OrderedDict()
+_HASHES: collections.OrderedDict[tuple[Any, ...], tuple[list[bytes], ...]] = (
+    collections.OrderedDict()
+)
+_CACHE_SIZE = 8
+
+
+def prepare_stream(
+    requests: Sequence[RequestSpec], system_prompt_tokens: int | None = None
+) -> PreparedStream:
+    """Synthetic prompt token ids for ``requests`` (see the module docstring).
+
+    ``system_prompt_tokens``: the shared leading ids of requests with the same system message
+    (``WorkloadConfig.system_prompt_tokens``); ``None`` estimates it from the texts. A chat
+    request whose messages minus the last user turn (and the assistant reply before it) are an
+    earlier request's messages continues that request's prompt ids; a completions request
+    continues the previous request's ids when its prompt extends that prompt.
+    """
+    spt = (
+        _estimate_system_tokens(requests)
+        if system_prompt_tokens is None
+        else max(0, system_prompt_tokens)
+    )
+    parents: list[int] = []
+    systems: list[int] = []
+    seen: dict[tuple[tuple[str, str], ...], int] = {}
+    system_ids: dict[str, int] = {}
+    prev_prompt: str | None = None
+    for i, spec in enumerate(requests):
+        parent = sys_group = -1
+        keys = _message_keys(spec)
+        if keys is not None:
+            for k in range(len(keys) - 1, 0, -1):
+                j = seen.get(keys[:k])
+                if j is not None:
+                    parent = j
+                    break
+            if keys and keys[0][0] == "system":
+                sys_group = system_ids.setdefault(keys[0][1], len(system_ids))
+            seen.setdefault(keys, i)
+        else:
+            prompt = spec.body.get("prompt")
+            if isinstance(prompt, str):
+                if prev_prompt and i > 0 and prompt.startswith(prev_prompt):
+                    parent = i - 1
+                if spt > 0:
+                    sys_group = 0  # the completions profile puts the system text first
+                prev_prompt = prompt
+        parents.append(parent)
+        systems.append(sys_group)
+    key = (
+        spt,
+        tuple(
+            (s.prompt_tokens, s.output_tokens, s.warmup, p, g)
+            for s, p, g in zip(requests, parents, systems, strict=True)
+        ),
+    )
+    cached = _STREAMS.get(key)
+    if cached is not None:
+        _STREAMS.move_to_end(key)
+        return cached
+
+    next_id = 1 + spt * (len(system_ids) + 1)
+    prompts: list[tuple[int, ...]] = []
+    for spec, parent, group in zip(requests, parents, systems, strict=True):
+        n = max(1, spec.prompt_tokens)
+        if parent >= 0:
+            head = prompts[parent][:n]
+        elif group >= 0:
+            head = tuple(range(1 + group * spt, 1 + group * spt + min(spt, n)))
+        else:
+            head = ()
+        rest = n - len(head)
+        prompts.append(head + tuple(range(next_id, next_id + rest)))
+        next_id += rest
+    stream = PreparedStream(
+        prompts=tuple(prompts),
+        max_tokens=tuple(max(1, s.output_tokens) for s in requests),
+        warmup=tuple(s.warmup for s in requests),
+        key=key,
+    )
+    _STREAMS[key] = stream
+    while len(_STREAMS) > _CACHE_SIZE:
+        _STREAMS.popitem(last=False)
+    return stream
+
+
+def _stream_hashes(stream: PreparedStream, block_size: int) -> tuple[list[bytes], ...]:
+    """Block hashes of every prompt (what the scheduler would compute), cached per stream."""
+    key = (stream.key, block_size)
+    cached = _HASHES.get(key)
+    if cached is not None:
+        _HASHES.move_to_end(key)
+        return cached
+    hashes = tuple(block_hashes(p, block_size) for p in stream.prompts)
+    _HASHES[key] = hashes
+    while len(_HASHES) > _CACHE_SIZE:
+        _HASHES.popitem(last=False)
+    return hashes
+
+
+# --- serving ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Done:
+    arrival: float
+    first: float
+    finish: float
+    output: int
+
+
+def _run_phase(
+    sched: Scheduler,
+    stream: PreparedStream,
+    hashes: tuple[list[bytes], ...] | None,
+    indices: Sequence[int],
+    *,
+    concurrency: int,
+    max_model_len: int,
+    now: float,
+) -> tuple[float, list[_Done], int]:
+    """Closed loop over ``indices`` from ``now``: returns the end time, completions, rejections."""
+    pending = iter(indices)
+    done: list[_Done] = []
+    rejected = 0
+    in_flight = 0
+
+    def send() -> bool:
+        nonlocal rejected, in_flight
+        for i in pending:
+            prompt = stream.prompts[i]
+            if len(prompt) + stream.max_tokens[i] > max_model_len:
+                rejected += 1  # vLLM answers 400 at once; the worker sends its next request
+                continue
+            rid = f"r{i}"
+            if hashes is not None:
+                # the scheduler's own per-request hash memo, filled from the per-stream cache
+                sched._hashes[rid] = hashes[i]
+            sched.add(Request(rid, prompt, stream.max_tokens[i]), now)
+            in_flight += 1
+            return True
+        return False
+
+    for _ in range(max(1, concurrency)):
+        if not send():
+            break
+    steps = 0
+    while sched.has_work:
+        res = sched.step(now)
+        now += res.duration_s
+        steps += 1
+        if steps > MAX_STEPS:
+            raise RuntimeError("the simulated scheduler did not drain; this is a bug")
+        for req in res.emitted:
+            if req.num_output == 1:
+                req.first_token_s = now
+        for req in res.finished:
+            done.append(_Done(req.arrival_s, req.first_token_s or now, now, req.num_output))
+            in_flight -= 1
+            send()
+    return now, done, rejected
+
+
+def _meets(d: _Done, slo: SLOConfig) -> bool:
+    ttft = d.first - d.arrival
+    tpot = (d.finish - d.first) / (d.output - 1) if d.output > 1 else 0.0
+    e2e = d.finish - d.arrival
+    checks = ((slo.ttft_ms, ttft), (slo.tpot_ms, tpot), (slo.e2e_ms, e2e))
+    return all(lim is None or v * 1000.0 <= lim for lim, v in checks)
+
+
+def evaluate(
+    shape: ModelShape,
+    gpu: GpuProfile,
+    params: Mapping[str, Any],
+    requests: Sequence[RequestSpec] | PreparedStream,
+    *,
+    concurrency: int,
+    slo: SLOConfig,
+    system_prompt_tokens: int | None = None,
+) -> LandscapeResult:
+    """What a trial with engine ``params`` measures on the simulator for ``requests``.
+
+    ``params`` uses the tuner's parameter names (as :func:`tuner.memory.estimate`); absent or
+    ``None`` means vLLM's default. ``requests`` is a stream from
+    :func:`tuner.workload.build_requests` (warm-ups are sent first and not measured) or one
+    :func:`prepare_stream` made (faster when evaluating many configurations).
+    ``system_prompt_tokens`` is passed to :func:`prepare_stream`. Deterministic: the same inputs
+    give the same result.
+    """
+    mem = estimate(shape, gpu, params)
+    refusal = config_refusal(shape, gpu, params, mem)
+    if refusal is not None:
+        return _infeasible(*refusal)
+    r = _resolve(shape, gpu, params)
+    stream = (
+        requests
+        if isinstance(requests, PreparedStream)
+        else prepare_stream(requests, system_prompt_tokens)
+    )
+    sched = build_scheduler(shape, r, mem)
+    hashes = _stream_hashes(stream, r.block_size) if r.enable_prefix_caching else None
+    n = len(stream.prompts)
+    warm = [i for i in range(n) if stream.warmup[i]]
+    measured = [i for i in range(n) if not stream.warmup[i]]
+    now = 0.0
+    if warm:
+        now, _, _ = _run_phase(
+            sched,
+            stream,
+            hashes,
+            warm,
+            concurrency=concurrency,
+            max_model_len=mem.max_model_len,
+            now=now,
+        )
+    start = now
+    before = dataclasses.replace(sched.stats)
+    _, done, rejected = _run_phase(
+        sched,
+        stream,
+        hashes,
+        measured,
+        concurrency=concurrency,
+        max_model_len=mem.max_model_len,
+        now=start,
+    )
+    st = sched.stats
+    queries = st.prefix_queries - before.prefix_queries
+    end = max((d.finish for d in done), default=start)
+    duration = end - start
+    ttfts = [d.first - d.arrival for d in done]
+    tpots = [(d.finish - d.first) / (d.output - 1) for d in done if d.output > 1]
+    good = sum(_meets(d, slo) for d in done)
+
+    def p95_ms(values: list[float]) -> float:
+        return float(np.percentile(values, 95)) * 1000.0 if values else 0.0
+
+    return LandscapeResult(
+        feasible=True,
+        failure=None,
+        goodput=good / duration if duration > 0 else 0.0,
+        output_throughput=sum(d.output for d in done) / duration if duration > 0 else 0.0,
+        ttft_p95_ms=p95_ms(ttfts),
+        tpot_p95_ms=p95_ms(tpots),
+        duration_s=duration,
+        preemptions=st.preemptions - before.preemptions,
+        completed=len(done),
+        rejected=rejected,
+        kv_tokens=mem.kv_tokens,
+        prefix_hit_rate=(st.prefix_hits - before.prefix_hits) / queries if queries else 0.0,
+    )
