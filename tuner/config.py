@@ -94,6 +94,9 @@ class ParamSpec:
     choices: list[Any] | None = None
     default: Any = None
     enabled: bool = True
+    grid: list[Any] | None = None
+    """Values the ``grid`` sampler tries for a float/int parameter (categorical/bool use their
+    choices; an int range of at most 64 values is enumerated)."""
     when: dict[str, Any] | None = None
     """Pass the flag only when the other params have these values (e.g. cudagraph_mode only
     when enforce_eager is false)."""
@@ -183,6 +186,9 @@ class StudyConfig:
     baseline_first: bool = True
     """Trial 0 of a new study runs vLLM's defaults (no searched flag passed)."""
     n_startup_trials: int = 4
+    warm_start: str | None = None
+    """Name of a finished study in the same storage: its Pareto-best feasible configs are
+    enqueued first (params this space does not search are dropped)."""
     precheck: bool = True
     """Reject before launch what vLLM's validation or the memory model says certainly fails
     (false: launch everything and let vLLM refuse; TP/lease limits are always checked)."""
@@ -278,7 +284,7 @@ def load_config(overrides: list[str]) -> TunerConfig:
 # --- semantic checks that types cannot express ---------------------------------------------
 
 ENGINE_KINDS = ("sim", "vllm")
-SAMPLERS = ("tpe", "random", "gp", "nsga2")
+SAMPLERS = ("tpe", "random", "gp", "nsga2", "grid")
 DIRECTIONS = ("maximize", "minimize")
 PARAM_TYPES = ("float", "int", "categorical", "bool")
 ENDPOINTS = ("chat", "completions")

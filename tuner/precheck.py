@@ -7,7 +7,8 @@ Three kinds, each with the reason vLLM itself would give:
   (``precheck``);
 * vLLM 0.24's config validation (vllm-facts.md §2) — chunked prefill off with
   ``max_num_batched_tokens < max_model_len``; ``max_num_batched_tokens < max_num_seqs`` when both
-  are passed (``invalid_config``);
+  are passed; a block size that is not a multiple of 16 (no Hopper attention backend takes it,
+  §1.4) (``invalid_config``);
 * memory (``tuner.memory``, the simulator's model) — no KV memory at all, or less than one
   ``max_model_len`` request needs (``no_kv_memory`` / ``kv_too_small``) — but only when the
   predicted deficit exceeds the model's error margin, so borderline configs still launch.
@@ -124,6 +125,13 @@ def _vllm_validation(params: Mapping[str, Any]) -> None:
             FailureReason.INVALID_CONFIG,
             f"predicted before launch: max_num_batched_tokens ({mnbt}) is smaller than "
             f"max_model_len ({mml}) with chunked prefill off",
+        )
+    block = params.get("block_size")
+    if isinstance(block, int) and block % 16:
+        raise TrialFailed(
+            FailureReason.INVALID_CONFIG,
+            f"predicted before launch: block_size {block} is not a multiple of 16, which every "
+            "attention backend on Hopper needs (No valid attention backend found)",
         )
     if isinstance(mnbt, int) and isinstance(seqs, int) and mnbt < seqs:
         raise TrialFailed(

@@ -20,6 +20,7 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "defaults",
     "defaults_outside",
+    "grid",
     "distributions",
     "flag_name",
     "validate_space",
@@ -134,6 +135,34 @@ def distributions(space: SpaceConfig) -> dict[str, od.BaseDistribution]:
             out[name] = od.CategoricalDistribution([False, True])
         else:
             out[name] = od.CategoricalDistribution(list(spec.choices or []))
+    return out
+
+
+def grid(space: SpaceConfig) -> dict[str, list[Any]]:
+    """The values the grid sampler enumerates per enabled parameter (raises ConfigError)."""
+    out: dict[str, list[Any]] = {}
+    for name, spec in space.params.items():
+        if not spec.enabled:
+            continue
+        if spec.grid:
+            out[name] = list(spec.grid)
+        elif spec.type == "bool":
+            out[name] = [False, True]
+        elif spec.type == "categorical":
+            out[name] = list(spec.choices or [])
+        elif spec.type == "int" and spec.low is not None and spec.high is not None:
+            values = list(range(int(spec.low), int(spec.high) + 1, int(spec.step or 1)))
+            if len(values) > 64:
+                raise ConfigError(
+                    f"space.params.{name} has {len(values)} integer values; give "
+                    f"space.params.{name}.grid for the grid sampler"
+                )
+            out[name] = values
+        else:
+            raise ConfigError(
+                f"space.params.{name} is a float range; give space.params.{name}.grid "
+                "(a list of values) for the grid sampler"
+            )
     return out
 
 

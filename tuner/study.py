@@ -35,7 +35,7 @@ from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, t
 from tuner.replay import replay
 from tuner.report import changed_params
 from tuner.score import constraints, failure_values, objective_values, prune_reason, summarize
-from tuner.space import defaults, defaults_outside, distributions, resolved
+from tuner.space import defaults, defaults_outside, distributions, grid, resolved
 from tuner.telemetry.gpu import GpuSampler, gpu_memory, nvml_available, wait_for_free_memory
 from tuner.telemetry.prom import MetricsScraper
 from tuner.tracking import NullTracker, Tracker, open_tracker
@@ -78,6 +78,8 @@ def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
     if s == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
+    if s == "grid":
+        return optuna.samplers.GridSampler(grid(cfg.space), seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
 
 
@@ -130,6 +132,8 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             )
         else:
             study.enqueue_trial(defaults(cfg.space), user_attrs={"baseline": True})
+    if cfg.study.warm_start:
+        _warm_start(study, cfg, dists)
     for entry in cfg.study.enqueue:
         unknown = sorted(set(entry) - set(dists))
         if unknown:
@@ -208,6 +212,31 @@ def _save_pareto(
         tracker.log_study_artifact(path)
     except Exception as exc:  # a report must never cost the study
         log.warning("could not save the Pareto report: %s", exc)
+
+
+def _warm_start(
+    study: optuna.Study, cfg: TunerConfig, dists: dict[str, optuna.distributions.BaseDistribution]
+) -> None:
+    """Enqueue the Pareto-best feasible configs of another study (once; skip_if_exists)."""
+    storage = cfg.study.storage or f"sqlite:///{Path(cfg.paths.state_dir) / 'optuna.db'}"
+    try:
+        source = optuna.load_study(study_name=cfg.study.warm_start, storage=storage)
+    except KeyError as exc:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise ConfigError(
+            f"study.warm_start {cfg.study.warm_start!r} is not in {storage}; have: {names}"
+        ) from exc
+    best = source.best_trials
+    for t in best:
+        params = {
+            k: v
+            for k, v in t.params.items()
+            if k in dists and dists[k]._contains(dists[k].to_internal_repr(v))
+        }
+        study.enqueue_trial({**defaults(cfg.space), **params}, skip_if_exists=True)
+    log.info(
+        "warm start: enqueued %d Pareto-best configs of study %s", len(best), source.study_name
+    )
 
 
 def _tags(cfg: TunerConfig) -> dict[str, str]:

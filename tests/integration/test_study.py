@@ -326,3 +326,37 @@ def test_replay_is_pruned_once_the_slo_is_lost(tmp_path: Path) -> None:
     ]
     assert children[0].data.tags["trial.state"] == "pruned"
     assert children[0].info.status == "KILLED"
+
+
+def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
+    first = tuner(
+        tmp_path, "+workload=chat", "study.n_trials=3", "study.name=src", "tracking=none", *FAST
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    src = optuna.load_study(study_name="src", storage=storage(tmp_path))
+    best = {t.number for t in src.best_trials}
+    assert best
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "study=grid",
+        "study.n_trials=2",
+        "study.name=dst",
+        "study.warm_start=src",
+        "study.baseline_first=false",
+        "tracking=none",
+        *FAST,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "warm start: enqueued" in p.stderr + p.stdout
+    dst = optuna.load_study(study_name="dst", storage=storage(tmp_path))
+    assert dst.trials[0].params == src.trials[min(best)].params
+    bad = tuner(
+        tmp_path,
+        "+workload=chat",
+        "study.warm_start=nope",
+        "study.name=x",
+        "tracking=none",
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "study.warm_start 'nope'" in bad.stderr

@@ -67,3 +67,15 @@ def test_unknown_key_fails_at_compose(tmp_path) -> None:
                 f"paths.state_dir={tmp_path}",
             ]
         )
+
+
+def test_grid_values(make_cfg) -> None:
+    from tuner.space import grid
+
+    cfg = make_cfg("+workload=chat", "study=grid")
+    g = grid(cfg.space)
+    assert g["gpu_memory_utilization"] == [0.5, 0.7, 0.85, 0.92, 0.95]
+    assert g["enforce_eager"] == [False, True]
+    assert g["block_size"] == [16, 32, 64]
+    with pytest.raises(ConfigError, match="gpu_memory_utilization.grid"):
+        grid(make_cfg("+workload=chat", "space.params.gpu_memory_utilization.grid=null").space)
