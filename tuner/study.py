@@ -178,6 +178,10 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             except (KeyboardInterrupt, asyncio.CancelledError):
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 raise
+            except Exception as exc:  # a bug in the tuner itself: FAIL, and stop loudly
+                trial.set_user_attr("tuner_error", repr(exc)[:1000])
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
             _tell(study, trial, result, cfg)
             _record(tracker, result, run_dir, ctx, cfg)
             outcome.results.append(result)

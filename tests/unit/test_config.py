@@ -37,3 +37,17 @@ def test_missing_workload_is_one_line(make_cfg) -> None:
 def test_semantic_errors(make_cfg, override: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         make_cfg("+workload=chat", override)
+
+
+@pytest.mark.parametrize("space", available("space"))
+@pytest.mark.parametrize("study", available("study"))
+def test_every_space_and_study_option_composes(make_cfg, space: str, study: str) -> None:
+    cfg = make_cfg("+workload=chat", f"space={space}", f"study={study}", "engine.gpus=[0,1]")
+    assert cfg.space.params["gpu_memory_utilization"].default == 0.92
+    assert cfg.study.sampler in ("tpe", "random", "gp", "nsga2", "grid")
+
+
+@pytest.mark.parametrize("objective", available("objective"))
+def test_every_objective_composes(make_cfg, objective: str) -> None:
+    cfg = make_cfg("+workload=chat", f"objective={objective}")
+    assert cfg.objective.objectives

@@ -1,0 +1,290 @@
+"""The simulator's in-process landscape (tuner.sim.landscape) and the sample-efficiency benchmark."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra.core.global_hydra import GlobalHydra
+
+from tuner.config import SLOConfig, WorkloadConfig, load_config
+from tuner.errors import FailureReason
+from tuner.memory import GPU_PROFILES, ModelShape, estimate, resolve_params
+from tuner.records import RequestSpec
+from tuner.sim.cli import parse_args
+from tuner.sim.landscape import (
+    LandscapeResult,
+    PreparedStream,
+    build_scheduler,
+    config_refusal,
+    evaluate,
+    prepare_stream,
+)
+from tuner.sim.logs import SimLog
+from tuner.sim.runtime import AsyncEngine
+from tuner.sim.startup import Refusal, resolve
+from tuner.workload import build_requests
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN8B = ROOT / "models" / "qwen3-8b-dummy"
+H200 = GPU_PROFILES["h200"]
+
+
+@pytest.fixture(scope="module")
+def shape() -> ModelShape:
+    return ModelShape.from_dir(QWEN8B)
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory: pytest.TempPathFactory) -> tuple[WorkloadConfig, list[RequestSpec]]:
+    """The chat profile with 120 measured requests (and its 8 warm-ups)."""
+    tmp = tmp_path_factory.mktemp("landscape")
+    GlobalHydra.instance().clear()
+    cfg = load_config(
+        [
+            "+workload=chat",
+            "workload.num_requests=120",
+            f"paths.output_dir={tmp}",
+            f"paths.state_dir={tmp}",
+        ]
+    )
+    GlobalHydra.instance().clear()
+    return cfg.workload, build_requests(cfg.workload, QWEN8B)
+
+
+def run(
+    shape: ModelShape,
+    chat: tuple[WorkloadConfig, list[RequestSpec]],
+    params: dict[str, Any],
+    concurrency: int | None = None,
+) -> LandscapeResult:
+    w, reqs = chat
+    return evaluate(
+        shape,
+        H200,
+        params,
+        reqs,
+        concurrency=concurrency or w.arrival.concurrency,
+        slo=w.slo,
+        system_prompt_tokens=w.system_prompt_tokens,
+    )
+
+
+# --- start-up ---------------------------------------------------------------------------------
+
+
+def test_default_config_is_feasible(shape: ModelShape, chat: Any) -> None:
+    r = run(shape, chat, {})
+    assert r.feasible and r.failure is None
+    assert r.goodput > 0 and r.output_throughput > 0
+    assert r.completed == 120 and r.rejected == 0
+    assert r.kv_tokens == estimate(shape, H200, {}).kv_tokens
+    assert r.ttft_p95_ms > 0 and r.tpot_p95_ms > 0 and r.duration_s > 0
+
+
+def test_low_gmu_fails_as_memory_model_says(shape: ModelShape, chat: Any) -> None:
+    params = {"gpu_memory_utilization": 0.12}
+    mem = estimate(shape, H200, params)
+    assert mem.failure is not None
+    r = run(shape, chat, params)
+    assert not r.feasible
+    assert r.failure == mem.failure.value
+    assert r.failure in (FailureReason.NO_KV_MEMORY.value, FailureReason.KV_TOO_SMALL.value)
+    assert r.goodput == 0 and r.completed == 0
+
+
+def test_chunked_prefill_off_with_small_budget_is_invalid(shape: ModelShape, chat: Any) -> None:
+    params = {"enable_chunked_prefill": False, "max_num_batched_tokens": 2048}
+    assert resolve_params(shape, H200, params).max_model_len == 40960
+    r = run(shape, chat, params)
+    assert not r.feasible and r.failure == FailureReason.INVALID_CONFIG.value
+    assert r.message is not None and "max_num_batched_tokens (2048)" in r.message
+    # the same with max_model_len within the budget starts
+    ok = run(shape, chat, {**params, "max_model_len": 2048})
+    assert ok.failure != FailureReason.INVALID_CONFIG.value
+
+
+def test_budget_below_max_num_seqs_is_invalid(shape: ModelShape) -> None:
+    got = config_refusal(shape, H200, {"max_num_seqs": 256, "max_num_batched_tokens": 128})
+    assert got is not None and got[0] is FailureReason.INVALID_CONFIG
+    assert "must be greater than or equal to max_num_seqs (256)" in got[1]
+
+
+def _argv(params: dict[str, Any]) -> list[str]:
+    argv = ["serve", str(QWEN8B)]
+    for key, value in params.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+GRID: dict[str, list[Any]] = {
+    "enable_chunked_prefill": [True, False],
+    "max_num_batched_tokens": [None, 64, 2048, 40960],
+    "max_num_seqs": [None, 128, 4096],
+    "max_model_len": [None, 1024, 65536],
+    "tensor_parallel_size": [1, 3],
+}
+
+
+@pytest.mark.parametrize(
+    "combo", list(itertools.product(*GRID.values())), ids=lambda c: "-".join(map(str, c))
+)
+def test_config_rules_agree_with_the_simulated_server(shape: ModelShape, combo: tuple) -> None:
+    """config_refusal's invalid_config is exactly what tuner.sim.startup.resolve refuses."""
+    params = {k: v for k, v in zip(GRID, combo, strict=True) if v is not None}
+    try:
+        resolve(parse_args(_argv(params)), {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+        refused = False
+    except Refusal:
+        refused = True
+    got = config_refusal(shape, H200, params)
+    assert (got is not None and got[0] is FailureReason.INVALID_CONFIG) == refused
+
+
+def test_unsupported_block_size_is_refused_like_the_server(shape: ModelShape) -> None:
+    got = config_refusal(shape, H200, {"block_size": 8})
+    assert got is not None and got[0] is FailureReason.INVALID_CONFIG
+    assert "No valid attention backend" in got[1]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"enforce_eager": True, "max_num_seqs": 64, "block_size": 32},
+        {"max_num_batched_tokens": 2048, "enable_prefix_caching": False, "kv_cache_dtype": "fp8"},
+        {"gpu_memory_utilization": 0.3, "tensor_parallel_size": 2},
+    ],
+)
+def test_scheduler_is_built_like_the_simulated_server(
+    shape: ModelShape, params: dict[str, Any]
+) -> None:
+    s = resolve(parse_args(_argv(params)), {"CUDA_VISIBLE_DEVICES": "0,1"})
+    server = AsyncEngine(
+        s, speedup=1.0, stream_interval=1, log=SimLog(io.StringIO(), io.StringIO()), log_stats=False
+    ).sched
+    ours = build_scheduler(shape, s.resolved, estimate(shape, H200, params))
+    for attr in (
+        "block_size",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "chunked_prefill",
+        "prefix_caching",
+        "speed",
+        "max_graph_batch",
+    ):
+        assert getattr(ours, attr) == getattr(server, attr), attr
+    assert ours.pool.num_blocks == server.pool.num_blocks
+
+
+# --- the token stream -------------------------------------------------------------------------
+
+
+def test_stream_shares_the_system_prompt_and_earlier_turns(chat: Any) -> None:
+    w, reqs = chat
+    stream = prepare_stream(reqs, w.system_prompt_tokens)
+    spt = w.system_prompt_tokens
+    assert [len(p) for p in stream.prompts] == [r.prompt_tokens for r in reqs]
+    assert len({p[:spt] for p in stream.prompts}) == 1
+    # turn 2 of a conversation starts with all of turn 1's prompt; turn 1s share only the system
+    first, second, third = stream.prompts[8], stream.prompts[9], stream.prompts[10]
+    assert second[: len(first)] == first
+    assert third[spt] not in set(first[spt:]) | set(second[spt:])
+    # None estimates the system prompt length from the texts, close to the configured one
+    estimated = prepare_stream(reqs)
+    shared = len(list(itertools.takewhile(lambda t: t[0] == t[1], zip(*estimated.prompts[8:11:2]))))
+    assert abs(shared - spt) < 0.25 * spt
+
+
+# --- serving ----------------------------------------------------------------------------------
+
+
+def test_prefix_caching_helps_the_chat_stream(shape: ModelShape, chat: Any) -> None:
+    on = run(shape, chat, {"enable_prefix_caching": True})
+    off = run(shape, chat, {"enable_prefix_caching": False})
+    assert on.prefix_hit_rate > 0.3 and off.prefix_hit_rate == 0
+    assert on.goodput > off.goodput or on.ttft_p95_ms < off.ttft_p95_ms
+    assert on.ttft_p95_ms < off.ttft_p95_ms
+
+
+def test_few_seqs_queue_requests(shape: ModelShape, chat: Any) -> None:
+    few = run(shape, chat, {"max_num_seqs": 16}, concurrency=64)
+    many = run(shape, chat, {"max_num_seqs": 256}, concurrency=64)
+    assert few.ttft_p95_ms > many.ttft_p95_ms
+    assert few.goodput < many.goodput
+
+
+def test_small_kv_cache_preempts(shape: ModelShape, chat: Any) -> None:
+    tight = run(shape, chat, {"gpu_memory_utilization": 0.14, "max_model_len": 4096})
+    assert tight.feasible and tight.kv_tokens < 30_000
+    assert tight.preemptions > 0
+
+
+def test_too_long_requests_are_rejected(shape: ModelShape, chat: Any) -> None:
+    _, reqs = chat
+    mml = 1024
+    too_long = sum(r.prompt_tokens + r.output_tokens > mml for r in reqs if not r.warmup)
+    assert too_long > 0
+    r = run(shape, chat, {"max_model_len": mml})
+    assert r.rejected == too_long and r.completed == 120 - too_long
+
+
+def test_same_inputs_same_result(shape: ModelShape, chat: Any) -> None:
+    params = {"max_num_seqs": 32, "block_size": 32, "enforce_eager": True}
+    a = run(shape, chat, params)
+    b = run(shape, chat, params)
+    w, reqs = chat
+    fresh = PreparedStream(**{**prepare_stream(reqs, w.system_prompt_tokens).__dict__})
+    c = evaluate(shape, H200, params, fresh, concurrency=64, slo=w.slo)
+    assert a == b == c
+
+
+def test_slo_decides_goodput(shape: ModelShape, chat: Any) -> None:
+    w, reqs = chat
+    loose = evaluate(shape, H200, {}, reqs, concurrency=64, slo=SLOConfig())
+    strict = evaluate(shape, H200, {}, reqs, concurrency=64, slo=SLOConfig(ttft_ms=1.0))
+    assert loose.goodput == pytest.approx(loose.completed / loose.duration_s)
+    assert strict.goodput == 0 and strict.output_throughput == loose.output_throughput
+
+
+# --- the benchmark ----------------------------------------------------------------------------
+
+
+def test_sample_efficiency_quick_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "se.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "sample_efficiency.py"),
+            "--quick",
+            "--samplers",
+            "tpe,random",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["quick"] is True and data["seeds"] == [0, 1]
+    assert data["grid"]["points"] == 8
+    assert 0 < data["grid"]["infeasible"] < 8
+    assert data["grid"]["optimum"] > 0
+    for kind in ("tpe", "random"):
+        counts = data["samplers"][kind]["counts"]
+        assert len(counts) == 2 and all(1 <= c <= data["trials"] + 1 for c in counts)
+    assert isinstance(data["target"]["holds"], bool)
+    assert "tpe" in proc.stdout and "median" in proc.stdout
