@@ -75,6 +75,12 @@ def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
     if s == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if s == "gp":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise ConfigError(
+                "study.sampler=gp needs PyTorch (Optuna's GPSampler); pip install torch"
+            )
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
     if s == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)

@@ -18,10 +18,10 @@ from tuner.errors import FailureReason
 from tuner.memory import GPU_PROFILES, ModelShape, estimate, resolve_params
 from tuner.records import RequestSpec
 from tuner.sim.cli import parse_args
+from tuner.sim.engine import build_scheduler
 from tuner.sim.landscape import (
     LandscapeResult,
     PreparedStream,
-    build_scheduler,
     config_refusal,
     evaluate,
     prepare_stream,
@@ -202,7 +202,8 @@ def test_stream_shares_the_system_prompt_and_earlier_turns(chat: Any) -> None:
     assert third[spt] not in set(first[spt:]) | set(second[spt:])
     # None estimates the system prompt length from the texts, close to the configured one
     estimated = prepare_stream(reqs)
-    shared = len(list(itertools.takewhile(lambda t: t[0] == t[1], zip(*estimated.prompts[8:11:2]))))
+    a, b = estimated.prompts[8], estimated.prompts[10]
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     assert abs(shared - spt) < 0.25 * spt
 
 

@@ -28,7 +28,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 
-from tuner.memory import ModelShape
+from tuner.memory import MemoryEstimate, ModelShape, ResolvedParams
 
 __all__ = [
     "BlockPool",
@@ -39,6 +39,7 @@ __all__ = [
     "SpeedModel",
     "StepResult",
     "block_hashes",
+    "build_scheduler",
     "simulate_closed_loop",
 ]
 
@@ -475,4 +476,21 @@ def simulate_closed_loop(
         ttft_p50_s=ttfts[len(ttfts) // 2] if ttfts else 0.0,
         tpot_p50_s=tpots[len(tpots) // 2] if tpots else 0.0,
         preemptions=sched.stats.preemptions,
+    )
+
+
+def build_scheduler(
+    shape: ModelShape, r: ResolvedParams, mem: MemoryEstimate, *, speed: SpeedModel | None = None
+) -> Scheduler:
+    """The scheduler for resolved params: the simulated server's and the landscape's."""
+    speed = speed or SpeedModel.for_model(shape, r.tensor_parallel_size, r.kv_dtype_bytes)
+    return Scheduler(
+        num_blocks=max(1, mem.kv_tokens // r.block_size),
+        block_size=r.block_size,
+        max_num_seqs=r.max_num_seqs,
+        max_num_batched_tokens=r.max_num_batched_tokens,
+        chunked_prefill=r.enable_chunked_prefill,
+        prefix_caching=r.enable_prefix_caching,
+        speed=speed,
+        max_graph_batch=max(r.capture_sizes, default=0) if r.cudagraph_mode != "NONE" else 0,
     )

@@ -37,7 +37,7 @@ from tuner.errors import FailureReason
 from tuner.memory import GpuProfile, MemoryEstimate, ModelShape, ResolvedParams, estimate
 from tuner.memory import resolve_params as _resolve
 from tuner.records import RequestSpec
-from tuner.sim.engine import Request, Scheduler, SpeedModel, block_hashes
+from tuner.sim.engine import Request, Scheduler, block_hashes, build_scheduler
 from tuner.sim.startup import Refusal, Settings, engine_check
 
 __all__ = [
@@ -170,23 +170,6 @@ def config_refusal(
     except Refusal as exc:
         return exc.reason, exc.exc_line
     return None
-
-
-def build_scheduler(
-    shape: ModelShape, r: ResolvedParams, mem: MemoryEstimate, *, speed: SpeedModel | None = None
-) -> Scheduler:
-    """The scheduler :class:`tuner.sim.runtime.AsyncEngine` builds for these resolved params."""
-    speed = speed or SpeedModel.for_model(shape, r.tensor_parallel_size, r.kv_dtype_bytes)
-    return Scheduler(
-        num_blocks=max(1, mem.kv_tokens // r.block_size),
-        block_size=r.block_size,
-        max_num_seqs=r.max_num_seqs,
-        max_num_batched_tokens=r.max_num_batched_tokens,
-        chunked_prefill=r.enable_chunked_prefill,
-        prefix_caching=r.enable_prefix_caching,
-        speed=speed,
-        max_graph_batch=max(r.capture_sizes, default=0) if r.cudagraph_mode != "NONE" else 0,
-    )
 
 
 # --- the request stream as token ids ----------------------------------------------------------

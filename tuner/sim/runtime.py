@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from tuner.sim.engine import Request, Scheduler, SpeedModel
+from tuner.sim.engine import Request, build_scheduler
 from tuner.sim.logs import SimLog
 from tuner.sim.startup import Settings
 
@@ -176,18 +176,7 @@ class AsyncEngine:
     def __init__(
         self, s: Settings, *, speedup: float, stream_interval: int, log: SimLog, log_stats: bool
     ) -> None:
-        r = s.resolved
-        speed = SpeedModel.for_model(s.shape, r.tensor_parallel_size, r.kv_dtype_bytes)
-        self.sched = Scheduler(
-            num_blocks=max(1, s.memory.kv_tokens // r.block_size),
-            block_size=r.block_size,
-            max_num_seqs=r.max_num_seqs,
-            max_num_batched_tokens=r.max_num_batched_tokens,
-            chunked_prefill=r.enable_chunked_prefill,
-            prefix_caching=r.enable_prefix_caching,
-            speed=speed,
-            max_graph_batch=max(r.capture_sizes, default=0) if r.cudagraph_mode != "NONE" else 0,
-        )
+        self.sched = build_scheduler(s.shape, s.resolved, s.memory)
         self.speedup = max(speedup, 1e-9)
         self.stream_interval = max(1, stream_interval)
         self.metrics = Metrics(s)
