@@ -4,9 +4,10 @@ Reads as the list of stages in shared/design/ARCHITECTURE.md::
 
     params = space (ask) → precheck → launch → replay (+ telemetry) → score → record → teardown
 
-A trial that cannot start or measure is *data*: it is told to Optuna as COMPLETE with a violated
-``failed`` constraint (so the sampler learns the region) and recorded in MLflow with its
-``failure_reason``. ``FAIL`` is used only for an interrupted trial.
+A trial that cannot start or measure is *data*: it is told to Optuna as COMPLETE with its
+``failed_<reason>`` constraint violated (so the sampler learns the region) and recorded in MLflow
+with its ``failure_reason``. A replay stopped early because a constraint was already lost is
+PRUNED. ``FAIL`` is used only for an interrupted trial or a bug in the tuner itself.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import json
 import logging
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,7 +35,7 @@ from tuner.memory import ModelShape
 from tuner.precheck import precheck
 from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, to_json
 from tuner.replay import replay
-from tuner.report import changed_params
+from tuner.report import changed_params, gpu_time, print_summary, progress_line
 from tuner.score import constraints, failure_values, objective_values, prune_reason, summarize
 from tuner.space import defaults, defaults_outside, distributions, grid, resolved
 from tuner.telemetry.gpu import GpuSampler, gpu_memory, nvml_available, wait_for_free_memory
@@ -89,10 +91,14 @@ def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
 
 
+def storage_url(cfg: TunerConfig) -> str:
+    """``study.storage``, or SQLite under ``paths.state_dir``."""
+    return cfg.study.storage or f"sqlite:///{Path(cfg.paths.state_dir) / 'optuna.db'}"
+
+
 def open_study(cfg: TunerConfig) -> optuna.Study:
-    state = Path(cfg.paths.state_dir)
-    state.mkdir(parents=True, exist_ok=True)
-    storage = cfg.study.storage or f"sqlite:///{state / 'optuna.db'}"
+    Path(cfg.paths.state_dir).mkdir(parents=True, exist_ok=True)
+    storage = storage_url(cfg)
     name = study_name(cfg)
     directions = [o.direction for o in cfg.objective.objectives]
     n_existing = 0
@@ -114,7 +120,9 @@ def open_study(cfg: TunerConfig) -> optuna.Study:
             f"{[d.name.lower() for d in study.directions]}; this run asks for {directions}; "
             "set study.name to start a new study"
         )
-    study.set_metric_names([o.metric for o in cfg.objective.objectives])
+    with warnings.catch_warnings():  # set_metric_names is "experimental" since Optuna 3.2
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([o.metric for o in cfg.objective.objectives])
     for key, value in (("workload", cfg.workload.name), ("model", cfg.model.name)):
         study.set_user_attr(key, value)
     return study
@@ -122,12 +130,14 @@ def open_study(cfg: TunerConfig) -> optuna.Study:
 
 def run(cfg: TunerConfig) -> StudyOutcome:
     """Run ``cfg.study.n_trials`` more trials of the study ``cfg`` names."""
-    from tuner.report import print_summary, progress_line
-
     run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    study = open_study(cfg)
     dists = distributions(cfg.space)
+    for entry in cfg.study.enqueue:  # checked before the study is created or changed
+        unknown = sorted(set(entry) - set(dists))
+        if unknown:
+            raise ConfigError(f"study.enqueue names {unknown}, not searched params {sorted(dists)}")
+    study = open_study(cfg)
     n_stored = len(study.trials)
     if cfg.study.baseline_first and not study.trials:
         outside = defaults_outside(cfg.space)
@@ -141,9 +151,6 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     if cfg.study.warm_start:
         _warm_start(study, cfg, dists)
     for entry in cfg.study.enqueue:
-        unknown = sorted(set(entry) - set(dists))
-        if unknown:
-            raise ConfigError(f"study.enqueue names {unknown}, not searched params {sorted(dists)}")
         study.enqueue_trial({**defaults(cfg.space), **entry}, skip_if_exists=True)
     requests = build_requests(cfg.workload, Path(cfg.model.path))
     secrets = secret_values(cfg.engine, model=cfg.model)
@@ -228,7 +235,7 @@ def _warm_start(
     study: optuna.Study, cfg: TunerConfig, dists: dict[str, optuna.distributions.BaseDistribution]
 ) -> None:
     """Enqueue the Pareto-best feasible configs of another study (once; skip_if_exists)."""
-    storage = cfg.study.storage or f"sqlite:///{Path(cfg.paths.state_dir) / 'optuna.db'}"
+    storage = storage_url(cfg)
     try:
         source = optuna.load_study(study_name=cfg.study.warm_start, storage=storage)
     except KeyError as exc:
@@ -260,8 +267,6 @@ def _tags(cfg: TunerConfig) -> dict[str, str]:
 
 
 def _parent_summary(outcome: StudyOutcome) -> dict[str, float]:
-    from tuner.report import gpu_time
-
     ok = [r for r in outcome.results if r.ok and not r.pruned]
     return {
         "trials_run": float(len(outcome.results)),
