@@ -25,7 +25,7 @@ from types import TracebackType
 
 import aiohttp
 
-from tuner.engine.logparse import classify, is_fatal, parse_facts
+from tuner.engine.logparse import classify, is_fatal, parse_facts, strip_prefix
 from tuner.errors import EngineError, FailureReason, LaunchFailed
 from tuner.records import LaunchInfo
 
@@ -34,6 +34,7 @@ __all__ = ["Server", "free_port", "group_members", "kill_all_groups"]
 log = logging.getLogger(__name__)
 
 _LIVE_GROUPS: set[int] = set()
+PROGRESS_EVERY_S = 15.0
 
 
 def kill_all_groups() -> None:
@@ -160,8 +161,13 @@ class Server:
         _LIVE_GROUPS.add(self.pgid)
         log.debug("started pid %s: %s", self.proc.pid, " ".join(self.argv))
         timeout = aiohttp.ClientTimeout(total=2.0)
+        next_note = t0 + PROGRESS_EVERY_S
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
+                if time.monotonic() >= next_note:  # long real starts: say what vLLM is doing
+                    next_note += PROGRESS_EVERY_S
+                    last = next((strip_prefix(x) for x in reversed(self._lines) if x.strip()), "")
+                    log.info("  starting: %.0f s; log: %s", time.monotonic() - t0, last[:120])
                 fatal = [ln for ln in self._read_new_lines() if is_fatal(ln)]
                 if fatal:
                     # let the traceback finish (pydantic prints the details under the line)
