@@ -34,6 +34,7 @@ from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, 
 from tuner.memory import ModelShape
 from tuner.precheck import precheck
 from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, to_json
+from tuner.recovery import LEASE_ENV, Lease, recover, worker_id
 from tuner.replay import replay
 from tuner.report import changed_params, gpu_time, print_summary, progress_line
 from tuner.score import constraints, failure_values, objective_values, prune_reason, summarize
@@ -63,7 +64,13 @@ class _Ctx:
     secrets: list[str]
     run_dir: Path
     cache_root: Path | None
+    study_name: str = ""
+    parent_run_id: str | None = None
     engine_version: str | None = None
+
+    @property
+    def lease_dir(self) -> Path:
+        return Path(self.cfg.paths.state_dir) / "leases"
 
 
 def study_name(cfg: TunerConfig) -> str:
@@ -159,7 +166,6 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     cache_root = Path(cfg.engine.cache_root) if cfg.engine.cache_root else None
     if cache_root is None and cfg.engine.kind == "vllm":
         cache_root = Path(cfg.paths.state_dir) / "vllm_cache"
-    ctx = _Ctx(cfg, ModelShape.from_dir(cfg.model.path), requests, secrets, run_dir, cache_root)
     tracker = open_tracker(
         cfg.tracking.enabled,
         cfg.tracking.uri,
@@ -168,6 +174,18 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         _tags(cfg),
         lambda s: mask(s, secrets),
     )
+    ctx = _Ctx(
+        cfg,
+        ModelShape.from_dir(cfg.model.path),
+        requests,
+        secrets,
+        run_dir,
+        cache_root,
+        study_name=study.study_name,
+        parent_run_id=tracker.parent_run_id,
+    )
+    for note in recover(study, ctx.lease_dir):  # what a killed tuner left behind
+        log.warning("recovered: %s", note)
     outcome = StudyOutcome(study)
     log.info(
         "study %s: %d trials stored, running %d more (%s engine, model %s, workload %s, %d "
@@ -185,6 +203,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     try:
         for i in range(cfg.study.n_trials):
             trial = study.ask(dists)
+            trial.set_user_attr("worker", worker_id())
             baseline = bool(trial.user_attrs.get("baseline", False))
             try:
                 result = asyncio.run(_run_trial(ctx, trial.number, dict(trial.params), baseline))
@@ -342,6 +361,7 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
     metrics: dict[str, float] = {}
     failure: TrialFailed | None = None
     server: Server | None = None
+    lease: Lease | None = None
     predicted: int | None = None
     pruned: str | None = None
     try:
@@ -350,9 +370,17 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
         )
         predicted = verdict.kv_tokens
         metrics.update(await _wait_gpu(cfg, full))
+        lease = Lease.create(
+            ctx.lease_dir,
+            ctx.study_name,
+            number,
+            ctx.parent_run_id,
+            cfg.tracking.uri if cfg.tracking.enabled else None,
+        )
+        env = {**build_env(cfg.engine, cache_root=ctx.cache_root), LEASE_ENV: lease.id}
         server = Server(
             argv,
-            env=build_env(cfg.engine, cache_root=ctx.cache_root),
+            env=env,
             log_path=tdir / "server.log",
             host=cfg.engine.host,
             port=port,
@@ -384,6 +412,8 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
     except TrialFailed as exc:
         failure = exc
     finally:
+        if lease is not None:
+            lease.release(ctx.lease_dir)
         if server is not None:
             metrics["stop_s"] = server.stop_s or 0.0
             metrics["survivors"] = float(len(server.survivors))

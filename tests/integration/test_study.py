@@ -360,3 +360,57 @@ def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "study.warm_start 'nope'" in bad.stderr
+
+
+def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
+    """The tuner dies mid-trial (SIGKILL: no cleanup at all); the next run of the same command
+    stops the server it left, marks the trial failed in Optuna and MLflow, and goes on."""
+    mark = f"TUNER_TEST_MARK={uuid.uuid4().hex}"
+    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+    args = ["+workload=chat", "study.n_trials=1", "engine.env.TUNER_SIM_SPEEDUP=1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", *args, "workload.num_requests=400"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            logs = list(tmp_path.glob("outputs/runs/*/trial_0000/server.log"))
+            if logs and "Application startup complete" in logs[0].read_text():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no server came up")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        time.sleep(0.3)
+        left = _marked_pids(mark)
+        assert len(left) >= 2, "the server (and its EngineCore) outlive a SIGKILLed tuner"
+        assert list((tmp_path / "outputs" / "state" / "leases").glob("*.json"))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    p = tuner(tmp_path, *args, *FAST, env={mark.split("=")[0]: mark.split("=")[1]})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "recovered: trial 0" in p.stderr + p.stdout
+    assert _marked_pids(mark) == [], "the leftover server was not stopped"
+    assert not list((tmp_path / "outputs" / "state" / "leases").glob("*.json"))
+    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    first, second = study.trials
+    assert first.state == optuna.trial.TrialState.FAIL
+    assert first.user_attrs["failure_reason"] == "interrupted"
+    assert second.state == optuna.trial.TrialState.COMPLETE
+    runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+    parents = sorted(
+        (r for r in runs if r.data.tags.get("tuner.role") == "study"),
+        key=lambda r: r.info.start_time,
+    )
+    assert [r.info.status for r in parents] == ["FAILED", "FINISHED"]
+    interrupted = [r for r in runs if r.data.tags.get("failure_reason") == "interrupted"]
+    assert len(interrupted) == 1 and interrupted[0].info.status == "FAILED"
+    assert interrupted[0].data.tags["mlflow.parentRunId"] == parents[0].info.run_id
