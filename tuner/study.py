@@ -18,6 +18,7 @@ import json
 import logging
 import time
 import warnings
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -78,8 +79,9 @@ def study_name(cfg: TunerConfig) -> str:
 
 
 def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
-    # A resumed study must not replay the same random start-up points: offset the seed.
-    seed = cfg.study.seed + n_existing
+    # A resumed study, or a second worker on the same study, must not replay the same random
+    # start-up points: the seed is offset by the stored trials and by this worker's identity.
+    seed = cfg.study.seed + n_existing + zlib.crc32(worker_id().encode()) % 65_536
     s = cfg.study.sampler
     if s == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -154,7 +156,9 @@ def run(cfg: TunerConfig) -> StudyOutcome:
                 ", ".join(outside),
             )
         else:
-            study.enqueue_trial(defaults(cfg.space), user_attrs={"baseline": True})
+            study.enqueue_trial(
+                defaults(cfg.space), user_attrs={"baseline": True}, skip_if_exists=True
+            )
     if cfg.study.warm_start:
         _warm_start(study, cfg, dists)
     for entry in cfg.study.enqueue:

@@ -1,0 +1,82 @@
+"""Two tuner processes share one study through PostgreSQL (Optuna storage and MLflow store).
+
+Needs a PostgreSQL server: `.ci/run` installs and starts one (Debian's package) and sets
+TUNER_TEST_POSTGRES (Optuna database URL) and TUNER_TEST_POSTGRES_MLFLOW (MLflow database URL).
+Elsewhere the test is skipped, unless TUNER_REQUIRE_POSTGRES=1 makes that a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+
+pytestmark = pytest.mark.integration
+
+URL = os.environ.get("TUNER_TEST_POSTGRES")
+MLFLOW_URL = os.environ.get("TUNER_TEST_POSTGRES_MLFLOW")
+if not (URL and MLFLOW_URL):
+    if os.environ.get("TUNER_REQUIRE_POSTGRES") == "1":
+        raise RuntimeError("TUNER_REQUIRE_POSTGRES=1 but TUNER_TEST_POSTGRES(_MLFLOW) is unset")
+    pytest.skip(
+        "no PostgreSQL (set TUNER_TEST_POSTGRES and TUNER_TEST_POSTGRES_MLFLOW)",
+        allow_module_level=True,
+    )
+
+
+def test_two_workers_share_one_study(tmp_path: Path) -> None:
+    name = f"pg-{uuid.uuid4().hex[:8]}"
+    args = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "+workload=chat",
+        "study.n_trials=6",
+        f"study.name={name}",
+        f"study.storage={URL}",
+        f"tracking.uri={MLFLOW_URL}",
+        "workload.num_requests=10",
+        "workload.warmup_requests=0",
+        "workload.arrival.concurrency=5",
+        "workload.output_tokens.low=8",
+        "workload.output_tokens.high=16",
+        "engine.env.TUNER_SIM_SPEEDUP=20",
+    ]
+    procs = []
+    for i in range(2):  # two workers, each in its own directory (own run dir and state)
+        cwd = tmp_path / f"w{i}"
+        cwd.mkdir()
+        procs.append(
+            subprocess.Popen(
+                args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+        time.sleep(1.0)
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+
+    study = optuna.load_study(study_name=name, storage=URL)
+    numbers = [t.number for t in study.trials]
+    assert sorted(numbers) == list(range(12)), numbers  # none lost, none duplicated
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    workers = {t.user_attrs["worker"] for t in study.trials}
+    assert len(workers) == 2  # both processes ran trials
+    assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=MLFLOW_URL)
+    exp = client.get_experiment_by_name(name)
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    trials = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
+    parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
+    assert len(parents) == 2 and len(trials) == 12
+    assert sorted(int(r.data.tags["trial.number"]) for r in trials) == list(range(12))
