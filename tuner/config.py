@@ -28,6 +28,7 @@ __all__ = [
     "SLOConfig",
     "SpaceConfig",
     "StudyConfig",
+    "TraceConfig",
     "TrackingConfig",
     "TunerConfig",
     "WorkloadConfig",
@@ -127,17 +128,52 @@ class ImageConfig:
     max_count: int = 4
     sizes: list[list[int]] = field(default_factory=lambda: [[512, 512], [1024, 768]])
     formats: list[str] = field(default_factory=lambda: ["jpeg", "png"])
+    max_pixels: int = 16384 * 16384
+    """Largest image (width x height) a bucket may have when the model directory has no
+    ``preprocessor_config.json`` saying its own limit (``max_pixels``, ``size.longest_edge``)."""
 
 
 @dataclass
 class ArrivalConfig:
-    """``concurrency`` (closed loop) or ``poisson``/``gamma``/``constant`` at ``rate``."""
+    """``concurrency`` (closed loop), ``poisson``/``gamma``/``constant`` at ``rate``, or ``ramp``
+    (the rate rises or falls linearly in time from ``ramp_start_rate`` to ``ramp_end_rate`` over
+    the measured requests; gaps gamma-distributed with ``burstiness``, 1 = Poisson)."""
 
     kind: str = "concurrency"
     concurrency: int = 32
     rate: float = 10.0
     burstiness: float = 1.0
     max_concurrency: int | None = None
+    """Open loop (and trace replay): at most this many requests in flight; later arrivals wait."""
+    ramp_start_rate: float | None = None
+    """``ramp``: requests/s at the first measured request (>= 0)."""
+    ramp_end_rate: float | None = None
+    """``ramp``: requests/s at the last measured request (> 0)."""
+
+
+@dataclass
+class TraceConfig:
+    """A request trace to replay (``workload.trace``): one row per request with its arrival
+    timestamp, input and output token counts. The defaults read GuideLLM's CSV layout
+    (``timestamp,input_length,output_length``, seconds); the Azure LLM inference trace is
+    ``{timestamp: TIMESTAMP, input_tokens: ContextTokens, output_tokens: GeneratedTokens,
+    timestamp_format: datetime}``."""
+
+    path: str = MISSING
+    format: str = "auto"
+    """``csv``, ``jsonl`` or ``auto`` (from the file suffix: ``.csv``; ``.jsonl``/``.json``)."""
+    timestamp: str = "timestamp"
+    """Column (CSV header) or key (JSONL) of the arrival time."""
+    input_tokens: str = "input_length"
+    output_tokens: str = "output_length"
+    timestamp_format: str = "seconds"
+    """``seconds`` (a number) or ``datetime`` (ISO-like ``2023-11-16 18:15:46.6805900``)."""
+    time_scale: float = 1.0
+    """Multiplies every inter-arrival time: 0.5 replays twice as fast, 2 half as fast."""
+    limit: int | None = None
+    """Replay only the first N rows (after ``offset_s``)."""
+    offset_s: float = 0.0
+    """Skip the rows in the first ``offset_s`` seconds of the trace (trace time, unscaled)."""
 
 
 @dataclass
@@ -167,6 +203,11 @@ class WorkloadConfig:
     output_tokens: DistConfig = field(default_factory=DistConfig)
     images: ImageConfig | None = None
     arrival: ArrivalConfig = field(default_factory=ArrivalConfig)
+    """Ignored for a trace except ``max_concurrency``: the trace gives the send times."""
+    trace: TraceConfig | None = None
+    """Replay a trace file: its rows give the measured requests (``num_requests`` and the
+    length distributions are ignored) and their send times; warm-ups take the first rows'
+    lengths."""
     slo: SLOConfig = field(default_factory=SLOConfig)
     server_args: dict[str, Any] = field(default_factory=dict)
     """Flags this workload needs on every launch (e.g. ``limit-mm-per-prompt``)."""
@@ -186,6 +227,9 @@ class StudyConfig:
     baseline_first: bool = True
     """Trial 0 of a new study runs vLLM's defaults (no searched flag passed)."""
     n_startup_trials: int = 4
+    n_workers: int = 1
+    """Trials run at once in this process, each on its own lease of ``engine.gpus`` (as many GPUs
+    as its tensor parallelism); no two servers share a GPU."""
     warm_start: str | None = None
     """Name of a finished study in the same storage: its Pareto-best feasible configs are
     enqueued first (params this space does not search are dropped)."""
@@ -288,7 +332,9 @@ SAMPLERS = ("tpe", "random", "gp", "nsga2", "grid")
 DIRECTIONS = ("maximize", "minimize")
 PARAM_TYPES = ("float", "int", "categorical", "bool")
 ENDPOINTS = ("chat", "completions")
-ARRIVALS = ("concurrency", "poisson", "gamma", "constant")
+ARRIVALS = ("concurrency", "poisson", "gamma", "constant", "ramp")
+TRACE_FORMATS = ("auto", "csv", "jsonl")
+TIMESTAMP_FORMATS = ("seconds", "datetime")
 DISTS = ("fixed", "uniform", "normal", "lognormal")
 
 
@@ -330,6 +376,11 @@ def validate(c: TunerConfig) -> None:
     if not c.engine.gpus:
         raise ConfigError("engine.gpus is empty; list at least one GPU index, e.g. [0]")
     _one_of("study.sampler", c.study.sampler, SAMPLERS)
+    if not 1 <= c.study.n_workers <= len(c.engine.gpus):
+        raise ConfigError(
+            f"study.n_workers is {c.study.n_workers}; allowed: 1 to {len(c.engine.gpus)} "
+            f"(one per GPU in engine.gpus={c.engine.gpus})"
+        )
     if c.study.n_trials < 0:
         raise ConfigError(f"study.n_trials is {c.study.n_trials}; allowed: an integer >= 0")
     if not c.objective.objectives:
@@ -358,8 +409,41 @@ def validate(c: TunerConfig) -> None:
         raise ConfigError(f"workload.num_requests is {w.num_requests}; allowed: >= 1")
     if w.arrival.kind == "concurrency" and w.arrival.concurrency < 1:
         raise ConfigError(f"workload.arrival.concurrency is {w.arrival.concurrency}; allowed: >= 1")
-    if w.arrival.kind != "concurrency" and w.arrival.rate <= 0:
+    if w.arrival.kind not in ("concurrency", "ramp") and w.arrival.rate <= 0:
         raise ConfigError(f"workload.arrival.rate is {w.arrival.rate}; allowed: > 0 requests/s")
+    if w.arrival.kind == "ramp":
+        a = w.arrival
+        if a.ramp_start_rate is None or a.ramp_start_rate < 0:
+            raise ConfigError(
+                f"workload.arrival.ramp_start_rate is {a.ramp_start_rate}; allowed: >= 0 requests/s"
+            )
+        if a.ramp_end_rate is None or a.ramp_end_rate <= 0:
+            raise ConfigError(
+                f"workload.arrival.ramp_end_rate is {a.ramp_end_rate}; allowed: > 0 requests/s"
+            )
+    if w.arrival.kind in ("gamma", "ramp") and w.arrival.burstiness <= 0:
+        raise ConfigError(f"workload.arrival.burstiness is {w.arrival.burstiness}; allowed: > 0")
+    if w.arrival.max_concurrency is not None and w.arrival.max_concurrency < 1:
+        raise ConfigError(
+            f"workload.arrival.max_concurrency is {w.arrival.max_concurrency}; "
+            "allowed: >= 1 or null"
+        )
+    if w.trace is not None:
+        t = w.trace
+        _one_of("workload.trace.format", t.format, TRACE_FORMATS)
+        _one_of("workload.trace.timestamp_format", t.timestamp_format, TIMESTAMP_FORMATS)
+        if not Path(t.path).is_file():
+            raise ConfigError(f"workload.trace.path {t.path!r} is not a file")
+        if t.time_scale <= 0:
+            raise ConfigError(f"workload.trace.time_scale is {t.time_scale}; allowed: > 0")
+        if t.limit is not None and t.limit < 1:
+            raise ConfigError(f"workload.trace.limit is {t.limit}; allowed: >= 1 or null")
+        if t.offset_s < 0:
+            raise ConfigError(f"workload.trace.offset_s is {t.offset_s}; allowed: >= 0")
+        if w.turns != 1:
+            raise ConfigError(
+                f"workload.turns is {w.turns}; a trace replays single-turn requests (turns: 1)"
+            )
     if w.images is not None:
         im = w.images
         if not 0 <= im.min_count <= im.max_count:
@@ -374,6 +458,10 @@ def validate(c: TunerConfig) -> None:
             raise ConfigError("workload.images needs workload.endpoint=chat")
     if not Path(c.model.path, "config.json").is_file():
         raise ConfigError(f"model.path {c.model.path!r} has no config.json")
+    if w.images is not None:
+        from tuner.workload.images import check_image_sizes
+
+        check_image_sizes(w.images, c.model.path)
     validate_space(c.space, c.model)
 
 

@@ -134,6 +134,10 @@ class TrialResult:
     """Seconds a server held the GPUs (launch to teardown): the trial's GPU cost."""
     pruned: str | None = None
     """Why the replay was stopped early (the trial is PRUNED), or None."""
+    gpus: tuple[int, ...] = ()
+    """The GPUs the trial leased (``CUDA_VISIBLE_DEVICES``); empty if it was not launched."""
+    started_at: float = 0.0
+    """Wall-clock (epoch) seconds when the trial started; ``duration_s`` later it ended."""
 
     @property
     def ok(self) -> bool:

@@ -7,6 +7,10 @@ Measurements follow ``vllm bench serve`` (``time.perf_counter``, streaming with 
 * E2E: send -> the last content-or-usage chunk;
 * token counts from the final ``usage`` chunk (fallback: number of content chunks).
 
+A chunk's time is when the read that delivered it returned: each read takes every byte that has
+arrived and its lines are parsed with one ``json.loads`` each (no per-line await), so the
+client adds little latency (``benchmarks/client_capacity.py`` measures how much).
+
 Failed requests are records with ``status="error"``/``"timeout"``, never exceptions.
 """
 
@@ -30,6 +34,7 @@ log = logging.getLogger(__name__)
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _MAX_ERROR_CHARS = 300
+_raw_decode = json.JSONDecoder().raw_decode
 
 
 def _error_message(payload: Any, fallback: str) -> str:
@@ -142,46 +147,72 @@ class _Runner:
             itl: list[float] = state["itl"]
             last_event: float | None = None
             usage: dict[str, Any] | None = None
-            async for raw in resp.content:
-                if not raw.startswith(b"data:"):
-                    continue  # blank separators, comments, event: lines
-                payload_bytes = raw[5:].strip()
-                if payload_bytes == b"[DONE]":
+            content = resp.content
+            decode, clock = _raw_decode, time.perf_counter
+            tail = b""
+            done = False
+            # One read returns every byte that has arrived: split it into lines here instead of
+            # awaiting a readline per line, and stamp all of its chunks with the read's time.
+            while not done:
+                data = await content.readany()
+                now = clock()
+                if data:
+                    lines = (tail + data if tail else data).split(b"\n")
+                    tail = lines.pop()
+                elif tail:  # the stream ended with a line without a newline
+                    lines, tail, done = [tail], b"", True
+                else:
                     break
-                now = time.perf_counter()
-                try:
-                    chunk = json.loads(payload_bytes)
-                except ValueError:
-                    return self._partial(
-                        spec, sent, t0, state, "error", f"malformed SSE data: {raw[:200]!r}", 200
-                    )
-                if not isinstance(chunk, dict):
-                    continue
-                if chunk.get("error"):
-                    msg = _error_message(chunk, "error chunk in stream")
-                    return self._partial(spec, sent, t0, state, "error", msg, 200)
-                choices = chunk.get("choices")
-                if choices:
-                    c0 = choices[0]
-                    delta = c0.get("delta")
-                    text = c0.get("text")
-                    if not text and delta:
-                        text = (
-                            delta.get("content")
-                            or delta.get("reasoning_content")
-                            or delta.get("reasoning")
+                for raw in lines:
+                    if not raw.startswith(b"data:"):
+                        continue  # blank separators, comments, event: lines
+                    payload_bytes = raw[5:].strip()
+                    if payload_bytes == b"[DONE]":
+                        done = True
+                        break
+                    try:  # json.loads minus its encoding sniffing and whitespace regexes
+                        text = payload_bytes.decode()
+                        chunk, end = decode(text)
+                        if end != len(text):
+                            raise ValueError("extra data")
+                    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                        return self._partial(
+                            spec,
+                            sent,
+                            t0,
+                            state,
+                            "error",
+                            f"malformed SSE data: {raw[:200]!r}",
+                            200,
                         )
-                    if text:
-                        if state["ttft"] is None:
-                            state["ttft"] = now - sent
-                        else:
-                            itl.append(now - state["last"])
-                        state["last"] = now
-                        state["chunks"] += 1
+                    if type(chunk) is not dict:
+                        continue
+                    if "error" in chunk and chunk["error"]:
+                        msg = _error_message(chunk, "error chunk in stream")
+                        return self._partial(spec, sent, t0, state, "error", msg, 200)
+                    choices = chunk.get("choices")
+                    if choices:
+                        c0 = choices[0]
+                        text = c0.get("text")
+                        if not text:
+                            delta = c0.get("delta")
+                            if delta:
+                                text = (
+                                    delta.get("content")
+                                    or delta.get("reasoning_content")
+                                    or delta.get("reasoning")
+                                )
+                        if text:
+                            if state["ttft"] is None:
+                                state["ttft"] = now - sent
+                            else:
+                                itl.append(now - state["last"])
+                            state["last"] = now
+                            state["chunks"] += 1
+                            last_event = now
+                    if "usage" in chunk and chunk["usage"]:
+                        usage = chunk["usage"]
                         last_event = now
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                    last_event = now
             if state["ttft"] is None:
                 return self._partial(
                     spec, sent, t0, state, "error", "stream ended without generated text", 200
@@ -265,6 +296,7 @@ async def replay(
     request_timeout_s: float,
     api_key: str | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
+    on_start: Callable[[float], None] | None = None,
 ) -> list[RequestRecord]:
     """Send ``requests`` to ``base_url`` (``http://host:port``) and measure each one.
 
@@ -275,17 +307,22 @@ async def replay(
     in flight if set. No request is sent once ``duration_s`` has passed since the start; those in
     flight get up to ``request_timeout_s`` to finish; unsent requests produce no record.
 
+    Measured specs that carry ``arrival_s`` (a trace, see :func:`tuner.workload.build_requests`)
+    are replayed open loop whatever ``arrival.kind`` says; ``arrival.max_concurrency`` still caps
+    the requests in flight (an arrival waits for a free slot, so it is sent late).
+
     Returns every record (warm-ups included, ``warmup=True``) sorted by index. ``t_sent_s`` is
-    relative to the measured start (to the warm-up start for warm-ups).
+    relative to the measured start (to the warm-up start for warm-ups); ``on_start`` is called
+    with that start (``time.perf_counter()``) so a caller can align records with other clocks.
     """
-    closed = arrival.kind == "concurrency"
+    measured = [s for s in requests if not s.warmup]
+    closed = arrival.kind == "concurrency" and all(s.arrival_s is None for s in measured)
     # the connection pool is the in-flight bound; 0 means no limit (open loop without a cap)
     limit = max(1, arrival.concurrency) if closed else max(0, arrival.max_concurrency or 0)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     warm = [s for s in requests if s.warmup]
-    measured = [s for s in requests if not s.warmup]
 
     connector = aiohttp.TCPConnector(limit=limit, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(request_timeout_s, 30.0))
@@ -300,6 +337,8 @@ async def replay(
             )
         t0 = time.perf_counter()
         deadline = t0 + duration_s
+        if on_start is not None:
+            on_start(t0)
         if closed:
             await _closed_loop(runner, measured, arrival.concurrency, t0, deadline)
         else:

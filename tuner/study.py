@@ -30,6 +30,7 @@ import optuna
 from tuner import __version__
 from tuner.config import TunerConfig
 from tuner.engine.argv import api_key, build_argv, build_env, mask, mask_argv, secret_values
+from tuner.engine.pool import GpuPool
 from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
 from tuner.memory import ModelShape
@@ -67,6 +68,7 @@ class _Ctx:
     cache_root: Path | None
     study_name: str = ""
     parent_run_id: str | None = None
+    pool: GpuPool = field(default_factory=lambda: GpuPool([0]))
     engine_version: str | None = None
 
     @property
@@ -187,6 +189,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         cache_root,
         study_name=study.study_name,
         parent_run_id=tracker.parent_run_id,
+        pool=GpuPool(cfg.engine.gpus),
     )
     for note in recover(study, ctx.lease_dir):  # what a killed tuner left behind
         log.warning("recovered: %s", note)
@@ -205,33 +208,72 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     )
     status = "FINISHED"
     try:
-        for i in range(cfg.study.n_trials):
-            trial = study.ask(dists)
-            trial.set_user_attr("worker", worker_id())
-            baseline = bool(trial.user_attrs.get("baseline", False))
-            try:
-                result = asyncio.run(_run_trial(ctx, trial.number, dict(trial.params), baseline))
-            except (KeyboardInterrupt, asyncio.CancelledError):
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                raise
-            except Exception as exc:  # a bug in the tuner itself: FAIL, and stop loudly
-                trial.set_user_attr("tuner_error", repr(exc)[:1000])
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                raise
-            _tell(study, trial, result, cfg)
-            _record(tracker, result, run_dir, ctx, cfg)
-            outcome.results.append(result)
-            log.info(progress_line(result, i + 1, cfg.study.n_trials, cfg))
+        asyncio.run(_trials(study, dists, ctx, tracker, outcome))
         _save_pareto(study, run_dir, tracker, cfg)
     except KeyboardInterrupt:
         outcome.interrupted = True
         status = "KILLED"
-        log.warning("interrupted: the running trial is marked FAIL; stored trials are kept")
+        log.warning("interrupted: running trials are marked FAIL; stored trials are kept")
         raise
     finally:
         tracker.finish(status, _parent_summary(outcome))
     print_summary(outcome, cfg)
     return outcome
+
+
+async def _trials(
+    study: optuna.Study,
+    dists: dict[str, optuna.distributions.BaseDistribution],
+    ctx: _Ctx,
+    tracker: Tracker | NullTracker,
+    outcome: StudyOutcome,
+) -> None:
+    """Run ``study.n_trials`` trials, ``study.n_workers`` at a time, each on its own GPU lease.
+
+    A trial is asked for only when a worker is free, so the sampler sees the running ones
+    (TPE's constant liar). Blocking tracking calls run in a thread so they do not stall the
+    replays of trials still measuring.
+    """
+    cfg = ctx.cfg
+    n = cfg.study.n_trials
+    slots = asyncio.Semaphore(cfg.study.n_workers)
+    finished = 0
+
+    async def one(trial: optuna.Trial) -> None:
+        nonlocal finished
+        baseline = bool(trial.user_attrs.get("baseline", False))
+        try:
+            result = await _run_trial(ctx, trial.number, dict(trial.params), baseline)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        except Exception as exc:  # a bug in the tuner itself: FAIL, and stop loudly
+            trial.set_user_attr("tuner_error", repr(exc)[:1000])
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        finally:
+            slots.release()
+        _tell(study, trial, result, cfg)
+        await asyncio.to_thread(_record, tracker, result, ctx.run_dir, ctx, cfg)
+        outcome.results.append(result)
+        finished += 1
+        log.info(progress_line(result, finished, n, cfg))
+
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for _ in range(n):
+            await slots.acquire()
+            if any(t.done() and t.exception() for t in tasks):
+                break  # a trial hit a tuner bug: stop asking, report it below
+            trial = study.ask(dists)
+            trial.set_user_attr("worker", worker_id())
+            tasks.append(asyncio.create_task(one(trial)))
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _save_pareto(
@@ -311,6 +353,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, cfg: Tu
         "launched": result.launched,
         "server_s": result.server_s,
         "pruned": result.pruned,
+        "gpus": list(result.gpus),
         "argv": list(result.argv),
     }
     if result.launch is not None:
@@ -346,6 +389,8 @@ def _trial_dir(run_dir: Path, number: int) -> Path:
 async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: bool) -> TrialResult:
     cfg = ctx.cfg
     t0 = time.monotonic()
+    started_at = time.time()
+    leased: list[int] = []
     tdir = _trial_dir(ctx.run_dir, number)
     tdir.mkdir(parents=True, exist_ok=True)
     full = resolved(cfg.space, params)
@@ -373,46 +418,52 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
             cfg, ctx.shape, full, ctx.requests, baseline=baseline, veto=cfg.study.precheck
         )
         predicted = verdict.kv_tokens
-        metrics.update(await _wait_gpu(cfg, full))
-        lease = Lease.create(
-            ctx.lease_dir,
-            ctx.study_name,
-            number,
-            ctx.parent_run_id,
-            cfg.tracking.uri if cfg.tracking.enabled else None,
-        )
-        env = {**build_env(cfg.engine, cache_root=ctx.cache_root), LEASE_ENV: lease.id}
-        server = Server(
-            argv,
-            env=env,
-            log_path=tdir / "server.log",
-            host=cfg.engine.host,
-            port=port,
-            startup_timeout_s=cfg.engine.startup_timeout_s,
-            stop_timeout_s=cfg.engine.stop_timeout_s,
-            health_interval_s=cfg.engine.health_interval_s,
-        )
-        log.info("trial %d: launching with %s", number, changed_params(params, cfg))
-        async with server as launch:
-            if launch.engine_version:
-                ctx.engine_version = launch.engine_version
-            log.info(
-                "trial %d: ready in %.1f s, KV cache %s tokens (predicted %s); replaying %d "
-                "requests (%d warm-up)",
+        tp = int(full.get("tensor_parallel_size") or 1)
+        async with ctx.pool.lease(tp) as gpus:
+            leased = gpus
+            metrics.update(await _wait_gpu(cfg, full, gpus))
+            lease = Lease.create(
+                ctx.lease_dir,
+                ctx.study_name,
                 number,
-                launch.startup_s,
-                _fmt_int(launch.kv_cache_tokens),
-                _fmt_int(predicted),
-                len(ctx.requests),
-                sum(r.warmup for r in ctx.requests),
+                ctx.parent_run_id,
+                cfg.tracking.uri if cfg.tracking.enabled else None,
             )
-            records, telemetry, pruned = await _measure(ctx, server, tdir)
-            metrics.update(telemetry)
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
-                dead = await server.check(http)
-            if dead is not None:
-                failure = TrialFailed(*dead)
-                pruned = None
+            engine = replace(cfg.engine, gpus=gpus)  # CUDA_VISIBLE_DEVICES = the lease
+            env = {**build_env(engine, cache_root=ctx.cache_root), LEASE_ENV: lease.id}
+            server = Server(
+                argv,
+                env=env,
+                log_path=tdir / "server.log",
+                host=cfg.engine.host,
+                port=port,
+                startup_timeout_s=cfg.engine.startup_timeout_s,
+                stop_timeout_s=cfg.engine.stop_timeout_s,
+                health_interval_s=cfg.engine.health_interval_s,
+            )
+            log.info(
+                "trial %d: launching on GPU %s with %s", number, gpus, changed_params(params, cfg)
+            )
+            async with server as launch:
+                if launch.engine_version:
+                    ctx.engine_version = launch.engine_version
+                log.info(
+                    "trial %d: ready in %.1f s, KV cache %s tokens (predicted %s); replaying %d "
+                    "requests (%d warm-up)",
+                    number,
+                    launch.startup_s,
+                    _fmt_int(launch.kv_cache_tokens),
+                    _fmt_int(predicted),
+                    len(ctx.requests),
+                    sum(r.warmup for r in ctx.requests),
+                )
+                records, telemetry, pruned = await _measure(ctx, server, tdir, gpus)
+                metrics.update(telemetry)
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
+                    dead = await server.check(http)
+                if dead is not None:
+                    failure = TrialFailed(*dead)
+                    pruned = None
     except TrialFailed as exc:
         failure = exc
     finally:
@@ -444,18 +495,21 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
         launched=server is not None,
         server_s=server.lifetime_s if server is not None else 0.0,
         pruned=pruned,
+        gpus=tuple(leased),
+        started_at=started_at,
     )
     result = replace(result, duration_s=round(time.monotonic() - t0, 3))
     _write_artifacts(tdir, result, records)
     return result
 
 
-async def _wait_gpu(cfg: TunerConfig, params: Mapping[str, Any]) -> dict[str, float]:
+async def _wait_gpu(
+    cfg: TunerConfig, params: Mapping[str, Any], gpus: list[int]
+) -> dict[str, float]:
     """Before a real launch: wait (bounded) for the memory vLLM's start-up check will demand."""
     if cfg.engine.kind != "vllm" or not nvml_available():
         return {}
     gmu = float(params.get("gpu_memory_utilization") or 0.92)
-    gpus = cfg.engine.gpus
     try:
         before = gpu_memory(gpus)
         need = max(m.total_gib for m in before) * gmu + 0.5 if before else 0.0
@@ -477,7 +531,7 @@ async def _wait_gpu(cfg: TunerConfig, params: Mapping[str, Any]) -> dict[str, fl
 
 
 async def _measure(
-    ctx: _Ctx, server: Server, tdir: Path
+    ctx: _Ctx, server: Server, tdir: Path, gpus: list[int]
 ) -> tuple[list[RequestRecord], dict[str, float], str | None]:
     """Replay with telemetry beside it; stop early (pruned) once a constraint is lost."""
     cfg = ctx.cfg
@@ -499,7 +553,7 @@ async def _measure(
                 why.append(reason)
                 lost.set()
 
-    with GpuSampler(cfg.engine.gpus if cfg.engine.kind == "vllm" else [], 0.5) as gpu:
+    with GpuSampler(gpus if cfg.engine.kind == "vllm" else [], 0.5) as gpu:
         async with MetricsScraper(server.base_url, interval_s=1.0) as prom:
             task = asyncio.create_task(
                 replay(

@@ -414,3 +414,39 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
     interrupted = [r for r in runs if r.data.tags.get("failure_reason") == "interrupted"]
     assert len(interrupted) == 1 and interrupted[0].info.status == "FAILED"
     assert interrupted[0].data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+
+
+def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "study.n_trials=6",
+        "study.n_workers=2",
+        "engine.gpus=[0,1]",
+        "tracking=none",
+        *FAST[:-1],
+        "engine.env.TUNER_SIM_SPEEDUP=5",
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = [
+        json.loads(f.read_text())
+        for f in (tmp_path / "outputs" / "runs").glob("*/trial_*/result.json")
+    ]
+    assert len(results) == 6
+    launched = [r for r in results if r["launched"]]
+    assert all(len(r["gpus"]) == 1 for r in launched)
+    spans = [(r["started_at"], r["started_at"] + r["duration_s"], r["gpus"]) for r in launched]
+    overlapping = 0
+    for i, (a0, a1, ga) in enumerate(spans):
+        for b0, b1, gb in spans[i + 1 :]:
+            if a0 < b1 and b0 < a1:  # ran at the same time: never on the same GPU
+                overlapping += 1
+                assert set(ga).isdisjoint(gb), (ga, gb)
+    assert overlapping >= 1, "two workers never ran at once"
+    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    assert sorted(t.number for t in study.trials) == list(range(6))
+
+
+def test_more_workers_than_gpus_is_one_line(tmp_path: Path) -> None:
+    p = tuner(tmp_path, "+workload=chat", "study.n_workers=3", "engine.gpus=[0,1]", timeout=60)
+    assert p.returncode == 2 and "study.n_workers is 3; allowed: 1 to 2" in p.stderr

@@ -260,3 +260,83 @@ async def test_connection_refused_is_error() -> None:
     assert [r.status for r in recs] == ["error", "error"]
     assert all(r.error and "Connect" in r.error for r in recs)
     assert all(r.http_status is None for r in recs)
+
+
+async def test_specs_with_arrivals_replay_open_loop(server: tuple[str, FakeVLLM]) -> None:
+    """A trace's specs carry send times: they are honoured even if arrival.kind is closed loop."""
+    base, fake = server
+    arrivals = [0.0, 0.2, 0.4]
+    specs = [spec(i, arrival_s=a) for i, a in enumerate(arrivals)]
+    starts: list[float] = []
+    recs = await run(
+        base, specs, ArrivalConfig(kind="concurrency", concurrency=8), on_start=starts.append
+    )
+    assert [r.status for r in recs] == ["ok"] * 3
+    for r, a in zip(recs, arrivals, strict=True):
+        assert r.t_sent_s >= a - 1e-3
+    received = [t for t, _, _ in fake.received]
+    assert received[-1] - received[0] >= 0.4 - 0.05
+    (t0,) = starts
+    assert received[0] >= t0  # records are relative to the start on_start reported
+
+
+async def test_trace_max_concurrency_caps_in_flight(server: tuple[str, FakeVLLM]) -> None:
+    base, fake = server
+    specs = [spec(i, arrival_s=0.0, x_ttft=0.05) for i in range(6)]
+    arrival = ArrivalConfig(kind="concurrency", concurrency=64, max_concurrency=2)
+    recs = await run(base, specs, arrival)
+    assert [r.status for r in recs] == ["ok"] * 6
+    assert fake.max_in_flight == 2
+    assert sorted(r.t_sent_s for r in recs)[-1] >= 0.1  # the last ones waited for a slot
+
+
+async def test_lines_split_across_reads(unused_tcp_port: int) -> None:
+    """SSE lines cut anywhere by the network, CRLF endings, and a last line without newline."""
+    chunks = [
+        b'data: {"choices": [{"index": 0, "text": " a"}]}\r\n\r\ndata: {"choi',
+        b'ces": [{"index": 0, "text": " b"}]}\n',
+        b'\ndata: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}\n\n',
+        b"data: [DONE]",
+    ]
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for c in chunks:
+            await resp.write(c)
+            await asyncio.sleep(0.02)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handle)
+    srv = TestServer(app, host="127.0.0.1", port=unused_tcp_port)
+    await srv.start_server()
+    try:
+        (rec,) = await run(str(srv.make_url("")).rstrip("/"), [spec(0)])
+    finally:
+        await srv.close()
+    assert rec.status == "ok", rec.error
+    assert rec.output_tokens == 2
+    assert rec.prompt_tokens == 3
+    assert len(rec.itl_s) == 1
+    assert rec.itl_s[0] >= 0.015  # " b" completed in the read after " a"
+
+
+async def test_malformed_line_is_error_record(unused_tcp_port: int) -> None:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": [{"text": " a"}]} trailing\n\n')
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handle)
+    srv = TestServer(app, host="127.0.0.1", port=unused_tcp_port)
+    await srv.start_server()
+    try:
+        (rec,) = await run(str(srv.make_url("")).rstrip("/"), [spec(0)])
+    finally:
+        await srv.close()
+    assert rec.status == "error"
+    assert rec.error is not None
+    assert rec.error.startswith("malformed SSE data: b'data: {")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -20,6 +21,7 @@ from tuner.workload import (
     build_requests,
     image_tokens,
     load_tokenizer,
+    ramp_rate,
     sample_lengths,
     token_corpus,
 )
@@ -274,3 +276,166 @@ def test_open_loop_specs_have_increasing_arrivals() -> None:
     arr = [s.arrival_s for s in specs[2:]]
     assert arr[0] == 0.0
     assert all(a is not None and b is not None and b > a for a, b in zip(arr, arr[1:]))  # noqa: B905
+
+
+# --- per-profile statistics and the ramp schedule ----------------------------------------------
+
+
+def profile(make_cfg: Any, name: str) -> WorkloadConfig:
+    return make_cfg(f"+workload={name}").workload
+
+
+def dist_mean(d: DistConfig) -> float:
+    """The mean of ``d`` before clipping (uniform: the midpoint)."""
+    return (d.low + d.high) / 2 if d.kind == "uniform" else d.mean
+
+
+@pytest.mark.parametrize("name", ["chat", "long_docs", "image_heavy"])
+def test_profile_length_statistics(make_cfg: Any, name: str) -> None:
+    w = profile(make_cfg, name)
+    rng = np.random.default_rng(11)
+    for d in (w.input_tokens, w.output_tokens):
+        values = np.asarray(sample_lengths(d, 20_000, rng))
+        assert values.min() >= d.low
+        assert values.max() <= d.high
+        # clipping moves a lognormal's mean a little; 5 % covers it for the shipped profiles
+        assert abs(values.mean() - dist_mean(d)) <= 0.05 * dist_mean(d)
+        if d.kind == "uniform":  # the whole range is used
+            width = d.high - d.low
+            assert values.min() <= d.low + 0.01 * width
+            assert values.max() >= d.high - 0.01 * width
+
+
+def test_image_heavy_images_per_request(make_cfg: Any) -> None:
+    w = profile(make_cfg, "image_heavy")
+    assert w.images is not None
+    lo, hi = w.images.min_count, w.images.max_count
+    small = dataclasses.replace(w.images, sizes=[[28, 28], [56, 28]])
+    fast = dataclasses.replace(
+        w, images=small, num_requests=120, warmup_requests=0, input_tokens=DistConfig(mean=8)
+    )
+    specs = build_requests(fast, MODEL)
+    counts = np.array([s.images for s in specs])
+    assert counts.min() >= lo
+    assert counts.max() <= hi
+    assert set(counts.tolist()) == set(range(lo, hi + 1))
+    assert abs(counts.mean() - (lo + hi) / 2) < 0.35
+
+
+def test_trace_profile_statistics(make_cfg: Any) -> None:
+    w = profile(make_cfg, "trace")
+    specs = build_requests(dataclasses.replace(w, warmup_requests=0), MODEL)
+    assert len(specs) == 200
+    outs = np.array([s.output_tokens for s in specs])
+    assert outs.min() >= 8
+    assert outs.max() <= 1024
+    assert abs(outs.mean() - 180) < 25  # the sample's log-normal mean 180
+    arr = np.array([s.arrival_s for s in specs])
+    assert arr[0] == 0.0
+    assert np.all(np.diff(arr) >= 0)
+    gaps = np.diff(arr)
+    assert gaps.std() / gaps.mean() > 1.2  # bursty: more variable than Poisson (CV 1)
+
+
+@pytest.mark.parametrize(
+    ("arrival", "rate"),
+    [
+        (ArrivalConfig(kind="poisson", rate=8.0), 8.0),
+        (ArrivalConfig(kind="gamma", rate=3.0, burstiness=0.5), 3.0),
+        (ArrivalConfig(kind="constant", rate=20.0), 20.0),
+    ],
+)
+def test_arrival_rates(arrival: ArrivalConfig, rate: float) -> None:
+    times = np.array(arrival_times(arrival, 20_001, np.random.default_rng(5)))
+    assert abs(20_000 / times[-1] - rate) < 0.03 * rate
+
+
+def ramp(start: float, end: float, burstiness: float = 1.0) -> ArrivalConfig:
+    return ArrivalConfig(
+        kind="ramp", ramp_start_rate=start, ramp_end_rate=end, burstiness=burstiness
+    )
+
+
+@pytest.mark.parametrize(("start", "end"), [(2.0, 20.0), (30.0, 5.0), (0.0, 10.0)])
+def test_ramp_rate_linear_in_time(start: float, end: float) -> None:
+    a = ramp(start, end)
+    n = 40_000
+    times = np.array(arrival_times(a, n, np.random.default_rng(1)))
+    span = 2 * (n - 1) / (start + end)
+    assert times[0] == 0.0
+    assert np.all(np.diff(times) >= 0)
+    # the expected count in each tenth of the ramp is the integral of the linear rate
+    edges = np.linspace(0, span, 11)
+    counts, _ = np.histogram(times, edges)
+    for k in range(10):
+        mid = (edges[k] + edges[k + 1]) / 2
+        expected = ramp_rate(a, n, mid) * (edges[k + 1] - edges[k])
+        assert abs(counts[k] - expected) < 0.08 * expected + 30
+    assert ramp_rate(a, n, 0.0) == start
+    assert ramp_rate(a, n, span) == end
+    assert ramp_rate(a, n, span / 2) == pytest.approx((start + end) / 2)
+
+
+def test_ramp_smooth_is_nearly_deterministic() -> None:
+    times = arrival_times(ramp(0.0, 10.0, burstiness=1e9), 6, np.random.default_rng(0))
+    assert times is not None
+    # rate 10 t over 1 s: L(t) = 5 t^2, so request i is due at sqrt(i / 5)
+    assert times == pytest.approx([(i / 5) ** 0.5 for i in range(6)], abs=1e-3)
+
+
+def test_ramp_gaps_match_times() -> None:
+    a = ramp(1.0, 9.0)
+    gaps = arrival_gaps(a, 5, np.random.default_rng(4))
+    times = arrival_times(a, 6, np.random.default_rng(4))
+    assert times is not None
+    assert np.cumsum(gaps) == pytest.approx(times[1:])
+
+
+def test_ramp_specs_and_determinism() -> None:
+    w = wl(arrival=ramp(5.0, 50.0), num_requests=10, seed=9)
+    a = [s.arrival_s for s in build_requests(w, MODEL)]
+    b = [s.arrival_s for s in build_requests(w, MODEL)]
+    assert a == b
+    assert a[0] == 0.0
+    assert all(x is not None and y is not None and y >= x for x, y in zip(a, a[1:]))  # noqa: B905
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["workload.arrival.kind=ramp", "workload.arrival.ramp_end_rate=5"],
+            "workload.arrival.ramp_start_rate is None; allowed: >= 0 requests/s",
+        ),
+        (
+            ["workload.arrival.kind=ramp", "workload.arrival.ramp_start_rate=1"],
+            "workload.arrival.ramp_end_rate is None; allowed: > 0 requests/s",
+        ),
+        (
+            [
+                "workload.arrival.kind=ramp",
+                "workload.arrival.ramp_start_rate=1",
+                "workload.arrival.ramp_end_rate=0",
+            ],
+            "workload.arrival.ramp_end_rate is 0.0; allowed: > 0 requests/s",
+        ),
+        (
+            ["workload.arrival.kind=storm"],
+            "workload.arrival.kind is 'storm'; allowed: concurrency, poisson, gamma, constant, ramp",
+        ),
+    ],
+)
+def test_arrival_config_errors(make_cfg: Any, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        make_cfg("+workload=chat", *overrides)
+    assert str(info.value) == message
+
+
+def test_ramp_config_composes(make_cfg: Any) -> None:
+    cfg = make_cfg(
+        "+workload=chat",
+        "workload.arrival.kind=ramp",
+        "workload.arrival.ramp_start_rate=1",
+        "workload.arrival.ramp_end_rate=40",
+    )
+    assert cfg.workload.arrival.kind == "ramp"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import contextlib
 import logging
 import os
@@ -48,10 +49,19 @@ def kill_all_groups() -> None:
 atexit.register(kill_all_groups)
 
 
+_RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=256)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A free loopback port, not one handed out recently (parallel trials bind theirs later)."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _RECENT_PORTS:
+            break
+    _RECENT_PORTS.append(port)
+    return port
 
 
 def group_members(pgid: int) -> list[int]:

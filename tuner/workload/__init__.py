@@ -17,21 +17,33 @@ import numpy as np
 from tuner.config import WorkloadConfig
 from tuner.errors import ConfigError
 from tuner.records import RequestSpec
-from tuner.workload.arrivals import arrival_gaps, arrival_times
-from tuner.workload.images import image_data_url, image_tokens, make_image
+from tuner.workload.arrivals import arrival_gaps, arrival_times, ramp_rate
+from tuner.workload.images import (
+    check_image_sizes,
+    image_data_url,
+    image_tokens,
+    make_image,
+    model_image_limit,
+)
 from tuner.workload.lengths import sample_lengths
 from tuner.workload.prompts import ChatTemplate, TokenCorpus, load_tokenizer, token_corpus
+from tuner.workload.trace import Trace, load_trace
 
 __all__ = [
     "ChatTemplate",
     "TokenCorpus",
+    "Trace",
     "arrival_gaps",
     "arrival_times",
     "build_requests",
+    "check_image_sizes",
     "image_data_url",
     "image_tokens",
     "load_tokenizer",
+    "load_trace",
     "make_image",
+    "model_image_limit",
+    "ramp_rate",
     "sample_lengths",
     "token_corpus",
 ]
@@ -45,12 +57,24 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
     warm-up and measured parts each start a fresh conversation. ``prompt_tokens`` is what the
     server counts: the rendered chat template (or the completions prompt) plus
     ceil(w/28) x ceil(h/28) per image.
+
+    With ``w.trace`` the measured requests are the trace's selected rows (``num_requests``,
+    the length distributions and ``w.arrival``'s schedule are ignored): a token-exact prompt of
+    the row's input tokens, ``max_tokens`` of its output tokens, ``arrival_s`` its scaled time
+    since the first selected row. Warm-ups take the lengths of the first rows, cycled.
     """
     if w.endpoint not in ("chat", "completions"):
         raise ConfigError(f"workload.endpoint is {w.endpoint!r}; allowed: chat, completions")
     if w.images is not None and w.endpoint != "chat":
         raise ConfigError("workload.images needs workload.endpoint=chat")
     endpoint: Literal["chat", "completions"] = "chat" if w.endpoint == "chat" else "completions"
+    if w.trace is not None and w.turns != 1:
+        raise ConfigError(
+            f"workload.turns is {w.turns}; a trace replays single-turn requests (turns: 1)"
+        )
+    if w.images is not None:
+        check_image_sizes(w.images, model_dir)
+    trace = load_trace(w.trace) if w.trace is not None else None
     corpus = token_corpus(model_dir, w.corpus)
     template = ChatTemplate(model_dir) if endpoint == "chat" else None
     tokenizer = corpus.tokenizer
@@ -58,12 +82,21 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
     r_len, r_text, r_img, r_arr, r_sys = (
         np.random.default_rng(s) for s in np.random.SeedSequence(w.seed).spawn(5)
     )
-    n_warm, n_meas = max(0, w.warmup_requests), w.num_requests
-    total = n_warm + n_meas
+    n_warm = max(0, w.warmup_requests)
     turns = max(1, w.turns)
-    in_lens = sample_lengths(w.input_tokens, total, r_len)
-    out_lens = sample_lengths(w.output_tokens, total, r_len)
-    arrivals = arrival_times(w.arrival, n_meas, r_arr)
+    arrivals: list[float] | None
+    if trace is not None:
+        n_meas = len(trace)
+        warm_rows = np.arange(n_warm) % n_meas
+        in_lens = [int(v) for v in trace.input_tokens[warm_rows]] + trace.input_tokens.tolist()
+        out_lens = [int(v) for v in trace.output_tokens[warm_rows]] + trace.output_tokens.tolist()
+        arrivals = trace.arrival_s.tolist()
+    else:
+        n_meas = w.num_requests
+        in_lens = sample_lengths(w.input_tokens, n_warm + n_meas, r_len)
+        out_lens = sample_lengths(w.output_tokens, n_warm + n_meas, r_len)
+        arrivals = arrival_times(w.arrival, n_meas, r_arr)
+    total = n_warm + n_meas
     system = corpus.text(w.system_prompt_tokens, r_sys) if w.system_prompt_tokens > 0 else None
 
     specs: list[RequestSpec] = []

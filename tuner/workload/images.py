@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import math
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from tuner.config import ImageConfig
 from tuner.errors import ConfigError
 
-__all__ = ["image_data_url", "image_tokens", "make_image"]
+__all__ = [
+    "ImageLimit",
+    "check_image_sizes",
+    "image_data_url",
+    "image_tokens",
+    "make_image",
+    "model_image_limit",
+]
 
 PATCH = 28
 _CELL = 8
@@ -54,3 +65,83 @@ def image_data_url(width: int, height: int, fmt: str, rng: np.random.Generator) 
     buf = io.BytesIO()
     make_image(width, height, rng).save(buf, format=fmt.upper(), **kwargs)
     return f"data:image/{fmt};base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+_PIXEL_COUNT_EDGE = 65_536
+"""A ``size.longest_edge`` above this is a pixel count (Qwen2-VL's processors store
+``max_pixels`` there), not an edge length: no encoder accepts a 65,536-pixel-long edge."""
+
+
+class ImageLimit:
+    """The largest image a model takes: at most ``max_pixels`` pixels and, if set, at most
+    ``max_edge`` pixels on the longer side. ``source`` says where the limit comes from."""
+
+    def __init__(self, max_pixels: int | None, max_edge: int | None, source: str) -> None:
+        self.max_pixels = max_pixels
+        self.max_edge = max_edge
+        self.source = source
+
+    def violation(self, width: int, height: int) -> str | None:
+        """Why ``width`` x ``height`` is too large, or ``None``."""
+        if self.max_pixels is not None and width * height > self.max_pixels:
+            return f"{width * height} pixels; the model accepts at most {self.max_pixels}"
+        if self.max_edge is not None and max(width, height) > self.max_edge:
+            return f"longest edge {max(width, height)}; the model accepts at most {self.max_edge}"
+        return None
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return int(value)
+
+
+def model_image_limit(model_dir: Path | str, default_max_pixels: int) -> ImageLimit:
+    """The image limit from ``<model_dir>/preprocessor_config.json`` if it states one.
+
+    Read keys: ``max_pixels`` (a pixel count), ``size.longest_edge`` and
+    ``max_image_size.longest_edge`` (an edge length in pixels, or a pixel count when larger
+    than 65,536, as Qwen2-VL's processors store ``max_pixels``). Without the file, or without
+    any of those keys, the limit is ``default_max_pixels`` (``workload.images.max_pixels``).
+    """
+    path = Path(model_dir) / "preprocessor_config.json"
+    fallback = ImageLimit(default_max_pixels, None, "workload.images.max_pixels")
+    if not path.is_file():
+        return fallback
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    max_pixels = _positive_int(cfg.get("max_pixels"))
+    max_edge: int | None = None
+    keys: list[str] = ["max_pixels"] if max_pixels is not None else []
+    for outer in ("size", "max_image_size"):
+        sub = cfg.get(outer)
+        edge = _positive_int(sub.get("longest_edge")) if isinstance(sub, dict) else None
+        if edge is None:
+            continue
+        keys.append(f"{outer}.longest_edge")
+        if edge > _PIXEL_COUNT_EDGE:
+            max_pixels = edge if max_pixels is None else min(max_pixels, edge)
+        else:
+            max_edge = edge if max_edge is None else min(max_edge, edge)
+    if not keys:
+        return fallback
+    return ImageLimit(max_pixels, max_edge, f"{' and '.join(keys)} in {path}")
+
+
+def check_image_sizes(im: ImageConfig, model_dir: Path | str) -> None:
+    """Raise :class:`ConfigError` naming ``workload.images.sizes[i]`` if a bucket is larger than
+    the model accepts (:func:`model_image_limit`)."""
+    if im.max_pixels < 1:
+        raise ConfigError(f"workload.images.max_pixels is {im.max_pixels}; allowed: >= 1")
+    limit = model_image_limit(model_dir, im.max_pixels)
+    for i, size in enumerate(im.sizes):
+        width, height = (int(v) for v in size)
+        why = limit.violation(width, height)
+        if why is not None:
+            raise ConfigError(
+                f"workload.images.sizes[{i}] is {width}x{height} ({why}, from {limit.source})"
+            )

@@ -1,0 +1,47 @@
+"""The GPU pool: parallel trials lease disjoint GPUs (as many as their tensor parallelism).
+
+A lease is exclusive: no two servers ever share a GPU (asserted on every grant). Leases are
+granted first come, first served; a trial that needs more GPUs than are free waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+__all__ = ["GpuPool"]
+
+
+class GpuPool:
+    def __init__(self, gpus: Sequence[int]) -> None:
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"GPU list has duplicates: {list(gpus)}")
+        self.gpus = list(gpus)
+        self._free = list(gpus)
+        self._held: set[int] = set()
+        self._cond = asyncio.Condition()
+
+    @property
+    def size(self) -> int:
+        return len(self.gpus)
+
+    @asynccontextmanager
+    async def lease(self, n: int) -> AsyncIterator[list[int]]:
+        """Hold ``n`` GPUs (lowest indices first) for the duration of the block."""
+        if not 1 <= n <= self.size:
+            raise ValueError(f"cannot lease {n} of {self.size} GPUs")
+        async with self._cond:
+            await self._cond.wait_for(lambda: len(self._free) >= n)
+            granted = sorted(self._free)[:n]
+            for g in granted:
+                self._free.remove(g)
+            assert not self._held & set(granted), "a GPU was leased twice"
+            self._held |= set(granted)
+        try:
+            yield granted
+        finally:
+            async with self._cond:
+                self._held -= set(granted)
+                self._free += granted
+                self._cond.notify_all()
