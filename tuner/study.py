@@ -19,10 +19,10 @@ import logging
 import time
 import warnings
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import optuna
@@ -102,6 +102,26 @@ def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
 
 
+T = TypeVar("T")
+
+
+def _retry_schema_race(make: Callable[[], T], what: str, attempts: int = 6) -> T:
+    """``make()``, retried when a database is being initialised by another worker at the same
+    moment (two tuners starting on one fresh PostgreSQL database race to create the schema)."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    for attempt in range(attempts):
+        try:
+            return make()
+        except (SQLAlchemyError, MlflowException) as exc:
+            if attempt == attempts - 1:
+                raise
+            log.info("%s is being initialised by another worker (%s); retrying", what, exc)
+            time.sleep(0.5 + attempt)
+    raise AssertionError("unreachable")
+
+
 def storage_url(cfg: TunerConfig) -> str:
     """``study.storage``, or SQLite under ``paths.state_dir``."""
     return cfg.study.storage or f"sqlite:///{Path(cfg.paths.state_dir) / 'optuna.db'}"
@@ -114,14 +134,21 @@ def open_study(cfg: TunerConfig) -> optuna.Study:
     directions = [o.direction for o in cfg.objective.objectives]
     n_existing = 0
     with contextlib.suppress(KeyError):
-        n_existing = len(optuna.load_study(study_name=name, storage=storage).trials)
+        n_existing = len(
+            _retry_schema_race(
+                lambda: optuna.load_study(study_name=name, storage=storage), "Optuna storage"
+            ).trials
+        )
     try:
-        study = optuna.create_study(
-            study_name=name,
-            storage=storage,
-            directions=directions,  # type: ignore[arg-type]  # validated: maximize|minimize
-            sampler=_sampler(cfg, n_existing),
-            load_if_exists=True,
+        study = _retry_schema_race(
+            lambda: optuna.create_study(
+                study_name=name,
+                storage=storage,
+                directions=directions,  # type: ignore[arg-type]  # validated: maximize|minimize
+                sampler=_sampler(cfg, n_existing),
+                load_if_exists=True,
+            ),
+            "Optuna storage",
         )
     except ValueError as exc:
         raise ConfigError(f"study {name!r} exists with other objectives: {exc}") from exc
@@ -172,13 +199,16 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     cache_root = Path(cfg.engine.cache_root) if cfg.engine.cache_root else None
     if cache_root is None and cfg.engine.kind == "vllm":
         cache_root = Path(cfg.paths.state_dir) / "vllm_cache"
-    tracker = open_tracker(
-        cfg.tracking.enabled,
-        cfg.tracking.uri,
-        cfg.tracking.experiment or study.study_name,
-        run_dir.name,
-        _tags(cfg),
-        lambda s: mask(s, secrets),
+    tracker = _retry_schema_race(
+        lambda: open_tracker(
+            cfg.tracking.enabled,
+            cfg.tracking.uri,
+            cfg.tracking.experiment or study.study_name,
+            run_dir.name,
+            _tags(cfg),
+            lambda s: mask(s, secrets),
+        ),
+        "MLflow store",
     )
     ctx = _Ctx(
         cfg,
