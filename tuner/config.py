@@ -429,17 +429,9 @@ def validate(c: TunerConfig) -> None:
             "allowed: >= 1 or null"
         )
     if w.trace is not None:
-        t = w.trace
-        _one_of("workload.trace.format", t.format, TRACE_FORMATS)
-        _one_of("workload.trace.timestamp_format", t.timestamp_format, TIMESTAMP_FORMATS)
-        if not Path(t.path).is_file():
-            raise ConfigError(f"workload.trace.path {t.path!r} is not a file")
-        if t.time_scale <= 0:
-            raise ConfigError(f"workload.trace.time_scale is {t.time_scale}; allowed: > 0")
-        if t.limit is not None and t.limit < 1:
-            raise ConfigError(f"workload.trace.limit is {t.limit}; allowed: >= 1 or null")
-        if t.offset_s < 0:
-            raise ConfigError(f"workload.trace.offset_s is {t.offset_s}; allowed: >= 0")
+        from tuner.workload.trace import validate_trace
+
+        validate_trace(w.trace)
         if w.turns != 1:
             raise ConfigError(
                 f"workload.turns is {w.turns}; a trace replays single-turn requests (turns: 1)"

@@ -17,6 +17,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from .procs import marked_pids
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SMALL = [
@@ -28,18 +30,6 @@ SMALL = [
     "workload.output_tokens.high=8",
     "engine.env.TUNER_SIM_SPEEDUP=20",
 ]
-
-
-def marked(mark: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if mark.encode() in (d / "environ").read_bytes():
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-    return pids
 
 
 def listening(port: int) -> bool:
@@ -72,7 +62,7 @@ def test_100_trials_leave_nothing_behind(tmp_path: Path) -> None:
             timeout=600,
         )
         assert p.returncode == 0, p.stderr[-3000:]
-        assert marked(mark) == [], f"processes left after {name}"
+        assert marked_pids(mark) == [], f"processes left after {name}"
         return p
 
     run("launch-failures", 30, "study.precheck=false")  # infeasible corners, launched
@@ -105,7 +95,7 @@ def test_100_trials_leave_nothing_behind(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
     time.sleep(0.5)
-    assert marked(mark) == [], "processes left after Ctrl-C"
+    assert marked_pids(mark) == [], "processes left after Ctrl-C"
 
     summaries = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
     total = sum(s.n_trials for s in summaries.values())

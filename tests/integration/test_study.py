@@ -14,6 +14,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from .procs import marked_pids
+
 pytestmark = pytest.mark.integration
 
 # Small and fast, but every stage real: launch, replay over HTTP, score, Optuna, MLflow.
@@ -194,18 +196,6 @@ def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], nee
     assert not list(tmp_path.glob("outputs/runs/*/trial_*")), "nothing may be launched"
 
 
-def _marked_pids(mark: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if mark.encode() in (d / "environ").read_bytes():
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-    return pids
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
     mark = f"TUNER_TEST_MARK={uuid.uuid4().hex}"
@@ -237,12 +227,12 @@ def test_interrupt_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> Non
             time.sleep(0.2)
         else:
             pytest.fail("no server came up")
-        assert len(_marked_pids(mark)) >= 3  # tuner + API server + EngineCore
+        assert len(marked_pids(mark)) >= 3  # tuner + API server + EngineCore
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 130, out[-2000:]
         time.sleep(0.5)
-        assert _marked_pids(mark) == [], "a process started by the tuner survived"
+        assert marked_pids(mark) == [], "a process started by the tuner survived"
         study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
         assert study.trials[0].state == optuna.trial.TrialState.FAIL
     finally:
@@ -388,7 +378,7 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         time.sleep(0.3)
-        left = _marked_pids(mark)
+        left = marked_pids(mark)
         assert len(left) >= 2, "the server (and its EngineCore) outlive a SIGKILLed tuner"
         assert list((tmp_path / "outputs" / "state" / "leases").glob("*.json"))
     finally:
@@ -398,7 +388,7 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
     p = tuner(tmp_path, *args, *FAST, env={mark.split("=")[0]: mark.split("=")[1]})
     assert p.returncode == 0, p.stderr[-3000:]
     assert "recovered: trial 0" in p.stderr + p.stdout
-    assert _marked_pids(mark) == [], "the leftover server was not stopped"
+    assert marked_pids(mark) == [], "the leftover server was not stopped"
     assert not list((tmp_path / "outputs" / "state" / "leases").glob("*.json"))
     study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
     first, second = study.trials

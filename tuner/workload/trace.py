@@ -29,7 +29,7 @@ import numpy as np
 from tuner.config import TraceConfig
 from tuner.errors import ConfigError
 
-__all__ = ["Trace", "load_trace", "trace_format"]
+__all__ = ["Trace", "load_trace", "trace_format", "validate_trace"]
 
 _SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 
@@ -49,6 +49,26 @@ class Trace:
 
     def __len__(self) -> int:
         return int(self.rows.size)
+
+
+def validate_trace(t: TraceConfig) -> None:
+    """The trace settings that can be checked without reading the file (one-line errors)."""
+    from tuner.config import TIMESTAMP_FORMATS, TRACE_FORMATS
+
+    for key, value, allowed in (
+        ("format", t.format, TRACE_FORMATS),
+        ("timestamp_format", t.timestamp_format, TIMESTAMP_FORMATS),
+    ):
+        if value not in allowed:
+            raise ConfigError(f"workload.trace.{key} is {value!r}; allowed: {', '.join(allowed)}")
+    if not Path(t.path).is_file():
+        raise ConfigError(f"workload.trace.path {t.path!r} is not a file")
+    if t.time_scale <= 0:
+        raise ConfigError(f"workload.trace.time_scale is {t.time_scale}; allowed: > 0")
+    if t.limit is not None and t.limit < 1:
+        raise ConfigError(f"workload.trace.limit is {t.limit}; allowed: >= 1 or null")
+    if t.offset_s < 0:
+        raise ConfigError(f"workload.trace.offset_s is {t.offset_s}; allowed: >= 0")
 
 
 def trace_format(t: TraceConfig) -> str:
@@ -173,16 +193,9 @@ def load_trace(t: TraceConfig) -> Trace:
     file or column, a count that is not a positive integer, a timestamp that cannot be parsed or
     is earlier than the row before it, and a file without rows.
     """
+    validate_trace(t)
     path = Path(t.path)
     shown = t.path
-    if not path.is_file():
-        raise ConfigError(f"workload.trace.path {shown!r} is not a file")
-    if t.time_scale <= 0:
-        raise ConfigError(f"workload.trace.time_scale is {t.time_scale}; allowed: > 0")
-    if t.limit is not None and t.limit < 1:
-        raise ConfigError(f"workload.trace.limit is {t.limit}; allowed: >= 1 or null")
-    if t.offset_s < 0:
-        raise ConfigError(f"workload.trace.offset_s is {t.offset_s}; allowed: >= 0")
     needed = [t.timestamp, t.input_tokens, t.output_tokens]
     fmt = trace_format(t)
     rows_of = _rows_csv if fmt == "csv" else _rows_jsonl
