@@ -32,6 +32,17 @@ TP=2 (gmu 0.92)        1,739,792  1,748,864   +0.52 %
 gmu 0.12               fails      fails       (KV -0.10 GiB: NO_KV_MEMORY)
 =====================  =========  ==========  ========
 
+Qwen2.5-0.5B shape (Qwen2ForCausalLM), with ``ARCH_OVERHEAD_GIB`` (below):
+
+=================================  ==========  ==========  ========
+config                             real        model       error
+=================================  ==========  ==========  ========
+defaults (gmu 0.92)                10,918,288  10,926,816  +0.08 %
+--enforce-eager                    10,949,872  10,941,664  -0.07 %
+gmu 0.5, max_num_batched_tokens    5,788,496   5,788,576   +0.00 %
+2048
+=================================  ==========  ==========  ========
+
 (``tests/unit/test_memory.py`` checks these points.) The real overhead is not constant in gmu
 (2.06 GiB at 0.92, 1.38 GiB at 0.30); a constant overhead is the simplest model inside ±2 %.
 
@@ -69,6 +80,11 @@ __all__ = [
 GiB = 1 << 30
 
 ACT_BASE_GIB = 0.10
+ARCH_OVERHEAD_GIB: dict[str, float] = {"Qwen2ForCausalLM": 2.13}
+"""Measured extra non-KV memory per architecture (GiB per GPU). vLLM 0.24 served the Qwen2.5-0.5B
+shape with its older model runner (``gpu_model_runner.py``, where Qwen3 used ``model_runner.py``)
+and held 2.04-2.23 GiB more than the fit above in all three H200 runs of 2026-11-30
+(docs/gpu-runs/2026-11-30-h200.md): defaults, ``--enforce-eager``, gmu 0.5 with mnbt 2048."""
 LOGITS_COPIES = 1.0
 GRAPH_PER_SIZE_MIB = 3.0
 GRAPH_TOKEN_FACTOR = 1.0
@@ -120,6 +136,8 @@ class ModelShape:
     max_position_embeddings: int
     param_count: int
     model_max_length: int | None = None
+    architecture: str = ""
+    """``architectures[0]`` of ``config.json`` (vLLM picks its model runner by it)."""
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ModelShape:
@@ -159,6 +177,7 @@ class ModelShape:
             max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
             param_count=params,
             model_max_length=int(mml) if mml is not None else None,
+            architecture=str((cfg.get("architectures") or [""])[0]),
         )
 
     @classmethod
@@ -347,7 +366,8 @@ def activation_bytes(shape: ModelShape, r: ResolvedParams) -> float:
         2 * shape.intermediate_size / tp + 4 * shape.hidden_size + qkv / tp
     )
     logits = r.max_num_seqs * shape.vocab_size * 4 * LOGITS_COPIES
-    return ACT_BASE_GIB * GiB + r.max_num_batched_tokens * per_token + logits
+    extra = ARCH_OVERHEAD_GIB.get(shape.architecture, 0.0) * GiB
+    return ACT_BASE_GIB * GiB + r.max_num_batched_tokens * per_token + logits + extra
 
 
 def cudagraph_bytes(shape: ModelShape, r: ResolvedParams) -> float:

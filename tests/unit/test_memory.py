@@ -67,6 +67,24 @@ def test_calibration_points(qwen8b: ModelShape, params: dict, real_tokens: int) 
     assert est.max_concurrency == pytest.approx(est.kv_tokens / 40960)
 
 
+@pytest.mark.parametrize(
+    ("params", "real_tokens"),
+    [  # vLLM 0.24 on the H200, 2026-11-30 (docs/gpu-runs/2026-11-30-h200.md)
+        pytest.param({}, 10_918_288, id="defaults"),
+        pytest.param({"enforce_eager": True}, 10_949_872, id="enforce-eager"),
+        pytest.param(
+            {"gpu_memory_utilization": 0.5, "max_num_batched_tokens": 2048},
+            5_788_496,
+            id="gmu-0.5-mnbt-2048",
+        ),
+    ],
+)
+def test_calibration_points_qwen2_05b(qwen05b: ModelShape, params: dict, real_tokens: int) -> None:
+    est = estimate(qwen05b, H200, params)
+    assert est.failure is None
+    assert est.kv_tokens == pytest.approx(real_tokens, rel=0.005)
+
+
 def test_graphs_cost_memory_and_eager_gets_more_kv(qwen8b: ModelShape) -> None:
     graphs = estimate(qwen8b, H200, {})
     eager = estimate(qwen8b, H200, {"enforce_eager": True})
