@@ -284,7 +284,7 @@ async def _trials(
         finally:
             slots.release()
         _tell(study, trial, result, cfg)
-        await asyncio.to_thread(_record, tracker, result, ctx.run_dir, ctx, cfg)
+        await asyncio.to_thread(_record, tracker, result, ctx)
         outcome.results.append(result)
         finished += 1
         log.info(progress_line(result, finished, n, cfg))
@@ -399,12 +399,10 @@ def _tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, cfg: Tu
     study.tell(trial, list(values))
 
 
-def _record(
-    tracker: Tracker | NullTracker, result: TrialResult, run_dir: Path, ctx: _Ctx, cfg: TunerConfig
-) -> None:
+def _record(tracker: Tracker | NullTracker, result: TrialResult, ctx: _Ctx) -> None:
     tags = {"vllm.version": ctx.engine_version or "unknown"}
     try:
-        tracker.log_trial(result, _trial_dir(run_dir, result.number), tags)
+        tracker.log_trial(result, _trial_dir(ctx.run_dir, result.number), tags)
     except Exception as exc:  # tracking must never lose the study: log and go on
         log.error("MLflow logging of trial %d failed: %s", result.number, exc)
 

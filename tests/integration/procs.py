@@ -16,3 +16,13 @@ def marked_pids(marker: str) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def sim_argv(model: str, port: int, *flags: str) -> list[str]:
+    """``python -m tuner.sim serve MODEL`` on loopback, as the launcher would start it."""
+    import sys
+
+    return [
+        sys.executable, "-m", "tuner.sim", "serve", model, "--host", "127.0.0.1",
+        "--port", str(port), "--served-model-name", "m", "--load-format", "dummy", *flags,
+    ]  # fmt: skip

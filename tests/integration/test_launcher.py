@@ -12,6 +12,8 @@ import pytest
 from tuner.engine.process import Server, free_port, group_members
 from tuner.errors import FailureReason, LaunchFailed
 
+from .procs import sim_argv
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,22 +24,7 @@ def make_server(
     tmp_path: Path, *flags: str, env: dict[str, str] | None = None, timeout: float = 30.0
 ) -> Server:
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "tuner.sim",
-        "serve",
-        MODEL,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        "m",
-        "--load-format",
-        "dummy",
-        *flags,
-    ]
+    argv = sim_argv(MODEL, port, *flags)
     full_env = {**os.environ, "TUNER_SIM_SPEEDUP": "20", **(env or {})}
     return Server(
         argv,

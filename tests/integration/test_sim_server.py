@@ -12,7 +12,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
 from tuner.memory import GPU_PROFILES, ModelShape, estimate
+
+from .procs import sim_argv
 
 pytestmark = pytest.mark.integration
 
@@ -45,20 +46,7 @@ class Sim:
         self.port = free_port()
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tuner.sim",
-                "serve",
-                MODEL,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--served-model-name",
-                "m",
-                *flags,
-            ],  # fmt: skip
+            sim_argv(MODEL, self.port, *flags),
             cwd=ROOT,
             env={**os.environ, "TUNER_SIM_SPEEDUP": "200", **(env or {})},
             stdout=subprocess.PIPE,
