@@ -5,10 +5,11 @@ Three kinds, each with the reason vLLM itself would give:
 * the tuner's own limits — TP larger than the GPU lease or not dividing the attention heads, a
   ``max_model_len`` shorter than more than the error budget of the workload's requests
   (``precheck``);
-* vLLM 0.24's config validation (vllm-facts.md §2) — chunked prefill off with
-  ``max_num_batched_tokens < max_model_len``; ``max_num_batched_tokens < max_num_seqs`` when both
-  are passed; a block size that is not a multiple of 16 (no Hopper attention backend takes it,
-  §1.4) (``invalid_config``);
+* vLLM 0.24's config validation (vllm-facts.md §2, :mod:`tuner.vllm_rules`, the rules the
+  simulated server refuses with) on the flags the trial passes, after vLLM's defaults — e.g.
+  chunked prefill off with ``max_num_batched_tokens < max_model_len``; ``max_num_batched_tokens <
+  max_num_seqs``; a block size that is not a multiple of 16 (no Hopper attention backend takes it,
+  §1.4) (``invalid_config``, vLLM's text after ``predicted before launch: ``);
 * memory (``tuner.memory``, the simulator's model) — no KV memory at all, or less than one
   ``max_model_len`` request needs (``no_kv_memory`` / ``kv_too_small``) — but only when the
   predicted deficit exceeds the model's error margin, so borderline configs still launch.
@@ -23,10 +24,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.config import TunerConfig
+from tuner.config import SpaceConfig, TunerConfig
+from tuner.engine.argv import when_holds
 from tuner.errors import FailureReason, TrialFailed
-from tuner.memory import GPU_PROFILES, GiB, MemoryEstimate, ModelShape, estimate
+from tuner.memory import (
+    GPU_PROFILES,
+    GiB,
+    GpuProfile,
+    MemoryEstimate,
+    ModelShape,
+    estimate,
+    resolve_params,
+)
 from tuner.records import RequestSpec
+from tuner.vllm_rules import (
+    BLOCK_SIZE_NOT_SUPPORTED,
+    Rule,
+    Violation,
+    api_refusal,
+    backend_refusal,
+)
 
 __all__ = ["MARGIN_FRACTION", "MARGIN_GIB", "Verdict", "precheck"]
 
@@ -64,7 +81,7 @@ def precheck(
     """
     _tuner_limits(cfg, shape, params, requests)
     if veto and not baseline:
-        _vllm_validation(params)
+        _vllm_validation(cfg, shape, params)
     gpu = GPU_PROFILES.get(cfg.engine.gpu)
     if gpu is None:
         return Verdict(None)
@@ -114,28 +131,43 @@ def _tuner_limits(
             )
 
 
-def _vllm_validation(params: Mapping[str, Any]) -> None:
-    """vLLM 0.24's SchedulerConfig checks on explicitly passed values (vllm-facts.md §2)."""
-    mnbt = params.get("max_num_batched_tokens")
-    mml = params.get("max_model_len")
-    seqs = params.get("max_num_seqs")
-    chunked = params.get("enable_chunked_prefill")
-    if chunked is False and isinstance(mnbt, int) and isinstance(mml, int) and mnbt < mml:
-        raise TrialFailed(
-            FailureReason.INVALID_CONFIG,
-            f"predicted before launch: max_num_batched_tokens ({mnbt}) is smaller than "
-            f"max_model_len ({mml}) with chunked prefill off",
-        )
-    block = params.get("block_size")
-    if isinstance(block, int) and block % 16:
-        raise TrialFailed(
-            FailureReason.INVALID_CONFIG,
-            f"predicted before launch: block_size {block} is not a multiple of 16, which every "
-            "attention backend on Hopper needs (No valid attention backend found)",
-        )
-    if isinstance(mnbt, int) and isinstance(seqs, int) and mnbt < seqs:
-        raise TrialFailed(
-            FailureReason.INVALID_CONFIG,
-            f"predicted before launch: max_num_batched_tokens ({mnbt}) must be greater than or "
-            f"equal to max_num_seqs ({seqs})",
-        )
+def _passed(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The params a trial passes as flags (:func:`tuner.engine.argv.build_argv`): the searched ones
+    whose ``when`` holds. The rest stay at vLLM's default, and vLLM's defaulting (e.g. clamping an
+    unset ``max_num_seqs`` to ``max_num_batched_tokens``) depends on what was passed."""
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        spec = space.params.get(name)
+        if spec is not None and not spec.enabled:
+            continue
+        if spec is not None and spec.when and not when_holds(spec.when, params, space):
+            continue
+        out[name] = value
+    return out
+
+
+def _vllm_validation(cfg: TunerConfig, shape: ModelShape, params: Mapping[str, Any]) -> None:
+    """vLLM 0.24's config validation (:mod:`tuner.vllm_rules`) on the flags the trial passes.
+
+    Not vetoed here: a ``max_model_len`` above ``max_position_embeddings`` (real vLLM derives a
+    longer limit for RoPE-scaled models, and the space check already bounds it by
+    ``model.max_model_len``); the world size (the lease has ``tensor_parallel_size`` GPUs); an
+    unsupported KV-cache dtype (the simulator knows fewer backends than vLLM has). On a GPU without
+    a profile, vLLM's defaults are unknown: a config is vetoed only if it fails with both the
+    big-GPU and the small-GPU defaults.
+    """
+    passed = _passed(cfg.space, params)
+    gpu = GPU_PROFILES.get(cfg.engine.gpu)
+    profiles = [gpu] if gpu is not None else [GpuProfile("big", 80.0), GpuProfile("small", 40.0)]
+    found: list[Violation] = []
+    for profile in profiles:
+        r = resolve_params(shape, profile, passed)
+        v = api_refusal(shape, passed, r, skip=(Rule.MAX_MODEL_LEN,))
+        if v is None:
+            v = backend_refusal(shape, r)
+            if v is not None and BLOCK_SIZE_NOT_SUPPORTED not in v.reasons:
+                v = None
+        if v is None:
+            return
+        found.append(v)
+    raise TrialFailed(found[0].reason, f"predicted before launch: {found[0].message}")

@@ -133,6 +133,7 @@ GRID: dict[str, list[Any]] = {
     "max_num_seqs": [None, 128, 4096],
     "max_model_len": [None, 1024, 65536],
     "tensor_parallel_size": [1, 3],
+    "block_size": [None, 0],
 }
 
 
@@ -140,15 +141,18 @@ GRID: dict[str, list[Any]] = {
     "combo", list(itertools.product(*GRID.values())), ids=lambda c: "-".join(map(str, c))
 )
 def test_config_rules_agree_with_the_simulated_server(shape: ModelShape, combo: tuple) -> None:
-    """config_refusal's invalid_config is exactly what tuner.sim.startup.resolve refuses."""
+    """config_refusal's invalid_config is exactly what tuner.sim.startup.resolve refuses, with
+    the same text (both come from tuner.vllm_rules)."""
     params = {k: v for k, v in zip(GRID, combo, strict=True) if v is not None}
     try:
         resolve(parse_args(_argv(params)), {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
-        refused = False
-    except Refusal:
-        refused = True
+        refused = None
+    except Refusal as exc:
+        refused = exc.exc_line
     got = config_refusal(shape, H200, params)
-    assert (got is not None and got[0] is FailureReason.INVALID_CONFIG) == refused
+    assert (got is not None and got[0] is FailureReason.INVALID_CONFIG) == (refused is not None)
+    if refused is not None:
+        assert got is not None and refused.endswith(": " + got[1])
 
 
 def test_unsupported_block_size_is_refused_like_the_server(shape: ModelShape) -> None:

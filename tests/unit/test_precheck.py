@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -8,6 +10,9 @@ from tuner.errors import FailureReason, TrialFailed
 from tuner.memory import GPU_PROFILES, ModelShape, estimate
 from tuner.precheck import precheck
 from tuner.records import RequestSpec
+from tuner.sim.cli import parse_args
+from tuner.sim.startup import Refusal, engine_check, resolve
+from tuner.space import resolved
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ModelShape.from_dir(ROOT / "models" / "qwen3-8b-dummy")  # 32 attention heads
@@ -91,3 +96,124 @@ def test_vllm_validation_rules(make_cfg, params, needle) -> None:
     assert needle in e.value.detail
     # the baseline passes no flag: vLLM's rules for user-set values do not apply
     precheck(cfg, SHAPE, {**DEFAULTS, **params}, [], baseline=True)
+
+
+def test_vllm_validation_message_is_vllms(make_cfg) -> None:
+    """The detail is vLLM's own text after "predicted before launch: " (tuner.vllm_rules)."""
+    cfg = make_cfg("+workload=chat")
+    with pytest.raises(TrialFailed) as e:
+        precheck(
+            cfg,
+            SHAPE,
+            {**DEFAULTS, "enable_chunked_prefill": False, "max_num_batched_tokens": 2048},
+            [],
+        )
+    assert e.value.detail == (
+        "predicted before launch: max_num_batched_tokens (2048) is smaller than max_model_len "
+        "(40960). This effectively limits the maximum sequence length to max_num_batched_tokens "
+        "and makes vLLM reject longer sequences. Please increase max_num_batched_tokens or "
+        "decrease max_model_len."
+    )
+    with pytest.raises(TrialFailed) as e:
+        precheck(cfg, SHAPE, {**DEFAULTS, "block_size": 24}, [])
+    assert e.value.reason is FailureReason.INVALID_CONFIG
+    assert e.value.detail.startswith(
+        "predicted before launch: No valid attention backend found for cuda with "
+        "AttentionSelectorConfig(head_size=128, dtype=torch.bfloat16, kv_cache_dtype=auto, "
+        "block_size=24,"
+    )
+
+
+GRID: dict[str, list[Any]] = {
+    "enable_chunked_prefill": [None, True, False],
+    "max_num_batched_tokens": [None, 256, 2048, 40960],
+    "max_num_seqs": [None, 512, 4096],
+    "max_model_len": [None, 1024, 40960],
+    "block_size": [None, 24, 32],
+}
+
+
+def _sim_refuses(params: dict[str, Any]) -> bool:
+    """The simulated server refuses ``vllm serve`` with exactly these flags (invalid_config)."""
+    argv = ["serve", str(ROOT / "models" / "qwen3-8b-dummy")]
+    for key, value in params.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        else:
+            argv += [flag, str(value)]
+    try:
+        engine_check(resolve(parse_args(argv), {}), {}, "backend")
+    except Refusal as exc:
+        return exc.reason is FailureReason.INVALID_CONFIG
+    return False
+
+
+def test_vetoes_exactly_what_the_simulated_server_refuses(make_cfg) -> None:
+    """Over a grid of passed flags (vLLM's defaults for the rest), the precheck's invalid_config
+    is exactly the simulated server's refusal — no more (nothing vLLM accepts is vetoed)."""
+    cfg = make_cfg("+workload=chat")
+    vetoed = refused = 0
+    for combo in itertools.product(*GRID.values()):
+        params = {k: v for k, v in zip(GRID, combo, strict=True) if v is not None}
+        try:
+            precheck(cfg, SHAPE, params, [])
+            invalid = False
+        except TrialFailed as e:
+            invalid = e.reason is FailureReason.INVALID_CONFIG
+        sim = _sim_refuses(params)
+        assert invalid == sim, params
+        vetoed += invalid
+        refused += sim
+    assert 0 < vetoed < len(list(itertools.product(*GRID.values())))
+
+
+def test_a_disabled_param_is_not_passed(make_cfg) -> None:
+    """A disabled param stays at vLLM's default, which vLLM derives from what *is* passed."""
+    params = {"enable_chunked_prefill": False}
+    on = make_cfg("+workload=chat")
+    with pytest.raises(TrialFailed) as e:  # passed: --max-num-batched-tokens 8192 < 40960
+        precheck(on, SHAPE, resolved(on.space, params), [])
+    assert e.value.reason is FailureReason.INVALID_CONFIG
+    off = make_cfg("+workload=chat", "space.params.max_num_batched_tokens.enabled=false")
+    # not passed: vLLM makes the budget max(max_model_len, 8192) and starts
+    precheck(off, SHAPE, resolved(off.space, params), [])
+    assert not _sim_refuses({"enable_chunked_prefill": False})
+    # likewise an unpassed max_num_seqs is clamped to the budget
+    seqs_off = make_cfg("+workload=chat", "space.params.max_num_seqs.enabled=false")
+    precheck(seqs_off, SHAPE, resolved(seqs_off.space, {"max_num_batched_tokens": 512}), [])
+    with pytest.raises(TrialFailed):
+        precheck(on, SHAPE, resolved(on.space, {"max_num_batched_tokens": 512}), [])
+
+
+def test_a_flag_whose_when_fails_is_not_passed(make_cfg) -> None:
+    cfg = make_cfg("+workload=chat")
+    cfg.space.params["max_num_batched_tokens"].when = {"enable_chunked_prefill": True}
+    params = {**DEFAULTS, "enable_chunked_prefill": False, "max_num_batched_tokens": 2048}
+    precheck(cfg, SHAPE, params, [])  # --max-num-batched-tokens is not passed
+    cfg.space.params["max_num_batched_tokens"].when = None
+    with pytest.raises(TrialFailed):
+        precheck(cfg, SHAPE, params, [])
+
+
+def test_rules_the_model_is_unsure_of_are_not_vetoed(make_cfg) -> None:
+    """The simulated server refuses these, but real vLLM may accept them: a max_model_len above
+    max_position_embeddings (RoPE scaling raises vLLM's derived limit) and a KV-cache dtype the
+    simulator has no backend for."""
+    cfg = make_cfg("+workload=chat")
+    precheck(cfg, SHAPE, {**DEFAULTS, "max_model_len": 50000}, [])
+    precheck(cfg, SHAPE, {**DEFAULTS, "kv_cache_dtype": "nvfp4"}, [])
+    assert _sim_refuses({"max_model_len": 50000})
+    assert _sim_refuses({"kv_cache_dtype": "nvfp4"})
+
+
+def test_unknown_gpu_vetoes_only_what_fails_with_either_defaults(make_cfg) -> None:
+    """Without a GPU profile vLLM's default budget (8192 on big GPUs, 2048 on small) is unknown."""
+    cfg = make_cfg(
+        "+workload=chat", "engine.gpu=unknown", "space.params.max_num_batched_tokens.enabled=false"
+    )
+    full = resolved(cfg.space, {"max_num_seqs": 4096})
+    assert precheck(cfg, SHAPE, full, []).estimate is None  # accepted on a big GPU
+    with pytest.raises(TrialFailed) as e:
+        precheck(cfg, SHAPE, resolved(cfg.space, {"max_num_seqs": 16384}), [])
+    assert e.value.reason is FailureReason.INVALID_CONFIG

@@ -30,6 +30,7 @@ __all__ = [
     "flag_args",
     "mask",
     "secret_values",
+    "when_holds",
 ]
 
 MASK = "***"
@@ -92,7 +93,7 @@ def build_argv(
     if not baseline:
         for name, value in params.items():
             spec = space.params.get(name)
-            if spec is not None and spec.when and not _holds(spec.when, params, space):
+            if spec is not None and spec.when and not when_holds(spec.when, params, space):
                 continue
             flag = flag_name(name, spec) if spec else "--" + name.replace("_", "-")
             argv += flag_args(flag, value)
@@ -100,7 +101,8 @@ def build_argv(
     return argv
 
 
-def _holds(when: Mapping[str, Any], params: Mapping[str, Any], space: SpaceConfig) -> bool:
+def when_holds(when: Mapping[str, Any], params: Mapping[str, Any], space: SpaceConfig) -> bool:
+    """A param's ``when`` condition on the other params (missing ones at vLLM's default)."""
     for other, want in when.items():
         spec = space.params.get(other)
         have = params.get(other, spec.default if spec is not None else None)

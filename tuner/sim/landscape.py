@@ -34,11 +34,12 @@ import numpy as np
 
 from tuner.config import SLOConfig
 from tuner.errors import FailureReason
-from tuner.memory import GpuProfile, MemoryEstimate, ModelShape, ResolvedParams, estimate
+from tuner.memory import GpuProfile, MemoryEstimate, ModelShape, estimate
 from tuner.memory import resolve_params as _resolve
 from tuner.records import RequestSpec
 from tuner.sim.engine import Request, Scheduler, block_hashes, build_scheduler
 from tuner.sim.startup import Refusal, Settings, engine_check
+from tuner.vllm_rules import api_refusal
 
 __all__ = [
     "LandscapeResult",
@@ -96,45 +97,6 @@ def _infeasible(failure: FailureReason, message: str | None) -> LandscapeResult:
 # --- start-up ---------------------------------------------------------------------------------
 
 
-def _api_refusal(shape: ModelShape, r: ResolvedParams) -> str | None:
-    """The ``create_engine_config`` refusals of :func:`tuner.sim.startup.resolve` that depend on
-    the parameters alone (that function also parses argv and reads the model directory, so it
-    cannot be called with a :class:`ModelShape`). Same rules, same order; the unit tests check
-    the two agree on a grid of parameters. Not checked here: TP against the GPU count (the
-    caller's lease) and ``max_num_partial_prefills``."""
-    if r.gpu_memory_utilization <= 0 or r.gpu_memory_utilization > 1:
-        return f"gpu_memory_utilization {r.gpu_memory_utilization} outside (0, 1]"
-    if r.max_model_len > shape.max_position_embeddings:
-        return (
-            f"User-specified max_model_len ({r.max_model_len}) is greater than the derived "
-            f"max_model_len (max_position_embeddings={shape.max_position_embeddings})"
-        )
-    if r.block_size <= 0:
-        return f"block_size {r.block_size} must be > 0"
-    if r.tensor_parallel_size < 1:
-        return f"tensor_parallel_size {r.tensor_parallel_size} must be >= 1"
-    if r.max_num_seqs < 1 or r.max_num_batched_tokens < 1:
-        return "max_num_seqs and max_num_batched_tokens must be >= 1"
-    if not r.enable_chunked_prefill and r.max_num_batched_tokens < r.max_model_len:
-        return (
-            f"max_num_batched_tokens ({r.max_num_batched_tokens}) is smaller than max_model_len "
-            f"({r.max_model_len}). This effectively limits the maximum sequence length to "
-            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
-            "max_num_batched_tokens or decrease max_model_len."
-        )
-    if r.max_num_batched_tokens < r.max_num_seqs:
-        return (
-            f"max_num_batched_tokens ({r.max_num_batched_tokens}) must be greater than or equal "
-            f"to max_num_seqs ({r.max_num_seqs})."
-        )
-    if shape.num_attention_heads % r.tensor_parallel_size:
-        return (
-            f"Total number of attention heads ({shape.num_attention_heads}) must be divisible "
-            f"by tensor parallel size ({r.tensor_parallel_size})."
-        )
-    return None
-
-
 def config_refusal(
     shape: ModelShape,
     gpu: GpuProfile,
@@ -143,14 +105,17 @@ def config_refusal(
 ) -> tuple[FailureReason, str] | None:
     """Why ``vllm serve`` (as simulated) would refuse to start with ``params``, or ``None``.
 
-    Order as in the simulated server: the API-side config validation (``invalid_config``), then
+    Order as in the simulated server: the API-side config validation (``invalid_config``,
+    :func:`tuner.vllm_rules.api_refusal`, the rules :func:`tuner.sim.startup.resolve` raises), then
     the EngineCore's attention-backend check and KV-cache memory checks
-    (:func:`tuner.sim.startup.engine_check`, i.e. :func:`tuner.memory.estimate`).
+    (:func:`tuner.sim.startup.engine_check`, i.e. :func:`tuner.vllm_rules.backend_refusal` and
+    :func:`tuner.memory.estimate`). Not checked: TP against the GPU count (the caller's lease) and
+    the compilation config's consistency (the simulated server checks it on its command line).
     """
     r = _resolve(shape, gpu, params)
-    msg = _api_refusal(shape, r)
-    if msg is not None:
-        return FailureReason.INVALID_CONFIG, msg
+    found = api_refusal(shape, params, r)
+    if found is not None:
+        return found.reason, found.message
     mem = mem if mem is not None else estimate(shape, gpu, params)
     settings = Settings(
         model_dir=Path("."),

@@ -4,7 +4,9 @@ Two stages, as in vLLM: :func:`resolve` runs the API-server-side checks of
 ``create_engine_config`` (pydantic ranges, max_model_len, scheduler limits, TP, world size) and
 raises :class:`Refusal` with ``stage="api"``; :func:`engine_check` runs what the EngineCore finds
 (free memory at init, attention backend, the KV-cache memory checks from :mod:`tuner.memory`) and
-raises with ``stage="engine"``.
+raises with ``stage="engine"``. The config rules themselves (texts included) live in
+:mod:`tuner.vllm_rules`, shared with the landscape and the precheck; this module adds what needs
+the command line or the machine (model directory, compilation config, free memory).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tuner import vllm_rules
 from tuner.errors import FailureReason
 from tuner.memory import (
     GPU_PROFILES,
@@ -29,9 +32,6 @@ from tuner.memory import (
 from tuner.sim.cli import CUDAGRAPH_MODES, SimArgs
 
 __all__ = ["Refusal", "Settings", "engine_check", "env_float", "gpu_from_env", "resolve"]
-
-PYDANTIC_URL = "https://errors.pydantic.dev/2.12/v"
-SUPPORTED_KV_DTYPES = {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"}
 
 
 class Refusal(Exception):
@@ -69,25 +69,15 @@ ENGINE_FRAMES = [
 ]
 
 
-def _pydantic(model: str, field: str, op: str, bound: Any, value: Any) -> Refusal:
-    kinds = {
-        "gt": ("greater than", "greater_than"),
-        "ge": ("greater than or equal to", "greater_than_equal"),
-        "le": ("less than or equal to", "less_than_equal"),
-    }
-    words, typ = kinds[op]
-    text = (
-        f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {model}\n"
-        f"{field}\n"
-        f"  Input should be {words} {bound} [type={typ}, input_value={value!r}, "
-        f"input_type={type(value).__name__}]\n"
-        f"    For further information visit {PYDANTIC_URL}/{typ}"
-    )
-    return Refusal(text, API_FRAMES)
+def _value_error(msg: str) -> Refusal:
+    return Refusal(f"ValueError: {msg}", API_FRAMES)
 
 
-def _value_error(msg: str, kind: str = "ValueError") -> Refusal:
-    return Refusal(f"{kind}: {msg}", API_FRAMES)
+def _raise(found: vllm_rules.Violation | None) -> None:
+    """Raise ``found`` (a rule of :mod:`tuner.vllm_rules`) as the server's traceback."""
+    if found is not None:
+        frames = API_FRAMES if found.stage == "api" else ENGINE_FRAMES
+        raise Refusal(found.exc_line, frames, found.stage, found.reason)
 
 
 def gpu_from_env(env: Mapping[str, str]) -> tuple[GpuProfile, int]:
@@ -164,87 +154,34 @@ def resolve(args: SimArgs, env: Mapping[str, str]) -> Settings:
         )
     shape = ModelShape.from_dir(model_dir)
     gpu, gpu_count = gpu_from_env(env)
-    if args.max_num_partial_prefills != 1:
-        raise _value_error(
-            "Concurrent Partial Prefill is not supported. We recommend to remove Concurrent "
-            "Partial Prefill from your config.",
-            "NotImplementedError",
-        )
-    derived = shape.max_position_embeddings
-    mml = args.max_model_len
-    if (
-        mml is not None
-        and mml > derived
-        and env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0") not in ("1", "true", "True")
-    ):
-        raise _value_error(
-            f"User-specified max_model_len ({mml}) is greater than the derived max_model_len "
-            f"(max_position_embeddings={derived} or model_max_length={shape.model_max_length} "
-            "in model's config.json). To allow overriding this maximum, set the env var "
-            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with "
-            "extreme caution. If the model uses relative position encoding (RoPE), positions "
-            "exceeding derived_max_model_len lead to nan. If the model uses absolute position "
-            "encoding, positions exceeding derived_max_model_len will cause a CUDA array "
-            "out-of-bounds error."
-        )
-    gmu = args.gpu_memory_utilization
-    if gmu <= 0:
-        raise _pydantic("CacheConfig", "gpu_memory_utilization", "gt", 0, gmu)
-    if gmu > 1:
-        raise _pydantic("CacheConfig", "gpu_memory_utilization", "le", 1, gmu)
-    if args.block_size is not None and args.block_size <= 0:
-        raise _pydantic("CacheConfig", "block_size", "gt", 0, args.block_size)
-    tp = args.tensor_parallel_size
-    if tp < 1:
-        raise _pydantic("ParallelConfig", "tensor_parallel_size", "ge", 1, tp)
-    if tp > gpu_count:
-        raise _value_error(
-            f"World size ({tp}) is larger than the number of available GPUs ({gpu_count}) in "
-            "this node. If this is intentional and you are using:\n"
-            "- ray, set '--distributed-executor-backend ray'.\n"
-            "- multiprocessing, set '--nnodes' appropriately."
-        )
-    for field in ("max_num_seqs", "max_num_batched_tokens", "stream_interval"):
-        value = getattr(args, field)
-        if value is not None and value < 1:
-            raise _pydantic("SchedulerConfig", field, "ge", 1, value)
-    mode, max_size, sizes = _cudagraph_settings(args)
     params: dict[str, Any] = {
-        "gpu_memory_utilization": gmu,
-        "tensor_parallel_size": tp,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "tensor_parallel_size": args.tensor_parallel_size,
         "block_size": args.block_size,
-        "max_model_len": mml,
+        "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "kv_cache_dtype": args.kv_cache_dtype,
         "enforce_eager": args.enforce_eager,
-        "cudagraph_mode": mode,
         "enable_chunked_prefill": args.enable_chunked_prefill,
         "enable_prefix_caching": args.enable_prefix_caching,
         "performance_mode": args.performance_mode,
-        "max_cudagraph_capture_size": max_size,
-        "cudagraph_capture_sizes": sizes,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_gpu_blocks_override": args.num_gpu_blocks_override,
     }
+    given = {
+        **params,
+        "max_num_partial_prefills": args.max_num_partial_prefills,
+        "stream_interval": args.stream_interval,
+    }
+    # vLLM's order: the argument checks, the compilation config, then the scheduler checks
+    _raise(vllm_rules.argument_refusal(shape, given, gpu_count=gpu_count, env=env))
+    mode, max_size, sizes = _cudagraph_settings(args)
+    params["cudagraph_mode"] = mode
+    params["max_cudagraph_capture_size"] = max_size
+    params["cudagraph_capture_sizes"] = sizes
     r = resolve_params(shape, gpu, params)
-    if not r.enable_chunked_prefill and r.max_num_batched_tokens < r.max_model_len:
-        raise _value_error(
-            f"max_num_batched_tokens ({r.max_num_batched_tokens}) is smaller than max_model_len "
-            f"({r.max_model_len}). This effectively limits the maximum sequence length to "
-            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
-            "max_num_batched_tokens or decrease max_model_len."
-        )
-    if r.max_num_batched_tokens < r.max_num_seqs:
-        raise _value_error(
-            f"max_num_batched_tokens ({r.max_num_batched_tokens}) must be greater than or equal "
-            f"to max_num_seqs ({r.max_num_seqs})."
-        )
-    if shape.num_attention_heads % tp:
-        raise _value_error(
-            f"Total number of attention heads ({shape.num_attention_heads}) must be divisible "
-            f"by tensor parallel size ({tp})."
-        )
+    _raise(vllm_rules.scheduler_refusal(shape, r))
     mem = estimate(shape, gpu, params)
     names = tuple(args.served_model_name or [args.model_tag])
     image = args.limit_mm_per_prompt.get("image", 999)
@@ -283,25 +220,7 @@ def engine_check(s: Settings, env: Mapping[str, str], stage: str) -> None:
                 FailureReason.GPU_BUSY,
             )
     elif stage == "backend":
-        reasons = []
-        if r.block_size % 16:
-            reasons.append("block_size not supported")
-        if r.kv_cache_dtype not in SUPPORTED_KV_DTYPES:
-            reasons.append("kv_cache_dtype not supported")
-        if reasons:
-            why = "[" + ", ".join(reasons) + "]"
-            dtype = "torch.float32" if s.shape.dtype_bytes == 4 else "torch.bfloat16"
-            raise Refusal(
-                "ValueError: No valid attention backend found for cuda with "
-                f"AttentionSelectorConfig(head_size={s.shape.head_dim}, dtype={dtype}, "
-                f"kv_cache_dtype={r.kv_cache_dtype}, block_size={r.block_size}, use_mla=False, "
-                "has_sink=False, use_sparse=False, use_mm_prefix=False, "
-                "attn_type=AttentionType.DECODER). Reasons: "
-                f"{{FLASH_ATTN: {why}, FLASHINFER: {why}, TRITON_ATTN: {why}, "
-                f"FLEX_ATTENTION: {why}}}.",
-                ENGINE_FRAMES,
-                "engine",
-            )
+        _raise(vllm_rules.backend_refusal(s.shape, r))
     elif stage == "kv" and s.memory.failure is not None:
         raise Refusal(f"ValueError: {s.memory.message}", ENGINE_FRAMES, "engine", s.memory.failure)
 
