@@ -1,5 +1,9 @@
 """``python -m tuner +workload=chat [overrides]`` — the Hydra entry point.
 
+``python -m tuner report study.name=NAME [overrides]`` regenerates the exports, figures and tables
+of a stored study without running anything (``+workload=NAME`` instead of ``study.name`` names the
+default study of that workload).
+
 Thin: compose (Hydra) → convert to dataclasses once (:func:`tuner.config.to_config`) →
 :func:`tuner.study.run`. User mistakes become one line on stderr and exit code 2; nothing is
 launched before the whole config has been checked.
@@ -22,6 +26,8 @@ log = logging.getLogger("tuner")
 
 register_schemas()
 
+_MODE = {"report": False}
+
 
 def _check_groups(argv: list[str]) -> None:
     """Reject an unknown group option (``+workload=nope``) with one line, before Hydra's
@@ -36,6 +42,18 @@ def _check_groups(argv: list[str]) -> None:
             raise ConfigError(f"unknown {key} {value!r}; allowed: {', '.join(options)}")
 
 
+def _report_args(argv: list[str]) -> None:
+    """``report`` names its study by ``study.name=`` or by ``+workload=`` (the default name)."""
+    named = any(a.startswith("study.name=") for a in argv)
+    workload = any(a.lstrip("+").startswith("workload=") for a in argv)
+    if not named and not workload:
+        raise ConfigError(
+            "report needs the study: study.name=NAME, or +workload=NAME for its default study"
+        )
+    if not workload:  # the workload only names a default study; the stored study has the rest
+        sys.argv.append("+workload=chat")
+
+
 def _sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -46,6 +64,11 @@ def _app(cfg: DictConfig) -> None:
 
     try:
         config = to_config(cfg)
+        if _MODE["report"]:
+            from tuner.report import run_report
+
+            run_report(config)
+            return
         if config.dry_run:
             from tuner.plan import print_plan
 
@@ -63,6 +86,10 @@ def _app(cfg: DictConfig) -> None:
 def main() -> None:
     signal.signal(signal.SIGTERM, _sigterm)
     try:
+        if sys.argv[1:2] == ["report"]:
+            del sys.argv[1]
+            _MODE["report"] = True
+            _report_args(sys.argv[1:])
         _check_groups(sys.argv[1:])
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -17,6 +17,7 @@ from tuner.errors import ConfigError
 
 __all__ = [
     "ArrivalConfig",
+    "ConfirmConfig",
     "DistConfig",
     "EngineConfig",
     "ImageConfig",
@@ -267,6 +268,30 @@ class ObjectiveConfig:
 
 
 @dataclass
+class ConfirmConfig:
+    """After the search: re-run the best configs longer and harder, then export them."""
+
+    enabled: bool = True
+    """false: skip the stress runs; the picks are still exported (marked unconfirmed)."""
+    picks: list[str] = field(default_factory=lambda: ["goodput", "latency", "knee"])
+    """Which configs to confirm and export (``best-<pick>.yaml``): ``goodput`` (max goodput
+    within the SLOs), ``throughput`` (max output tok/s), ``latency`` (lowest value of the first
+    minimised objective), ``knee`` (the Pareto point nearest the ideal). One trial chosen by
+    several picks runs once."""
+    load_factor: float = 2.0
+    """Concurrency, rate (and a trace's speed) × this."""
+    duration_factor: float = 3.0
+    """Requests and ``workload.duration_s`` × this."""
+    seeds: list[int] = field(default_factory=lambda: [1, 2])
+    """One stress run per seed (another request order and content), all on one server; the worst
+    run decides."""
+    export_drop: list[str] = field(
+        default_factory=lambda: ["host", "port", "served-model-name", "api-key"]
+    )
+    """Flags of the tuner's own launches left out of ``best-*.yaml``."""
+
+
+@dataclass
 class TrackingConfig:
     enabled: bool = True
     uri: str = "sqlite:///mlflow.db"
@@ -292,6 +317,7 @@ class TunerConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
     workload: WorkloadConfig = MISSING
     dry_run: bool = False
     """Print the plan (study, space, first argv) and exit without launching anything."""
@@ -336,6 +362,7 @@ ARRIVALS = ("concurrency", "poisson", "gamma", "constant", "ramp")
 TRACE_FORMATS = ("auto", "csv", "jsonl")
 TIMESTAMP_FORMATS = ("seconds", "datetime")
 DISTS = ("fixed", "uniform", "normal", "lognormal")
+CONFIRM_PICKS = ("goodput", "throughput", "latency", "knee")
 
 
 def _one_of(what: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -398,6 +425,16 @@ def validate(c: TunerConfig) -> None:
         raise ConfigError(
             f"objective.max_error_rate is {c.objective.max_error_rate}; allowed: 0.0 to 1.0"
         )
+    cc = c.confirm
+    for p in cc.picks:
+        _one_of("confirm.picks entry", p, CONFIRM_PICKS)
+    if cc.load_factor <= 0 or cc.duration_factor <= 0:
+        raise ConfigError(
+            f"confirm.load_factor is {cc.load_factor} and confirm.duration_factor is "
+            f"{cc.duration_factor}; allowed: > 0 (1 = as in the search)"
+        )
+    if cc.enabled and cc.picks and not cc.seeds:
+        raise ConfigError("confirm.seeds is empty; give at least one seed or confirm.enabled=false")
     w = c.workload
     _one_of("workload.endpoint", w.endpoint, ENDPOINTS)
     _one_of("workload.arrival.kind", w.arrival.kind, ARRIVALS)

@@ -1,29 +1,45 @@
-"""What the user sees: a line per trial and, at the end, the trials of this run and the Pareto-best
-trials of the whole study (Optuna's ``best_trials``, which honours the constraints)."""
+"""What the user sees: a line per trial (with the live best and an ETA), at the end the trials of
+this run, the Pareto-best trials of the whole study (Optuna's ``best_trials``, which honours the
+constraints), the confirm verdicts and the recommended config; :func:`publish` writes the exports
+and figures, and :func:`run_report` does all of it again from storage (``python -m tuner report``).
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from tuner.config import TunerConfig
+from tuner.confirm import Candidate, ConfirmResult
 from tuner.records import TrialResult
 
 if TYPE_CHECKING:
     from tuner.study import StudyOutcome
 
+log = logging.getLogger("tuner")
+
 __all__ = [
+    "Published",
     "baseline_trial",
     "changed_params",
     "gpu_time",
-    "pareto_figure",
+    "live_best",
     "pareto_rows",
     "print_summary",
+    "print_confirm",
+    "print_pareto",
+    "run_report",
     "progress_line",
-    "trials_frame",
+    "publish",
+    "store_confirm",
+    "stored_confirm",
 ]
 
 _UNITS = {"output_throughput": "tok/s", "goodput": "req/s", "request_throughput": "req/s"}
@@ -67,6 +83,28 @@ def progress_line(r: TrialResult, i: int, n: int, cfg: TunerConfig) -> str:
     return f"{head}: {objs}, {ok} ({', '.join(x for x in (start, kv) if x)}) | {params}"
 
 
+def live_best(study: Any, cfg: TunerConfig) -> str:
+    """The best feasible value of each objective so far, and the Pareto front's size."""
+    objs = cfg.objective.objectives
+    feasible = [
+        t
+        for t in study.trials
+        if t.values is not None
+        and not t.user_attrs.get("failure_reason")
+        and t.constraints
+        and all(c <= 0 for c in t.constraints.values())
+    ]
+    if not feasible:
+        return "best: no feasible trial yet"
+    parts = []
+    for i, o in enumerate(objs):
+        sign = 1.0 if o.direction == "maximize" else -1.0
+        t = max(feasible, key=lambda t: sign * float(t.values[i]))  # noqa: B023 - used at once
+        parts.append(f"{o.metric} {_fmt_metric(o.metric, t.values[i])} (trial {t.number})")
+    front = f", Pareto front {len(study.best_trials)} trial(s)" if len(objs) > 1 else ""
+    return "best: " + ", ".join(parts) + front
+
+
 def _result_text(r: TrialResult) -> str:
     if r.pruned:
         return "PRUNED"
@@ -98,7 +136,7 @@ def baseline_trial(study: Any) -> Any | None:
 
 def pareto_rows(study: Any, cfg: TunerConfig) -> list[dict[str, Any]]:
     """Each Pareto-best trial with its values and its gain over the baseline in %."""
-    objs = [o.metric for o in cfg.objective.objectives]
+    objs = list(study.metric_names or [o.metric for o in cfg.objective.objectives])
     base = baseline_trial(study)
     rows = []
     for tr in sorted(study.best_trials, key=lambda x: x.number):
@@ -136,8 +174,13 @@ def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | No
         f"{g['gpu_s_failed_launches']:,.1f} s ({g['gpu_s_failed_share']:.1%}) on launches that "
         f"failed; {g['trials_not_launched']:.0f} trial(s) rejected before launch by the precheck."
     )
-    rows = pareto_rows(outcome.study, cfg)
-    b = Table(title=f"Pareto-best trials of study {outcome.study.study_name} ({len(rows)})")
+    print_pareto(outcome.study, cfg, console)
+
+
+def print_pareto(study: Any, cfg: TunerConfig, console: Console) -> None:
+    objs = list(study.metric_names or [o.metric for o in cfg.objective.objectives])
+    rows = pareto_rows(study, cfg)
+    b = Table(title=f"Pareto-best trials of study {study.study_name} ({len(rows)})")
     for col in ("#", *objs, *(f"{m} vs baseline" for m in objs), "params"):
         b.add_column(col, overflow="fold")
     for row in rows:
@@ -154,28 +197,297 @@ def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | No
         console.print("No feasible trial yet: every trial failed or violated a constraint.")
 
 
-def trials_frame(study: Any) -> Any:
-    """One row per trial: number, state, objectives, params, failure reason, KV and startup."""
-    import pandas as pd
-
-    rows = []
-    names = study.metric_names or [f"value_{i}" for i in range(len(study.directions))]
-    for t in study.trials:
-        row: dict[str, Any] = {"number": t.number, "state": t.state.name}
-        for n, v in zip(names, t.values or [None] * len(names), strict=False):
-            row[n] = v
-        row["feasible"] = bool(t.constraints) and all(v <= 0 for v in t.constraints.values())
-        for k in ("failure_reason", "kv_cache_tokens", "predicted_kv_tokens", "startup_s"):
-            row[k] = t.user_attrs.get(k)
-        row.update(t.params)
-        rows.append(row)
-    return pd.DataFrame(rows)
+# --- after the search: confirm verdicts, exports, figures (also `python -m tuner report`) -------
 
 
-def pareto_figure(study: Any) -> Any:
-    """Optuna's Pareto-front plot (feasible best / feasible / infeasible colours)."""
+@dataclass(frozen=True)
+class Published:
+    """What :func:`publish` wrote and chose."""
+
+    files: dict[str, Path]
+    recommended: Candidate | None
+    results: tuple[ConfirmResult, ...]
+
+
+def stored_confirm(study: Any) -> tuple[list[Candidate], list[ConfirmResult]] | None:
+    """The candidates and verdicts the confirm stage stored on the study, if it ran."""
+    data = study.user_attrs.get("confirm")
+    if not isinstance(data, dict):
+        return None
+    cands = [
+        Candidate(**{**c, "picks": tuple(c["picks"]), "serve_args": tuple(c["serve_args"])})
+        for c in data.get("candidates", [])
+    ]
+    results = [
+        ConfirmResult(**{**r, "picks": tuple(r["picks"]), "runs": tuple(r["runs"])})
+        for r in data.get("results", [])
+    ]
+    return cands, results
+
+
+def store_confirm(
+    study: Any, candidates: Sequence[Candidate], results: Sequence[ConfirmResult], cfg: TunerConfig
+) -> None:
+    from tuner.records import to_jsonable
+
+    study.set_user_attr(
+        "confirm",
+        {
+            "load_factor": cfg.confirm.load_factor,
+            "duration_factor": cfg.confirm.duration_factor,
+            "seeds": list(cfg.confirm.seeds),
+            "candidates": to_jsonable(list(candidates)),
+            "results": to_jsonable(list(results)),
+        },
+    )
+
+
+def _export_header(
+    name: str, c: Candidate, verdict: ConfirmResult | None, study: Any, stress: str
+) -> list[str]:
+    lines = [
+        f"best-{name}: trial {c.trial} of tuner study {study.study_name!r}"
+        + (" (vLLM defaults)" if c.baseline else ""),
+        "searched: "
+        + ", ".join(f"{m} {_fmt_metric(m, v)}" for m, v in c.search_metrics.items() if v == v),
+    ]
+    if verdict is None:
+        lines.append("not stress-tested (confirm.enabled=false)")
+    elif verdict.passed:
+        lines.append(
+            f"confirmed under {stress}: worst "
+            + ", ".join(f"{m} {_fmt_metric(m, v)}" for m, v in verdict.worst.items())
+        )
+    else:
+        lines.append(f"DEMOTED under {stress}: {verdict.reason}")
+    lines.append(f"use: vllm serve --config best-{name}.yaml")
+    return lines
+
+
+def publish(
+    study: Any,
+    cfg: TunerConfig,
+    out_dir: Path,
+    tracker: Any,
+    console: Console | None = None,
+    trial_dirs: Mapping[int, Path] | None = None,
+) -> Published:
+    """Write pareto.json, ``best-<pick>.yaml``/``.sh`` and the figures to ``out_dir``, log them to
+    the tracker's parent run, tag it with the recommended trial, and print the verdicts. Reads only
+    storage and the trial folders (``trial_dirs`` adds or replaces some), so a finished study can
+    be re-published."""
+    from tuner import plots
+    from tuner.confirm import pick, recommended
+    from tuner.export import ExportError, write_export
+
+    console = console or Console(width=160)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Path] = {}
+    table = out_dir / "pareto.json"
+    table.write_text(json.dumps(pareto_rows(study, cfg), indent=2, default=str) + "\n")
+    files["pareto.json"] = table
+
+    stored = stored_confirm(study)
+    if stored is not None:
+        candidates, results = stored
+        data = study.user_attrs["confirm"]
+        stress = (
+            f"{data['load_factor']:g}x load, {data['duration_factor']:g}x duration, "
+            f"seeds {data['seeds']}"
+        )
+    else:
+        candidates, results = pick(study, cfg.objective, cfg.confirm.picks), []
+        stress = ""
+    verdicts = {r.trial: r for r in results}
+    picks = [p for p in cfg.confirm.picks if any(p in c.picks for c in candidates)]
+    for c in candidates:
+        picks += [p for p in c.picks if p not in picks]
+    for name in picks:
+        c = next(c for c in candidates if name in c.picks)
+        if not c.serve_args:
+            log.warning("trial %d has no recorded command line; best-%s not written", c.trial, name)
+            continue
+        header = _export_header(name, c, verdicts.get(c.trial), study, stress)
+        try:
+            yml, sh = write_export(
+                out_dir, name, c.serve_args, drop=cfg.confirm.export_drop, header=header
+            )
+        except ExportError as exc:
+            log.warning("best-%s not written: %s", name, exc)
+            continue
+        files[yml.name] = yml
+        files[sh.name] = sh
+    if results:
+        path = out_dir / "confirm.json"
+        path.write_text(json.dumps(study.user_attrs["confirm"], indent=2, default=str) + "\n")
+        files["confirm.json"] = path
+
+    best = recommended(results, candidates, picks)
+    objectives = list(
+        zip(
+            study.metric_names or [o.metric for o in cfg.objective.objectives],
+            [d.name.lower() for d in study.directions],
+            strict=False,
+        )
+    )
+    local = {
+        t.number: Path(t.user_attrs["trial_dir"])
+        for t in study.trials
+        if t.user_attrs.get("trial_dir") and Path(t.user_attrs["trial_dir"]).is_dir()
+    }
+    trial_dirs = {**local, **(trial_dirs or {})}
+    shown = [n for n in (best.trial if best else None, _baseline_number(study)) if n is not None]
+    try:
+        files.update(
+            plots.write_figures(
+                study, out_dir, trial_dirs, objectives, timeline_trials=list(dict.fromkeys(shown))
+            )
+        )
+    except Exception as exc:  # a report must never cost the study
+        log.warning("could not draw the figures: %s", exc)
+    for path in files.values():
+        try:
+            tracker.log_study_artifact(path)
+        except Exception as exc:
+            log.warning("could not log %s to MLflow: %s", path.name, exc)
+    if best is not None:
+        yml = out_dir / f"best-{next(p for p in picks if p in best.picks)}.yaml"
+        tags = {
+            "tuner.recommended_trial": str(best.trial),
+            "tuner.recommended_picks": ",".join(best.picks),
+            "tuner.recommended_config": yml.name,
+        }
+        try:
+            tracker.set_tags(tags)
+        except Exception as exc:
+            log.warning("could not tag the MLflow run: %s", exc)
+        study.set_user_attr("recommended_trial", best.trial)
+    print_confirm(results, candidates, best, out_dir, console)
+    return Published(files, best, tuple(results))
+
+
+def _baseline_number(study: Any) -> int | None:
+    t = baseline_trial(study)
+    return None if t is None else int(t.number)
+
+
+def print_confirm(
+    results: Sequence[ConfirmResult],
+    candidates: Sequence[Candidate],
+    best: Candidate | None,
+    out_dir: Path,
+    console: Console,
+) -> None:
+    if results:
+        t = Table(title="Confirm: the picks under stress (worst run)")
+        for col in ("#", "picks", "verdict", "goodput", "tok/s", "TTFT p95", "TPOT p95", "why"):
+            t.add_column(col, overflow="fold")
+        for r in results:
+            w = r.worst
+            t.add_row(
+                str(r.trial),
+                ", ".join(r.picks),
+                "confirmed" if r.passed else "DEMOTED",
+                _fmt_metric("goodput", w.get("goodput")),
+                _fmt_metric("output_throughput", w.get("output_throughput")),
+                _fmt_metric("ttft_p95_ms", w.get("ttft_p95_ms")),
+                _fmt_metric("tpot_p95_ms", w.get("tpot_p95_ms")),
+                r.reason or "",
+            )
+        console.print(t)
+    if best is None:
+        if candidates:
+            console.print("No pick held up under stress: nothing is recommended.")
+        return
+    name = next(iter(best.picks))
+    console.print(
+        f"Recommended: trial {best.trial} ({', '.join(best.picks)}): "
+        f"vllm serve --config {out_dir / f'best-{name}.yaml'}"
+    )
+
+
+def _trial_dirs_from_mlflow(study: Any, cfg: TunerConfig, dest: Path) -> dict[int, Path]:
+    """Artifact folders of trials whose ``trial_dir`` is not on this machine (another worker's,
+    or a deleted run dir), downloaded from their MLflow child runs."""
+    missing = {
+        t.number
+        for t in study.trials
+        if not (t.user_attrs.get("trial_dir") and Path(t.user_attrs["trial_dir"]).is_dir())
+    }
+    if not missing or not cfg.tracking.enabled:
+        return {}
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment or study.study_name)
+    if exp is None:
+        return {}
+    out: dict[int, Path] = {}
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string="tags.`tuner.role` = 'trial'",
+        order_by=["attributes.start_time DESC"],
+        max_results=5000,
+    )
+    for run in runs:
+        number = int(run.data.tags.get("trial.number", -1))
+        if number not in missing or number in out:
+            continue
+        target = dest / f"trial_{number:04d}"
+        target.mkdir(parents=True, exist_ok=True)
+        try:
+            client.download_artifacts(run.info.run_id, "", str(target))
+        except Exception as exc:
+            log.warning("could not download trial %d from MLflow: %s", number, exc)
+            continue
+        out[number] = target
+    return out
+
+
+def run_report(cfg: TunerConfig) -> Published:
+    """``python -m tuner report study.name=NAME``: regenerate the exports, figures and tables of a
+    stored study (SQLite or PostgreSQL storage, plus MLflow for trial folders on other machines)
+    into this invocation's run dir, without running anything."""
     import optuna
 
-    return optuna.visualization.plot_pareto_front(
-        study, target_names=study.metric_names or None, include_dominated_trials=True
+    from tuner.errors import ConfigError
+    from tuner.study import storage_url, study_name
+    from tuner.tracking import open_tracker
+
+    storage = storage_url(cfg)
+    name = study_name(cfg)
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+        raise ConfigError(f"no Optuna storage at {storage}; set study.storage or paths.state_dir")
+    summaries = optuna.get_all_study_summaries(storage)
+    if name not in {s.study_name for s in summaries}:
+        have = ", ".join(sorted(s.study_name for s in summaries)) or "none"
+        raise ConfigError(f"no study {name!r} in {storage}; stored studies: {have}")
+    study = optuna.load_study(study_name=name, storage=storage)
+    out_dir = Path(cfg.paths.output_dir)
+    fetched = _trial_dirs_from_mlflow(study, cfg, out_dir / "trials")
+    if fetched:
+        log.info("downloaded %d trial folder(s) from MLflow", len(fetched))
+    tracker = open_tracker(
+        cfg.tracking.enabled,
+        cfg.tracking.uri,
+        cfg.tracking.experiment or name,
+        f"report-{out_dir.name}",
+        {"tuner.study": name},
+        lambda s: s,
+        role="report",
     )
+    console = Console(width=160)
+    status = "FAILED"
+    try:
+        console.print(
+            f"Study {name}: {len(study.trials)} trials in {storage} "
+            f"(workload {study.user_attrs.get('workload', '?')}, "
+            f"model {study.user_attrs.get('model', '?')})"
+        )
+        print_pareto(study, cfg, console)
+        published = publish(study, cfg, out_dir, tracker, console, trial_dirs=fetched)
+        status = "FINISHED"
+    finally:
+        tracker.finish(status)
+    console.print(f"Report written to {out_dir}: {', '.join(sorted(published.files))}")
+    return published

@@ -28,8 +28,17 @@ import aiohttp
 import optuna
 
 from tuner import __version__
-from tuner.config import TunerConfig
-from tuner.engine.argv import api_key, build_argv, build_env, mask, mask_argv, secret_values
+from tuner.config import TunerConfig, WorkloadConfig
+from tuner.confirm import Candidate, ConfirmResult, judge, pick, stressed
+from tuner.engine.argv import (
+    api_key,
+    build_argv,
+    build_env,
+    command_prefix,
+    mask,
+    mask_argv,
+    secret_values,
+)
 from tuner.engine.pool import GpuPool
 from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
@@ -38,7 +47,7 @@ from tuner.precheck import precheck
 from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, to_json
 from tuner.recovery import LEASE_ENV, Lease, recover, worker_id
 from tuner.replay import replay
-from tuner.report import changed_params, gpu_time, print_summary, progress_line
+from tuner.report import changed_params, gpu_time, live_best, print_summary, progress_line
 from tuner.score import constraints, failure_values, objective_values, prune_reason, summarize
 from tuner.space import defaults, defaults_outside, distributions, grid, resolved
 from tuner.telemetry.gpu import GpuSampler, gpu_memory, nvml_available, wait_for_free_memory
@@ -56,6 +65,7 @@ class StudyOutcome:
     study: optuna.Study
     results: list[TrialResult] = field(default_factory=list)
     interrupted: bool = False
+    confirmed: list[ConfirmResult] = field(default_factory=list)
 
 
 @dataclass
@@ -239,7 +249,8 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     status = "FINISHED"
     try:
         asyncio.run(_trials(study, dists, ctx, tracker, outcome))
-        _save_pareto(study, run_dir, tracker, cfg)
+        print_summary(outcome, cfg)
+        _after_search(study, ctx, tracker, outcome)
     except KeyboardInterrupt:
         outcome.interrupted = True
         status = "KILLED"
@@ -247,7 +258,6 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         raise
     finally:
         tracker.finish(status, _parent_summary(outcome))
-    print_summary(outcome, cfg)
     return outcome
 
 
@@ -268,6 +278,7 @@ async def _trials(
     n = cfg.study.n_trials
     slots = asyncio.Semaphore(cfg.study.n_workers)
     finished = 0
+    t_start = time.monotonic()
 
     async def one(trial: optuna.Trial) -> None:
         nonlocal finished
@@ -287,7 +298,10 @@ async def _trials(
         await asyncio.to_thread(_record, tracker, result, ctx)
         outcome.results.append(result)
         finished += 1
+        elapsed = time.monotonic() - t_start
+        eta = elapsed / finished * (n - finished)
         log.info(progress_line(result, finished, n, cfg))
+        log.info("  %s | elapsed %s, ETA %s", live_best(study, cfg), _hms(elapsed), _hms(eta))
 
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -306,24 +320,54 @@ async def _trials(
         raise
 
 
-def _save_pareto(
-    study: optuna.Study, run_dir: Path, tracker: Tracker | NullTracker, cfg: TunerConfig
-) -> None:
-    """The Pareto-best trials with their gain over the baseline (``pareto.json``) and the plot
-    (``pareto.html``), in the run dir and on the parent MLflow run."""
-    from tuner.report import pareto_figure, pareto_rows
+async def _confirm(ctx: _Ctx, candidates: list[Candidate]) -> list[ConfirmResult]:
+    """Each candidate on one server, one stress replay per seed, one candidate at a time (so no
+    co-running trial biases the numbers that decide the recommendation)."""
+    cfg = ctx.cfg
+    cc = cfg.confirm
+    out = []
+    for i, c in enumerate(candidates, 1):
+        replays = []
+        for seed in cc.seeds:
+            w = stressed(cfg.workload, cc, seed)
+            replays.append(_Replay(f"seed_{seed}", build_requests(w, Path(cfg.model.path)), w))
+        log.info(
+            "confirm %d/%d: trial %d (%s) at %gx load, %gx duration, seeds %s",
+            i,
+            len(candidates),
+            c.trial,
+            ", ".join(c.picks),
+            cc.load_factor,
+            cc.duration_factor,
+            list(cc.seeds),
+        )
+        tdir = ctx.run_dir / "confirm" / f"trial_{c.trial:04d}"
+        runs = await _run_server(ctx, c.trial, c.params, c.baseline, tdir, replays, prune=False)
+        verdict = judge(c, list(zip(cc.seeds, runs, strict=True)), cfg.objective)
+        held = "holds" if verdict.passed else f"DEMOTED: {verdict.reason}"
+        log.info("confirm: trial %d %s", c.trial, held)
+        out.append(verdict)
+    return out
 
+
+def _after_search(
+    study: optuna.Study, ctx: _Ctx, tracker: Tracker | NullTracker, outcome: StudyOutcome
+) -> None:
+    """Confirm the picks under stress, then publish (exports, figures, MLflow tags)."""
+    from tuner.report import publish, store_confirm
+
+    cfg = ctx.cfg
     if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
         return
-    table = run_dir / "pareto.json"
-    table.write_text(json.dumps(pareto_rows(study, cfg), indent=2, default=str) + "\n")
-    path = run_dir / "pareto.html"
+    candidates = pick(study, cfg.objective, cfg.confirm.picks)
+    if candidates and cfg.confirm.enabled and cfg.confirm.seeds:
+        results = asyncio.run(_confirm(ctx, candidates))
+        store_confirm(study, candidates, results, cfg)
+        outcome.confirmed = results
     try:
-        tracker.log_study_artifact(table)
-        pareto_figure(study).write_html(str(path), include_plotlyjs="cdn")
-        tracker.log_study_artifact(path)
+        publish(study, cfg, ctx.run_dir, tracker)
     except Exception as exc:  # a report must never cost the study
-        log.warning("could not save the Pareto report: %s", exc)
+        log.warning("could not publish the results: %s", exc)
 
 
 def _warm_start(
@@ -353,6 +397,7 @@ def _warm_start(
 
 def _tags(cfg: TunerConfig) -> dict[str, str]:
     return {
+        "tuner.study": study_name(cfg),
         "engine": cfg.engine.kind,
         "model": cfg.model.name,
         "workload": cfg.workload.name,
@@ -385,6 +430,8 @@ def _tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, cfg: Tu
         "pruned": result.pruned,
         "gpus": list(result.gpus),
         "argv": list(result.argv),
+        "serve_args": list(result.argv[len(command_prefix(cfg.engine)) :]),
+        "trial_dir": str(_trial_dir(Path(cfg.paths.output_dir), result.number).resolve()),
     }
     if result.launch is not None:
         attrs["kv_cache_tokens"] = result.launch.kv_cache_tokens
@@ -414,13 +461,39 @@ def _trial_dir(run_dir: Path, number: int) -> Path:
 # --- one trial --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Replay:
+    """One request stream replayed on a launched server; its artifacts go to ``subdir``."""
+
+    subdir: str
+    requests: list[RequestSpec]
+    workload: WorkloadConfig
+
+
 async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: bool) -> TrialResult:
+    replay_ = _Replay("", ctx.requests, ctx.cfg.workload)
+    tdir = _trial_dir(ctx.run_dir, number)
+    results = await _run_server(ctx, number, params, baseline, tdir, [replay_], prune=True)
+    return results[0]
+
+
+async def _run_server(
+    ctx: _Ctx,
+    number: int,
+    params: dict[str, Any],
+    baseline: bool,
+    tdir: Path,
+    replays: list[_Replay],
+    *,
+    prune: bool,
+) -> list[TrialResult]:
+    """Precheck, launch one server with ``params``, run each replay on it, stop it: a result per
+    replay. A failure ends the server's replays: the one it hit and those after it carry it."""
     cfg = ctx.cfg
     t0 = time.monotonic()
     started_at = time.time()
     leased: list[int] = []
-    tdir = _trial_dir(ctx.run_dir, number)
-    tdir.mkdir(parents=True, exist_ok=True)
+    _mkdir(tdir)
     full = resolved(cfg.space, params)
     port = free_port(cfg.engine.host)
     argv = build_argv(
@@ -434,22 +507,22 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
     )
     shown_argv = tuple(mask_argv(argv, ctx.secrets))
     launch: LaunchInfo | None = None
-    records: list[RequestRecord] = []
-    metrics: dict[str, float] = {}
+    measured: list[tuple[list[RequestRecord], dict[str, float], str | None]] = []
+    common: dict[str, float] = {}
     failure: TrialFailed | None = None
     server: Server | None = None
     lease: Lease | None = None
     predicted: int | None = None
-    pruned: str | None = None
+    all_requests = [r for rp in replays for r in rp.requests]
     try:
         verdict = precheck(
-            cfg, ctx.shape, full, ctx.requests, baseline=baseline, veto=cfg.study.precheck
+            cfg, ctx.shape, full, all_requests, baseline=baseline, veto=cfg.study.precheck
         )
         predicted = verdict.kv_tokens
         tp = int(full.get("tensor_parallel_size") or 1)
         async with ctx.pool.lease(tp) as gpus:
             leased = gpus
-            metrics.update(await _wait_gpu(cfg, full, gpus))
+            common.update(await _wait_gpu(cfg, full, gpus))
             lease = Lease.create(
                 ctx.lease_dir,
                 ctx.study_name,
@@ -475,60 +548,96 @@ async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: b
             async with server as launch:
                 if launch.engine_version:
                     ctx.engine_version = launch.engine_version
-                log.info(
-                    "trial %d: ready in %.1f s, KV cache %s tokens (predicted %s); replaying %d "
-                    "requests (%d warm-up)",
-                    number,
-                    launch.startup_s,
-                    _fmt_int(launch.kv_cache_tokens),
-                    _fmt_int(predicted),
-                    len(ctx.requests),
-                    sum(r.warmup for r in ctx.requests),
-                )
-                records, telemetry, pruned = await _measure(ctx, server, tdir, gpus)
-                metrics.update(telemetry)
-                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
-                    dead = await server.check(http)
-                if dead is not None:
-                    failure = TrialFailed(*dead)
-                    pruned = None
+                for i, rp in enumerate(replays):
+                    extra: dict[str, float] = {}
+                    if i:  # the previous replay warmed the caches: start this one cold
+                        extra["caches_reset"] = float(
+                            await _reset_caches(server.base_url, api_key(cfg.engine, cfg.model))
+                        )
+                    ready = f"ready in {launch.startup_s:.1f} s, " if not i else ""
+                    log.info(
+                        "trial %d: %sKV cache %s tokens (predicted %s); replaying %d requests "
+                        "(%d warm-up)%s",
+                        number,
+                        ready,
+                        _fmt_int(launch.kv_cache_tokens),
+                        _fmt_int(predicted),
+                        len(rp.requests),
+                        sum(r.warmup for r in rp.requests),
+                        f" [{rp.subdir}]" if rp.subdir else "",
+                    )
+                    records, telemetry, pruned = await _measure(
+                        ctx, server, tdir / rp.subdir, gpus, rp, prune
+                    )
+                    async with aiohttp.ClientSession(
+                        timeout=aiohttp.ClientTimeout(total=3)
+                    ) as http:
+                        dead = await server.check(http)
+                    measured.append((records, {**telemetry, **extra}, pruned))
+                    if dead is not None:
+                        failure = TrialFailed(*dead)
+                        break
     except TrialFailed as exc:
         failure = exc
     finally:
         if lease is not None:
             lease.release(ctx.lease_dir)
         if server is not None:
-            metrics["stop_s"] = server.stop_s or 0.0
-            metrics["survivors"] = float(len(server.survivors))
+            common["stop_s"] = server.stop_s or 0.0
+            common["survivors"] = float(len(server.survivors))
             _mask_file(tdir / "server.log", ctx.secrets)
-    metrics.update(summarize(records, cfg.workload.slo))
-    if failure is None and records and metrics["error_rate"] >= 1.0:
-        first = next((r.error for r in records if r.error), "all requests failed")
-        failure = TrialFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
-        pruned = None
-    reason = failure.reason.value if failure else None
-    values = None if failure is not None else objective_values(metrics, cfg.objective)
-    result = TrialResult(
-        number=number,
-        params=full,
-        argv=shown_argv,
-        values=values,
-        constraints=constraints(metrics, reason, cfg.objective, cfg.workload.slo),
-        metrics=metrics,
-        failure_reason=reason,
-        failure_detail=mask(failure.detail, ctx.secrets) if failure else None,
-        launch=launch,
-        predicted_kv_tokens=predicted,
-        baseline=baseline,
-        launched=server is not None,
-        server_s=server.lifetime_s if server is not None else 0.0,
-        pruned=pruned,
-        gpus=tuple(leased),
-        started_at=started_at,
-    )
-    result = replace(result, duration_s=round(time.monotonic() - t0, 3))
-    _write_artifacts(tdir, result, records)
-    return result
+    results = []
+    for i, rp in enumerate(replays):
+        records, telemetry, pruned = measured[i] if i < len(measured) else ([], {}, None)
+        metrics = {**common, **telemetry, **summarize(records, rp.workload.slo)}
+        fail = failure if failure is not None and i >= len(measured) - 1 else None
+        if fail is not None:
+            pruned = None
+        elif records and metrics["error_rate"] >= 1.0:
+            first = next((r.error for r in records if r.error), None)
+            fail = TrialFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
+            pruned = None
+        reason = fail.reason.value if fail else None
+        result = TrialResult(
+            number=number,
+            params=full,
+            argv=shown_argv,
+            values=None if fail is not None else objective_values(metrics, cfg.objective),
+            constraints=constraints(metrics, reason, cfg.objective, rp.workload.slo),
+            metrics=metrics,
+            failure_reason=reason,
+            failure_detail=mask(fail.detail, ctx.secrets) if fail else None,
+            launch=launch,
+            predicted_kv_tokens=predicted,
+            baseline=baseline,
+            launched=server is not None,
+            server_s=server.lifetime_s if server is not None else 0.0,
+            pruned=pruned,
+            gpus=tuple(leased),
+            started_at=started_at,
+            duration_s=round(time.monotonic() - t0, 3),
+        )
+        _mkdir(tdir / rp.subdir)
+        _write_artifacts(tdir / rp.subdir, result, records)
+        results.append(result)
+    return results
+
+
+async def _reset_caches(base_url: str, key: str | None) -> bool:
+    """POST vLLM's ``/reset_prefix_cache`` and ``/reset_mm_cache`` (mounted only when the server
+    runs with ``VLLM_SERVER_DEV_MODE=1``); True if both answered 200."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    ok = True
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        for path in ("/reset_prefix_cache", "/reset_mm_cache"):
+            try:
+                async with http.post(base_url + path, headers=headers) as resp:
+                    ok = ok and resp.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                ok = False
+    if not ok:
+        log.info("  caches not reset (the server needs VLLM_SERVER_DEV_MODE=1 for that)")
+    return ok
 
 
 async def _wait_gpu(
@@ -559,13 +668,14 @@ async def _wait_gpu(
 
 
 async def _measure(
-    ctx: _Ctx, server: Server, tdir: Path, gpus: list[int]
+    ctx: _Ctx, server: Server, tdir: Path, gpus: list[int], rp: _Replay, prune: bool
 ) -> tuple[list[RequestRecord], dict[str, float], str | None]:
     """Replay with telemetry beside it; stop early (pruned) once a constraint is lost."""
     cfg = ctx.cfg
-    w = cfg.workload
-    total = len(ctx.requests)
-    n_measured = sum(not r.warmup for r in ctx.requests)
+    w = rp.workload
+    _mkdir(tdir)
+    total = len(rp.requests)
+    n_measured = sum(not r.warmup for r in rp.requests)
     step = max(1, total // 4)
     done: list[RequestRecord] = []
     lost = asyncio.Event()
@@ -575,7 +685,7 @@ async def _measure(
         done.append(r)
         if len(done) % step == 0 and len(done) < total:
             log.info("  replay %d/%d requests", len(done), total)
-        if not r.warmup and not lost.is_set():
+        if prune and not r.warmup and not lost.is_set():
             reason = prune_reason(done, n_measured, cfg.objective, w.slo)
             if reason:
                 why.append(reason)
@@ -587,7 +697,7 @@ async def _measure(
                 replay(
                     server.base_url,
                     cfg.model.served_name,
-                    ctx.requests,
+                    rp.requests,
                     w.arrival,
                     duration_s=w.duration_s,
                     request_timeout_s=w.request_timeout_s,
@@ -611,6 +721,16 @@ async def _measure(
     _write_jsonl(tdir / "metrics.jsonl", prom.samples)
     _write_jsonl(tdir / "gpu.jsonl", gpu.samples)
     return records, {**prom.summary(), **gpu.summary()}, pruned
+
+
+def _hms(seconds: float) -> str:
+    m, sec = divmod(int(seconds + 0.5), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def _mkdir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
 
 
 def _fmt_int(v: int | None) -> str:

@@ -35,6 +35,9 @@ class NullTracker:
     def log_study_artifact(self, path: Path) -> None:
         pass
 
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        pass
+
     def finish(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None) -> None:
         pass
 
@@ -47,6 +50,7 @@ class Tracker:
         run_name: str,
         tags: Mapping[str, str],
         mask: Callable[[str], str],
+        role: str = "study",
     ) -> None:
         from mlflow import MlflowClient
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
@@ -61,7 +65,7 @@ class Tracker:
         )
         self.base_tags = {k: mask(str(v)) for k, v in tags.items()}
         run = self.client.create_run(
-            self.experiment_id, run_name=run_name, tags={**self.base_tags, "tuner.role": "study"}
+            self.experiment_id, run_name=run_name, tags={**self.base_tags, "tuner.role": role}
         )
         self.parent_run_id: str | None = run.info.run_id
 
@@ -111,6 +115,12 @@ class Tracker:
         """A file for the invocation's parent run (e.g. the Pareto plot)."""
         if self.parent_run_id is not None:
             self.client.log_artifact(self.parent_run_id, str(path))
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Tags on the invocation's parent run (e.g. the recommended trial)."""
+        if self.parent_run_id is not None:
+            for k, v in tags.items():
+                self.client.set_tag(self.parent_run_id, k, self.mask(str(v))[:_MAX_TAG])
 
     def finish(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None) -> None:
         from mlflow.entities import Metric
@@ -171,8 +181,10 @@ def open_tracker(
     run_name: str,
     tags: Mapping[str, str],
     mask: Callable[[str], str],
+    role: str = "study",
 ) -> Tracker | NullTracker:
+    """``role``: ``study`` for a tuning run, ``report`` for ``python -m tuner report``."""
     if not enabled:
         return NullTracker()
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    return Tracker(uri, experiment, run_name, tags, mask)
+    return Tracker(uri, experiment, run_name, tags, mask, role)

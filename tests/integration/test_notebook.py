@@ -46,3 +46,45 @@ def test_pareto_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     assert "study chat-qwen3-8b: 4 trials" in text
     assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
+
+
+def test_pareto_fronts_notebook_compares_two_studies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = [
+        "study.n_trials=3",
+        "workload.warmup_requests=0",
+        "workload.output_tokens.low=8",
+        "workload.output_tokens.high=16",
+        "engine.env.TUNER_SIM_SPEEDUP=20",
+    ]
+    for workload, n in (("chat", 8), ("long_docs", 4)):
+        p = subprocess.run(
+            [sys.executable, "-m", "tuner", f"+workload={workload}", f"workload.num_requests={n}"]
+            + small,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+    nb = nbformat.read(ROOT / "notebooks" / "pareto_fronts.ipynb", as_version=4)
+    monkeypatch.setenv("TUNER_CWD", str(tmp_path))
+    NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    assert "study chat-qwen3-8b: 3 trials, workload chat" in text
+    assert "study long_docs-qwen3-8b: 3 trials, workload long_docs" in text
+    # each study's exported config came back from the MLflow run that published it
+    assert text.count("(MLflow run ") == 2
+    assert text.count("model: ") == 2 and "# best-" in text
+    (fig,) = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    layout = fig["data"]["application/vnd.plotly.v1+json"]["layout"]
+    titles = {a["text"] for a in layout["annotations"]}
+    assert {"chat-qwen3-8b", "long_docs-qwen3-8b"} <= titles  # side by side
+    for nb_file in ("pareto.ipynb", "pareto_fronts.ipynb"):  # committed without outputs
+        stored = nbformat.read(ROOT / "notebooks" / nb_file, as_version=4)
+        assert all(not c.get("outputs") for c in stored.cells if c.cell_type == "code")

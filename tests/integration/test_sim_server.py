@@ -375,6 +375,34 @@ async def test_prefix_cache_metrics(make_sim: Any, http: aiohttp.ClientSession) 
     assert samples["vllm:prefix_cache_hits_total"] == 144  # 9 full blocks; the last is recomputed
 
 
+async def test_reset_prefix_cache_only_in_dev_mode(
+    make_sim: Any, http: aiohttp.ClientSession
+) -> None:
+    """As vLLM: the cache-reset routes exist with VLLM_SERVER_DEV_MODE=1; after a reset the same
+    prompt finds nothing cached."""
+    plain = make_sim()
+    async with http.post(plain.url + "/reset_prefix_cache") as r:
+        assert r.status == 404
+    sim = make_sim(env={"VLLM_SERVER_DEV_MODE": "1"})
+    prompt = list(range(7000, 7000 + 160))
+    body = {"model": "m", "prompt": prompt, "max_tokens": 2}
+
+    async def hits() -> float:
+        async with http.get(sim.url + "/metrics") as r:
+            return float(metric_samples(await r.text())["vllm:prefix_cache_hits_total"])
+
+    for _ in range(2):
+        async with http.post(sim.url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+    assert await hits() == 144
+    for path in ("/reset_prefix_cache", "/reset_mm_cache"):
+        async with http.post(sim.url + path) as r:
+            assert r.status == 200, path
+    async with http.post(sim.url + "/v1/completions", json=body) as r:
+        assert r.status == 200
+    assert await hits() == 144  # nothing was left to hit
+
+
 async def test_engine_death(make_sim: Any, http: aiohttp.ClientSession) -> None:
     sim = make_sim(env={"TUNER_SIM_DIE_AFTER_S": "0.5"})
     async with http.get(sim.url + "/health") as r:

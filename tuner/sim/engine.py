@@ -186,6 +186,18 @@ class BlockPool:
                 else:
                     self.free.append(b)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as vLLM's ``/reset_prefix_cache``; refused (False) while
+        a request still holds blocks."""
+        if self.used:
+            return False
+        for b in list(self.evictable):
+            self.free.append(b)
+        self.evictable.clear()
+        self.block_hash.clear()
+        self.cached.clear()
+        return True
+
     def register(self, b: int, h: bytes) -> None:
         if self.caching and h not in self.cached and b not in self.block_hash:
             self.cached[h] = b

@@ -491,6 +491,19 @@ class _Server:
         async def chat(request: web.Request) -> web.StreamResponse:
             return await self.handle_generate(request, chat=True)
 
+        async def reset_prefix_cache(_: web.Request) -> web.Response:
+            assert self.engine is not None
+            if not self.engine.sched.pool.reset_prefix_cache():
+                raise web.HTTPInternalServerError(text="Failed to reset prefix cache")
+            return web.Response(status=200)
+
+        async def reset_mm_cache(_: web.Request) -> web.Response:
+            return web.Response(status=200)  # the simulator keeps no multimodal cache
+
+        if self.env.get("VLLM_SERVER_DEV_MODE", "0") in ("1", "true", "True"):
+            # vLLM mounts its cache-reset routes only in dev mode (serve/dev/cache/api_router.py)
+            app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+            app.router.add_post("/reset_mm_cache", reset_mm_cache)
         app.router.add_get("/health", health)
         app.router.add_get("/v1/models", models)
         app.router.add_get("/version", version)

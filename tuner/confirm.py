@@ -1,0 +1,240 @@
+"""Stage 8 — confirm: the best configs of the search, re-run longer and harder before deploying.
+
+Every hand-tuning guide ends with a stress test; this is it. :func:`pick` chooses the candidates
+from the finished study (max goodput within SLO, lowest latency, the knee of the Pareto front, ...);
+the study loop runs each candidate once per seed on the workload :func:`stressed` makes
+(``confirm.load_factor`` × concurrency or rate, ``confirm.duration_factor`` × requests and time,
+other request orders); :func:`judge` keeps the worst case of those runs and demotes a candidate
+that failed, errored past the budget or missed an SLO there, with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import optuna
+
+from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, WorkloadConfig
+from tuner.records import TrialResult
+
+__all__ = ["PICKS", "Candidate", "ConfirmResult", "judge", "pick", "recommended", "stressed"]
+
+PICKS = CONFIRM_PICKS
+
+# metrics reported for every confirm run; "higher is better" for these, lower for the rest
+_HIGHER = {"goodput", "output_throughput", "request_throughput", "success_rate"}
+KEY_METRICS = (
+    "goodput",
+    "output_throughput",
+    "request_throughput",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "tpot_p50_ms",
+    "tpot_p95_ms",
+    "e2e_p95_ms",
+    "error_rate",
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A trial chosen for the confirm stage, under every pick name that chose it."""
+
+    trial: int
+    picks: tuple[str, ...]
+    params: dict[str, Any]
+    baseline: bool
+    serve_args: tuple[str, ...]
+    search_metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ConfirmResult:
+    """The stress runs of one candidate: the worst case over them and the verdict."""
+
+    trial: int
+    picks: tuple[str, ...]
+    params: dict[str, Any]
+    passed: bool
+    reason: str | None
+    """Why the candidate was demoted (failed, errors, SLO missed under stress), or None."""
+    worst: dict[str, float]
+    search: dict[str, float]
+    runs: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+
+def _feasible(t: optuna.trial.FrozenTrial) -> bool:
+    return (
+        t.state == optuna.trial.TrialState.COMPLETE
+        and not t.user_attrs.get("failure_reason")
+        and bool(t.constraints)
+        and all(c <= 0 for c in t.constraints.values())
+    )
+
+
+def _metric(t: optuna.trial.FrozenTrial, name: str) -> float | None:
+    v = (t.user_attrs.get("metrics") or {}).get(name)
+    return float(v) if isinstance(v, int | float) else None
+
+
+def _latency_metric(objective: ObjectiveConfig) -> str:
+    for o in objective.objectives:
+        if o.direction == "minimize":
+            return o.metric
+    return f"ttft_p{objective.slo_percentile}_ms"
+
+
+def _knee(study: optuna.Study, feasible: Sequence[optuna.trial.FrozenTrial]) -> Any:
+    """The Pareto-best trial closest to the utopia point after min-max scaling each objective."""
+    if len(study.directions) == 1:
+        sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+        return max(feasible, key=lambda t: (sign * t.values[0], -t.number))
+    front = [t for t in study.best_trials if t.values is not None and _feasible(t)]
+    if len(front) <= 1:
+        return front[0] if front else feasible[0]
+    signs = [1.0 if d == optuna.study.StudyDirection.MAXIMIZE else -1.0 for d in study.directions]
+    scaled = [[s * v for s, v in zip(signs, t.values, strict=True)] for t in front]
+    cols = list(zip(*scaled, strict=True))
+    lo = [min(c) for c in cols]
+    hi = [max(c) for c in cols]
+
+    def gap(t: optuna.trial.FrozenTrial) -> float:
+        return math.sqrt(
+            sum(
+                ((h - s * v) / (h - low) if h > low else 0.0) ** 2
+                for s, v, low, h in zip(signs, t.values, lo, hi, strict=True)
+            )
+        )
+
+    return min(front, key=lambda t: (gap(t), t.number))
+
+
+def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) -> list[Candidate]:
+    """The trials each pick names, among feasible completed ones (merged when the same trial)."""
+    feasible = [t for t in study.trials if _feasible(t)]
+    if not feasible:
+        return []
+    chosen: dict[int, list[str]] = {}
+    latency = _latency_metric(objective)
+    for name in picks:
+        if name == "knee":
+            t = _knee(study, feasible)
+        else:
+            metric, best = {
+                "goodput": ("goodput", max),
+                "throughput": ("output_throughput", max),
+                "latency": (latency, min),
+            }[name]
+            have = [t for t in feasible if _metric(t, metric) is not None]
+            if not have:
+                continue
+            t = best(have, key=lambda t, m=metric: (_metric(t, m), -t.number))  # type: ignore[misc]
+        chosen.setdefault(t.number, []).append(name)
+    by_number = {t.number: t for t in study.trials}
+    out = []
+    for number, names in chosen.items():
+        t = by_number[number]
+        out.append(
+            Candidate(
+                trial=number,
+                picks=tuple(names),
+                params=dict(t.params),
+                baseline=bool(t.user_attrs.get("baseline", False)),
+                serve_args=tuple(t.user_attrs.get("serve_args") or ()),
+                search_metrics={m: v for m in KEY_METRICS if (v := _metric(t, m)) is not None},
+            )
+        )
+    return out
+
+
+def stressed(w: WorkloadConfig, cc: ConfirmConfig, seed: int) -> WorkloadConfig:
+    """The workload, ``load_factor`` × harder and ``duration_factor`` × longer, in another order."""
+    lf, df = cc.load_factor, cc.duration_factor
+    a = w.arrival
+    arrival = replace(
+        a,
+        concurrency=max(1, math.ceil(a.concurrency * lf)),
+        rate=a.rate * lf,
+        ramp_start_rate=None if a.ramp_start_rate is None else a.ramp_start_rate * lf,
+        ramp_end_rate=None if a.ramp_end_rate is None else a.ramp_end_rate * lf,
+        max_concurrency=None if a.max_concurrency is None else math.ceil(a.max_concurrency * lf),
+    )
+    trace = None if w.trace is None else replace(w.trace, time_scale=w.trace.time_scale / lf)
+    return replace(
+        w,
+        num_requests=max(1, math.ceil(w.num_requests * df)),
+        duration_s=w.duration_s * df,
+        seed=seed,
+        arrival=arrival,
+        trace=trace,
+    )
+
+
+def _describe(name: str, value: float, metrics: Mapping[str, float], q: int) -> str:
+    if name.startswith("failed_"):
+        return name.removeprefix("failed_")
+    if name == "error_rate":
+        return f"error rate {metrics.get('error_rate', 1.0):.1%} over the budget"
+    m = name.removeprefix("slo_")
+    have = metrics.get(f"{m}_p{q}_ms")
+    shown = f"{have:,.0f} ms" if have is not None else "no sample"
+    return f"{m.upper()} p{q} {shown}, {value:+.0%} over the SLO"
+
+
+def judge(
+    candidate: Candidate,
+    runs: Sequence[tuple[int, TrialResult]],
+    objective: ObjectiveConfig,
+) -> ConfirmResult:
+    """Worst case over the stress runs ``(seed, result)``; demoted if any run failed or broke a
+    constraint (each SLO at ``objective.slo_percentile``, the error budget, a failure class)."""
+    problems: list[str] = []
+    rows: list[dict[str, Any]] = []
+    for seed, r in runs:
+        bad = {k: v for k, v in r.constraints.items() if v > 0}
+        row: dict[str, Any] = {
+            "seed": seed,
+            "ok": r.ok and not bad,
+            "failure_reason": r.failure_reason,
+            "violated": sorted(bad),
+            **{m: r.metrics[m] for m in KEY_METRICS if m in r.metrics},
+        }
+        rows.append(row)
+        if r.failure_reason:
+            problems.append(f"seed {seed}: {r.failure_reason} ({r.failure_detail or ''})".strip())
+        elif bad:
+            what = "; ".join(
+                _describe(k, v, r.metrics, objective.slo_percentile) for k, v in sorted(bad.items())
+            )
+            problems.append(f"seed {seed}: {what}")
+    worst: dict[str, float] = {}
+    for m in KEY_METRICS:
+        values = [float(r.metrics[m]) for _, r in runs if r.ok and m in r.metrics]
+        if values:
+            worst[m] = min(values) if m in _HIGHER else max(values)
+    return ConfirmResult(
+        trial=candidate.trial,
+        picks=candidate.picks,
+        params=candidate.params,
+        passed=bool(runs) and not problems,
+        reason="; ".join(problems) or (None if runs else "no stress run"),
+        worst=worst,
+        search=candidate.search_metrics,
+        runs=tuple(rows),
+    )
+
+
+def recommended(
+    results: Sequence[ConfirmResult], candidates: Sequence[Candidate], picks: Sequence[str]
+) -> Candidate | None:
+    """The first pick (in ``confirm.picks`` order) whose candidate passed; without confirm runs,
+    the first pick's candidate."""
+    passed = {r.trial for r in results if r.passed}
+    for name in picks:
+        for c in candidates:
+            if name in c.picks and (not results or c.trial in passed):
+                return c
+    return None
