@@ -359,8 +359,18 @@ def _after_search(
     cfg = ctx.cfg
     if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
         return
+    others = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        if t.user_attrs.get("worker") != worker_id()
+    ]
     candidates = pick(study, cfg.objective, cfg.confirm.picks)
-    if candidates and cfg.confirm.enabled and cfg.confirm.seeds:
+    if others and cfg.confirm.enabled:  # many workers on one study: the last one confirms
+        log.info(
+            "confirm left to the worker(s) still running trials %s",
+            sorted({str(t.user_attrs.get("worker")) for t in others}),
+        )
+    elif candidates and cfg.confirm.enabled and cfg.confirm.seeds:
         results = asyncio.run(_confirm(ctx, candidates))
         store_confirm(study, candidates, results, cfg)
         outcome.confirmed = results

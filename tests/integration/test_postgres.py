@@ -80,3 +80,21 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     assert len(parents) == 2 and len(trials) == 12
     assert sorted(int(r.data.tags["trial.number"]) for r in trials) == list(range(12))
+
+    # the report rebuilds exports and figures from the PostgreSQL storage, running nothing
+    r = subprocess.run(
+        [sys.executable, "-m", "tuner", "report", f"study.name={name}", f"study.storage={URL}"]
+        + [f"tracking.uri={MLFLOW_URL}", "hydra.run.dir=report"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"Study {name}: 12 trials" in r.stdout
+    assert (tmp_path / "report" / "best-goodput.yaml").is_file()
+    assert (tmp_path / "report" / "pareto.html").is_file()
+    # one worker confirmed (the one that finished last); the other saw it still running or done
+    confirmed = [o for o in outs if "Confirm: the picks under stress" in o]
+    assert 1 <= len(confirmed) <= 2
+    assert len(optuna.load_study(study_name=name, storage=URL).trials) == 12
