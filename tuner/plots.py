@@ -338,15 +338,7 @@ def pareto_figure(points: pd.DataFrame, objectives: Objectives) -> go.Figure:
     if note:
         title += f"<br><sup>{note}</sup>"
     if not n_plotted:
-        fig.add_annotation(
-            text="no measured trial yet",
-            xref="paper",
-            yref="paper",
-            x=0.5,
-            y=0.5,
-            showarrow=False,
-            font={"size": 16},
-        )
+        _center_note(fig, "no measured trial yet", 16)
     fig.update_layout(
         title={"text": title},
         xaxis_title="trial" if single else _axis_title(*objectives[0]),
@@ -385,17 +377,15 @@ def _best_so_far(points: pd.DataFrame, objective: tuple[str, str]) -> list[go.Sc
 # --- Optuna's own figures on the measured trials --------------------------------------------
 
 
+def _center_note(fig: go.Figure, text: str, size: int) -> None:
+    fig.add_annotation(
+        text=text, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False, font={"size": size}
+    )
+
+
 def _message_figure(title: str, text: str) -> go.Figure:
     fig = go.Figure()
-    fig.add_annotation(
-        text=text,
-        xref="paper",
-        yref="paper",
-        x=0.5,
-        y=0.5,
-        showarrow=False,
-        font={"size": 15},
-    )
+    _center_note(fig, text, 15)
     fig.update_layout(
         title={"text": title},
         xaxis={"visible": False},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -13,6 +14,21 @@ from nbclient import NotebookClient
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def execute(
+    name: str, cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[dict[str, Any]], str]:
+    """Run notebooks/NAME top to bottom in ``cwd``; its outputs (none an error) and printed text."""
+    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    monkeypatch.setenv("TUNER_CWD", str(cwd))
+    NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
+    ).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    return outputs, text
 
 
 def test_pareto_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,14 +52,7 @@ def test_pareto_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         timeout=300,
     )
     assert p.returncode == 0, p.stderr[-2000:]
-    nb = nbformat.read(ROOT / "notebooks" / "pareto.ipynb", as_version=4)
-    monkeypatch.setenv("TUNER_CWD", str(tmp_path))
-    NotebookClient(
-        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o.get("output_type") == "error"]
-    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    outputs, text = execute("pareto.ipynb", tmp_path, monkeypatch)
     assert "study chat-qwen3-8b: 4 trials" in text
     assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
 
@@ -68,14 +77,7 @@ def test_pareto_fronts_notebook_compares_two_studies(
             timeout=300,
         )
         assert p.returncode == 0, p.stderr[-2000:]
-    nb = nbformat.read(ROOT / "notebooks" / "pareto_fronts.ipynb", as_version=4)
-    monkeypatch.setenv("TUNER_CWD", str(tmp_path))
-    NotebookClient(
-        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o.get("output_type") == "error"]
-    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    outputs, text = execute("pareto_fronts.ipynb", tmp_path, monkeypatch)
     assert "study chat-qwen3-8b: 3 trials, workload chat" in text
     assert "study long_docs-qwen3-8b: 3 trials, workload long_docs" in text
     # each study's exported config came back from the MLflow run that published it
