@@ -63,6 +63,11 @@ class EngineConfig:
     """Flags added to every launch, after the model's fixed flags."""
     gpu: str = "h200"
     """GPU profile for the memory model's KV prediction (tuner.memory.GPU_PROFILES)."""
+    cpu_pinning: bool = False
+    """Pin each server's process tree to CPU cores of its own (a fixed share per GPU of
+    ``engine.gpus``), so parallel trials (``study.n_workers`` > 1) do not compete for cores."""
+    cpu_reserve: int = 2
+    """With ``cpu_pinning``: cores left to the tuner itself (replay client, telemetry)."""
 
 
 @dataclass
@@ -402,6 +407,17 @@ def validate(c: TunerConfig) -> None:
         raise ConfigError(f"engine.host is {c.engine.host!r}; servers bind to loopback only")
     if not c.engine.gpus:
         raise ConfigError("engine.gpus is empty; list at least one GPU index, e.g. [0]")
+    if c.engine.cpu_pinning:
+        import os
+
+        from tuner.engine.pool import cpu_plan
+
+        try:
+            cpu_plan(c.engine.gpus, sorted(os.sched_getaffinity(0)), c.engine.cpu_reserve)
+        except ValueError as exc:
+            raise ConfigError(
+                f"engine.cpu_pinning: {exc}; lower engine.cpu_reserve or set cpu_pinning=false"
+            ) from exc
     _one_of("study.sampler", c.study.sampler, SAMPLERS)
     if not 1 <= c.study.n_workers <= len(c.engine.gpus):
         raise ConfigError(

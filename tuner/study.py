@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 import warnings
 import zlib
@@ -39,7 +40,7 @@ from tuner.engine.argv import (
     mask_argv,
     secret_values,
 )
-from tuner.engine.pool import GpuPool
+from tuner.engine.pool import GpuPool, cpu_plan
 from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
 from tuner.memory import ModelShape
@@ -80,6 +81,8 @@ class _Ctx:
     parent_run_id: str | None = None
     pool: GpuPool = field(default_factory=lambda: GpuPool([0]))
     engine_version: str | None = None
+    cpu_sets: dict[int, list[int]] | None = None
+    """``engine.cpu_pinning``: the CPU cores of each GPU's server."""
 
     @property
     def lease_dir(self) -> Path:
@@ -230,6 +233,11 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         study_name=study.study_name,
         parent_run_id=tracker.parent_run_id,
         pool=GpuPool(cfg.engine.gpus),
+        cpu_sets=(
+            cpu_plan(cfg.engine.gpus, sorted(os.sched_getaffinity(0)), cfg.engine.cpu_reserve)
+            if cfg.engine.cpu_pinning
+            else None
+        ),
     )
     for note in recover(study, ctx.lease_dir):  # what a killed tuner left behind
         log.warning("recovered: %s", note)
@@ -541,6 +549,9 @@ async def _run_server(
                 cfg.tracking.uri if cfg.tracking.enabled else None,
             )
             engine = replace(cfg.engine, gpus=gpus)  # CUDA_VISIBLE_DEVICES = the lease
+            cpus = sorted({c for g in gpus for c in ctx.cpu_sets[g]}) if ctx.cpu_sets else None
+            if cpus:
+                common["cpus_pinned"] = float(len(cpus))
             env = {**build_env(engine, cache_root=ctx.cache_root), LEASE_ENV: lease.id}
             server = Server(
                 argv,
@@ -551,9 +562,14 @@ async def _run_server(
                 startup_timeout_s=cfg.engine.startup_timeout_s,
                 stop_timeout_s=cfg.engine.stop_timeout_s,
                 health_interval_s=cfg.engine.health_interval_s,
+                cpus=cpus,
             )
             log.info(
-                "trial %d: launching on GPU %s with %s", number, gpus, changed_params(params, cfg)
+                "trial %d: launching on GPU %s%s with %s",
+                number,
+                gpus,
+                f" (CPUs {_ranges(cpus)})" if cpus else "",
+                changed_params(params, cfg),
             )
             async with server as launch:
                 if launch.engine_version:
@@ -576,9 +592,11 @@ async def _run_server(
                         sum(r.warmup for r in rp.requests),
                         f" [{rp.subdir}]" if rp.subdir else "",
                     )
+                    others = ctx.pool.held - len(gpus)  # GPUs of trials running beside this one
                     records, telemetry, pruned = await _measure(
                         ctx, server, tdir / rp.subdir, gpus, rp, prune
                     )
+                    extra["co_running_gpus"] = float(max(others, ctx.pool.held - len(gpus)))
                     async with aiohttp.ClientSession(
                         timeout=aiohttp.ClientTimeout(total=3)
                     ) as http:
@@ -731,6 +749,17 @@ async def _measure(
     _write_jsonl(tdir / "metrics.jsonl", prom.samples)
     _write_jsonl(tdir / "gpu.jsonl", gpu.samples)
     return records, {**prom.summary(), **gpu.summary()}, pruned
+
+
+def _ranges(cpus: list[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``0-2,5``."""
+    groups: list[list[int]] = []
+    for c in cpus:
+        if groups and groups[-1][1] == c - 1:
+            groups[-1][1] = c
+        else:
+            groups.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in groups)
 
 
 def _hms(seconds: float) -> str:

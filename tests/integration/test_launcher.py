@@ -53,6 +53,17 @@ async def test_ready_facts_and_clean_teardown(tmp_path: Path) -> None:
     assert server.stop_s is not None
 
 
+async def test_cpu_pinning_covers_the_server_and_its_engine_core(tmp_path: Path) -> None:
+    server = make_server(tmp_path)
+    server.cpus = [0]
+    async with server:
+        assert server.pgid is not None
+        members = group_members(server.pgid)
+        assert len(members) >= 2  # the API server and the EngineCore it spawned after the pin
+        for pid in members:
+            assert os.sched_getaffinity(pid) == {0}, pid
+
+
 @pytest.mark.parametrize(
     ("flags", "reason"),
     [

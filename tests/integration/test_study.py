@@ -413,11 +413,15 @@ def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
         "study.n_trials=6",
         "study.n_workers=2",
         "engine.gpus=[0,1]",
+        "engine.cpu_pinning=true",
+        "engine.cpu_reserve=0",  # this machine's cores, one per GPU's server
         "tracking=none",
+        "confirm.enabled=false",
         *FAST[:-1],
         "engine.env.TUNER_SIM_SPEEDUP=5",
     )
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "(CPUs " in p.stdout  # each launch names the cores it is pinned to
     results = [
         json.loads(f.read_text())
         for f in (tmp_path / "outputs" / "runs").glob("*/trial_*/result.json")
@@ -433,6 +437,9 @@ def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
                 overlapping += 1
                 assert set(ga).isdisjoint(gb), (ga, gb)
     assert overlapping >= 1, "two workers never ran at once"
+    measured = [r for r in launched if "co_running_gpus" in r["metrics"]]
+    assert measured and all(r["metrics"]["cpus_pinned"] >= 1 for r in measured)
+    assert any(r["metrics"]["co_running_gpus"] == 1.0 for r in measured)  # interference record
     study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
     assert sorted(t.number for t in study.trials) == list(range(6))
 

@@ -38,3 +38,15 @@ def test_bad_leases() -> None:
 
     with pytest.raises(ValueError, match="cannot lease 2 of 1"):
         asyncio.run(too_many())
+
+
+def test_cpu_plan_splits_the_cores_left_after_the_reserve() -> None:
+    from tuner.engine.pool import cpu_plan
+
+    assert cpu_plan([0, 1], list(range(16)), 2) == {0: list(range(2, 9)), 1: list(range(9, 16))}
+    assert cpu_plan([3, 5], [0, 1, 2, 3, 4, 5, 6], 2) == {3: [2, 3, 4], 5: [5, 6]}
+    plan = cpu_plan([0, 1, 2, 3], list(range(64)), 4)
+    cores = [c for cs in plan.values() for c in cs]
+    assert len(cores) == len(set(cores)) == 60 and min(cores) == 4  # disjoint, reserve kept
+    with pytest.raises(ValueError, match="fewer than one per GPU"):
+        cpu_plan([0, 1], [0, 1], 1)

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-__all__ = ["GpuPool"]
+__all__ = ["GpuPool", "cpu_plan"]
 
 
 class GpuPool:
@@ -25,6 +25,11 @@ class GpuPool:
     @property
     def size(self) -> int:
         return len(self.gpus)
+
+    @property
+    def held(self) -> int:
+        """GPUs leased right now (by running trials)."""
+        return len(self._held)
 
     @asynccontextmanager
     async def lease(self, n: int) -> AsyncIterator[list[int]]:
@@ -45,3 +50,23 @@ class GpuPool:
                 self._held -= set(granted)
                 self._free += granted
                 self._cond.notify_all()
+
+
+def cpu_plan(gpus: Sequence[int], cpus: Sequence[int], reserve: int) -> dict[int, list[int]]:
+    """Disjoint CPU cores for each GPU's server: the first ``reserve`` of ``cpus`` stay with the
+    tuner (its replay client and telemetry), the rest are split evenly and in order over ``gpus``;
+    a lease of several GPUs gets the union of theirs. Raises ValueError if a GPU would get none."""
+    rest = sorted(cpus)[reserve:]
+    if reserve < 0 or len(rest) < len(gpus):
+        raise ValueError(
+            f"{len(cpus)} CPU cores, {reserve} kept for the tuner: fewer than one per GPU "
+            f"({len(gpus)})"
+        )
+    share, extra = divmod(len(rest), len(gpus))
+    plan: dict[int, list[int]] = {}
+    start = 0
+    for i, g in enumerate(gpus):
+        n = share + (1 if i < extra else 0)
+        plan[g] = rest[start : start + n]
+        start += n
+    return plan

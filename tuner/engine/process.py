@@ -95,8 +95,11 @@ class Server:
         startup_timeout_s: float,
         stop_timeout_s: float = 15.0,
         health_interval_s: float = 0.5,
+        cpus: Sequence[int] | None = None,
     ) -> None:
         self.argv = list(argv)
+        self.cpus = sorted(cpus) if cpus else None
+        """CPU cores the server's process tree is pinned to (None: not pinned)."""
         self.env = dict(env)
         self.log_path = log_path
         self.host = host
@@ -169,6 +172,11 @@ class Server:
                 raise EngineError(f"cannot start {self.argv[0]!r}: {exc.strerror}") from exc
         self.pgid = self.proc.pid  # start_new_session: the child leads its own group
         _LIVE_GROUPS.add(self.pgid)
+        if self.cpus:  # before the server forks its workers (vLLM imports for seconds first)
+            try:
+                os.sched_setaffinity(self.proc.pid, self.cpus)
+            except OSError as exc:
+                log.warning("could not pin pid %s to CPUs %s: %s", self.proc.pid, self.cpus, exc)
         log.debug("started pid %s: %s", self.proc.pid, " ".join(self.argv))
         timeout = aiohttp.ClientTimeout(total=2.0)
         next_note = t0 + PROGRESS_EVERY_S
