@@ -273,7 +273,9 @@ def test_sample_efficiency_quick_writes_json(tmp_path: Path) -> None:
             str(ROOT / "benchmarks" / "sample_efficiency.py"),
             "--quick",
             "--samplers",
-            "tpe,random",
+            "tpe,random,tuner",
+            "--override",
+            "workload.slo.ttft_ms=1500",
             "--out",
             str(out),
         ],
@@ -293,3 +295,18 @@ def test_sample_efficiency_quick_writes_json(tmp_path: Path) -> None:
         assert len(counts) == 2 and all(1 <= c <= data["trials"] + 1 for c in counts)
     assert isinstance(data["target"]["holds"], bool)
     assert "tpe" in proc.stdout and "median" in proc.stdout
+    # --override reaches the Hydra compose; the tuner strategy starts with vLLM's defaults
+    assert data["overrides"] == ["workload.slo.ttft_ms=1500"]
+    assert data["slo"]["ttft_ms"] == 1500
+    base = data["baseline"]
+    assert base["params"]["max_num_seqs"] == 1024  # vLLM's default, not a grid value
+    assert base["share_of_optimum"] == pytest.approx(base["goodput"] / data["grid"]["optimum"])
+    assert base["reaches_threshold"] == (base["share_of_optimum"] >= data["threshold"])
+    tuner = data["samplers"]["tuner"]
+    assert tuner["strategy"].startswith("base+tpe@")
+    assert all(
+        curve[0] == pytest.approx(base["goodput"], abs=1e-4) for curve in tuner["best_so_far"]
+    )
+    if base["reaches_threshold"]:
+        assert tuner["counts"] == [1, 1]
+    assert "baseline alone" in base["note"] and "vLLM's defaults" in proc.stdout
