@@ -46,9 +46,15 @@ gmu 0.5, max_num_batched_tokens    5,788,496   5,788,576   +0.00 %
 (``tests/unit/test_memory.py`` checks these points.) The real overhead is not constant in gmu
 (2.06 GiB at 0.92, 1.38 GiB at 0.30); a constant overhead is the simplest model inside ±2 %.
 
+Vision-language models (Qwen3-VL, ``models/qwen3-vl-8b-dummy``): the KV cache, activations and
+graphs come from the decoder (``text_config``); ``weights`` adds the vision tower
+(:func:`vision_param_count`: 0.58e9 parameters, 1.07 GiB in bf16 for Qwen3-VL-8B, so 16.33 GiB in
+all). Not yet measured on a GPU.
+
 Not modelled: pre-snapshot usage (CUDA context, NCCL buffers) which does not count against the
-budget, the multimodal encoder profile, MLA/hybrid/sliding-window models, quantized weights and
-CPU offload.
+budget, the multimodal encoder profile (vLLM runs the vision tower on its largest input before
+sizing the KV cache: one 16,384-token image for Qwen3-VL-8B) and the encoder cache,
+MLA/hybrid/sliding-window models, quantized weights and CPU offload.
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_too_small_message",
     "resolve_params",
+    "vision_param_count",
 ]
 
 GiB = 1 << 30
@@ -120,9 +127,51 @@ def format_gib(num_bytes: float) -> str:
     return str(round(num_bytes / GiB, 2))
 
 
+def vision_param_count(vcfg: Mapping[str, Any]) -> int:
+    """Parameters of a Qwen3-VL vision tower from its ``vision_config`` (weights + biases).
+
+    With ``d`` = ``hidden_size``, ``f`` = ``intermediate_size``, ``m2`` = ``spatial_merge_size``²,
+    ``D`` = ``d x m2`` (a merged 2x2 patch), ``o`` = ``out_hidden_size``::
+
+        patch_embed  d x in_channels x temporal_patch_size x patch_size² + d    (Conv3d + bias)
+        pos_embed    num_position_embeddings x d
+        per block    4d (2 LayerNorms) + 3d² + 3d (qkv) + d² + d (proj)
+                     + d x f + f + f x d + d (MLP)                   = 4d² + 2df + 9d + f
+        merger       2d (LayerNorm over d) + D² + D + D x o + o
+        deepstack    per index: 2D (LayerNorm over D) + D² + D + D x o + o
+
+    This is the layout of transformers' ``Qwen3VLVisionModel`` and vLLM's
+    ``Qwen3_VisionTransformer``; for Qwen3-VL-8B it gives 576,388,336, exactly what transformers
+    counts on the meta device (scripts/check_vl_model.py). Missing keys take Qwen3-VL's defaults.
+    """
+    d = int(vcfg.get("hidden_size", 1152))
+    f = int(vcfg.get("intermediate_size", 4304))
+    depth = int(vcfg.get("depth", 27))
+    patch = int(vcfg.get("patch_size", 16))
+    temporal = int(vcfg.get("temporal_patch_size", 2))
+    channels = int(vcfg.get("in_channels", 3))
+    merge = int(vcfg.get("spatial_merge_size", 2))
+    out = int(vcfg.get("out_hidden_size", 3584))
+    positions = int(vcfg.get("num_position_embeddings", 2304))
+    deepstack = len(vcfg.get("deepstack_visual_indexes") or ())
+    merged = d * merge * merge
+    patch_embed = d * channels * temporal * patch * patch + d
+    block = 4 * d * d + 2 * d * f + 9 * d + f
+    merger_mlp = merged * merged + merged + merged * out + out
+    return (
+        patch_embed
+        + positions * d
+        + depth * block
+        + (2 * d + merger_mlp)
+        + deepstack * (2 * merged + merger_mlp)
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
-    """The architecture numbers that memory and speed depend on (dense decoder-only models)."""
+    """The architecture numbers that memory and speed depend on (dense decoder-only models, and
+    vision-language models whose decoder is one: the KV cache and speed come from the decoder,
+    the weights from both)."""
 
     num_layers: int
     num_attention_heads: int
@@ -138,9 +187,29 @@ class ModelShape:
     model_max_length: int | None = None
     architecture: str = ""
     """``architectures[0]`` of ``config.json`` (vLLM picks its model runner by it)."""
+    vision_param_count: int = 0
+    """Parameters of the vision tower (0 for a text-only model). Not in :attr:`param_count` (the
+    decoder's, which sets the per-token compute); in :attr:`weight_bytes` (vLLM loads both)."""
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ModelShape:
+        """The shape from a ``config.json`` mapping.
+
+        A vision-language config (Qwen3-VL: ``text_config`` + ``vision_config``) is read as vLLM
+        reads it: the decoder's numbers from ``text_config`` (top-level keys fill what it lacks),
+        ``architectures`` and ``tie_word_embeddings`` from the top level, the dtype from the top
+        level else ``text_config`` (vLLM's ``get_torch_dtype``), and the vision tower's
+        parameters (:func:`vision_param_count`) as :attr:`vision_param_count`.
+        """
+        text_cfg = cfg.get("text_config")
+        vision_cfg = cfg.get("vision_config")
+        top_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+        if isinstance(text_cfg, Mapping):
+            merged = {**cfg, **text_cfg}
+            if "tie_word_embeddings" in cfg:
+                merged["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+            merged["architectures"] = cfg.get("architectures")
+            cfg = merged
         heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
@@ -149,20 +218,21 @@ class ModelShape:
         inter = int(cfg["intermediate_size"])
         vocab = int(cfg["vocab_size"])
         tied = bool(cfg.get("tie_word_embeddings", False))
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
+        dtype = str(top_dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
         dtype = dtype.removeprefix("torch.")
         q = heads * head_dim
         kv = kv_heads * head_dim
         attn = hidden * q + 2 * hidden * kv + q * hidden
         if cfg.get("attention_bias") or cfg.get("model_type") == "qwen2":
             attn += q + 2 * kv  # Qwen2 has q/k/v biases
-        if cfg.get("model_type") == "qwen3":
+        if cfg.get("model_type") in ("qwen3", "qwen3_vl_text"):
             attn += 2 * head_dim  # q_norm / k_norm
         mlp = 3 * hidden * inter
         per_layer = attn + mlp + 2 * hidden
         params = vocab * hidden + layers * per_layer + hidden
         if not tied:
             params += vocab * hidden
+        vision = vision_param_count(vision_cfg) if isinstance(vision_cfg, Mapping) else 0
         mml = cfg.get("model_max_length")
         return cls(
             num_layers=layers,
@@ -178,6 +248,7 @@ class ModelShape:
             param_count=params,
             model_max_length=int(mml) if mml is not None else None,
             architecture=str((cfg.get("architectures") or [""])[0]),
+            vision_param_count=vision,
         )
 
     @classmethod
@@ -188,7 +259,8 @@ class ModelShape:
 
     @property
     def weight_bytes(self) -> int:
-        return self.param_count * self.dtype_bytes
+        """All weights vLLM loads: the decoder and, in a vision-language model, the vision tower."""
+        return (self.param_count + self.vision_param_count) * self.dtype_bytes
 
 
 @dataclasses.dataclass(frozen=True)

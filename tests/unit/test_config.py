@@ -43,7 +43,10 @@ def test_semantic_errors(make_cfg, override: str, needle: str) -> None:
 @pytest.mark.parametrize("study", available("study"))
 def test_every_space_and_study_option_composes(make_cfg, space: str, study: str) -> None:
     cfg = make_cfg("+workload=chat", f"space={space}", f"study={study}", "engine.gpus=[0,1]")
-    assert cfg.space.params["gpu_memory_utilization"].default == 0.92
+    if space == "none":  # repeated measurements of vLLM's defaults
+        assert cfg.space.params == {}
+    else:
+        assert cfg.space.params["gpu_memory_utilization"].default == 0.92
     assert cfg.study.sampler in ("tpe", "random", "gp", "nsga2", "grid")
 
 

@@ -439,3 +439,17 @@ def test_ramp_config_composes(make_cfg: Any) -> None:
         "workload.arrival.ramp_end_rate=40",
     )
     assert cfg.workload.arrival.kind == "ramp"
+
+
+def test_image_tokens_follow_the_models_processor_grid() -> None:
+    """Qwen3-VL (patch 16 x merge 2): the counts vLLM 0.24's own multimodal processor gives for
+    the dummy model directory (scripts/check_vl_model.py, run on CPU): 256, 768, 768, 880."""
+    from tuner.workload.images import model_image_grid
+
+    root = Path(__file__).resolve().parents[2] / "models"
+    grid = model_image_grid(root / "qwen3-vl-8b-dummy")
+    assert grid is not None and grid.factor == 32
+    sizes = [(512, 512), (1024, 768), (768, 1024), (1280, 720)]
+    assert [image_tokens(w, h, grid) for w, h in sizes] == [256, 768, 768, 880]
+    assert image_tokens(8192, 8192, grid) == 16384  # capped at max_pixels (longest_edge)
+    assert model_image_grid(root / "qwen3-8b-dummy") is None  # no processor: the estimate

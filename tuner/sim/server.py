@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import io
 import json
-import math
 import os
 import signal
 import socket
@@ -37,6 +36,7 @@ from tuner.sim.cli import SimArgs
 from tuner.sim.logs import SimLog
 from tuner.sim.runtime import AsyncEngine, EngineDeadError
 from tuner.sim.startup import Refusal, Settings, engine_check, env_float, resolve
+from tuner.workload.images import image_tokens, model_image_grid
 
 __all__ = ["VERSION", "serve"]
 
@@ -92,6 +92,7 @@ class _Server:
         self.engine: AsyncEngine | None = None
         self.exit_code = 0
         self._tokenizer: Any = None
+        self.image_grid = model_image_grid(s.model_dir)
 
     # ---------------------------------------------------------------- start-up
 
@@ -233,7 +234,7 @@ class _Server:
                 w, h = img.size
         except (binascii.Error, OSError, ValueError) as exc:
             raise ApiError(400, f"Failed to load image: {exc}") from exc
-        n = math.ceil(w / 28) * math.ceil(h / 28)
+        n = image_tokens(w, h, self.image_grid)
         seed = int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "big")
         return [200_000 + (seed + i) % 50_000 for i in range(n)]
 

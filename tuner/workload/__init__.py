@@ -23,6 +23,7 @@ from tuner.workload.images import (
     image_data_url,
     image_tokens,
     make_image,
+    model_image_grid,
     model_image_limit,
 )
 from tuner.workload.lengths import sample_lengths
@@ -72,8 +73,10 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
         raise ConfigError(
             f"workload.turns is {w.turns}; a trace replays single-turn requests (turns: 1)"
         )
+    grid = None
     if w.images is not None:
         check_image_sizes(w.images, model_dir)
+        grid = model_image_grid(model_dir)
     trace = load_trace(w.trace) if w.trace is not None else None
     corpus = token_corpus(model_dir, w.corpus)
     template = ChatTemplate(model_dir) if endpoint == "chat" else None
@@ -119,7 +122,7 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
                 fmt = im.formats[int(r_img.integers(len(im.formats)))]
                 url = image_data_url(wd, ht, fmt, r_img)
                 parts.append({"type": "image_url", "image_url": {"url": url}})
-                img_tokens += image_tokens(wd, ht)
+                img_tokens += image_tokens(wd, ht, grid)
             if n_images:
                 content = parts
 

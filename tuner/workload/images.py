@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ from tuner.config import ImageConfig
 from tuner.errors import ConfigError
 
 __all__ = [
+    "ImageGrid",
     "ImageLimit",
     "check_image_sizes",
     "image_data_url",
     "image_tokens",
     "make_image",
+    "model_image_grid",
     "model_image_limit",
 ]
 
@@ -29,9 +32,60 @@ _CELL = 8
 """Pixels per image-token side assumed by :func:`image_tokens` (Qwen-VL style 28x28 merges)."""
 
 
-def image_tokens(width: int, height: int) -> int:
-    """Estimated prompt tokens for one image: ceil(w/28) x ceil(h/28)."""
+@dataclass(frozen=True)
+class ImageGrid:
+    """How a Qwen-VL processor turns an image into prompt tokens (``smart_resize`` of
+    transformers' Qwen2-VL image processor, which Qwen2.5-VL and Qwen3-VL use too): the image is
+    resized to multiples of ``factor`` = patch size x merge size within [``min_pixels``,
+    ``max_pixels``], and each ``factor`` x ``factor`` tile is one token."""
+
+    factor: int
+    min_pixels: int
+    max_pixels: int
+    source: str
+
+    def tokens(self, width: int, height: int) -> int:
+        f = self.factor
+        h_bar = round(height / f) * f
+        w_bar = round(width / f) * f
+        if h_bar * w_bar > self.max_pixels:
+            beta = math.sqrt(height * width / self.max_pixels)
+            h_bar = max(f, math.floor(height / beta / f) * f)
+            w_bar = max(f, math.floor(width / beta / f) * f)
+        elif h_bar * w_bar < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h_bar = math.ceil(height * beta / f) * f
+            w_bar = math.ceil(width * beta / f) * f
+        return (h_bar // f) * (w_bar // f)
+
+
+def image_tokens(width: int, height: int, grid: ImageGrid | None = None) -> int:
+    """Prompt tokens for one image: ``grid``'s rule (:func:`model_image_grid`), or, for a model
+    directory without a Qwen-VL processor config, the estimate ceil(w/28) x ceil(h/28)."""
+    if grid is not None:
+        return grid.tokens(width, height)
     return math.ceil(width / PATCH) * math.ceil(height / PATCH)
+
+
+def model_image_grid(model_dir: Path | str) -> ImageGrid | None:
+    """The token grid ``<model_dir>/preprocessor_config.json`` states (``patch_size``,
+    ``merge_size``; ``min_pixels``/``max_pixels`` or ``size.shortest_edge``/``longest_edge`` as
+    pixel counts, as Qwen-VL processors store them), or None without one."""
+    path = Path(model_dir) / "preprocessor_config.json"
+    if not path.is_file():
+        return None
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(cfg, dict) or "patch_size" not in cfg:
+        return None
+    raw = cfg.get("size")
+    size: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    factor = int(cfg["patch_size"]) * int(cfg.get("merge_size", 2))
+    lo = _positive_int(cfg.get("min_pixels")) or _positive_int(size.get("shortest_edge"))
+    hi = _positive_int(cfg.get("max_pixels")) or _positive_int(size.get("longest_edge"))
+    return ImageGrid(factor, lo or 56 * 56, hi or 14 * 14 * 4 * 1280, str(path))
 
 
 def make_image(width: int, height: int, rng: np.random.Generator) -> Image.Image:
