@@ -358,6 +358,22 @@ async def _confirm(ctx: _Ctx, candidates: list[Candidate]) -> list[ConfirmResult
     return out
 
 
+def _confirmed_before(study: optuna.Study, cfg: TunerConfig) -> dict[int, ConfirmResult]:
+    """Verdicts stored by an earlier run with the same stress settings, by trial."""
+    from tuner.report import stored_confirm
+
+    data = study.user_attrs.get("confirm")
+    stored = stored_confirm(study)
+    if stored is None or not isinstance(data, dict):
+        return {}
+    same = (
+        data.get("load_factor") == cfg.confirm.load_factor
+        and data.get("duration_factor") == cfg.confirm.duration_factor
+        and data.get("seeds") == list(cfg.confirm.seeds)
+    )
+    return {r.trial: r for r in stored[1]} if same else {}
+
+
 def _after_search(
     study: optuna.Study, ctx: _Ctx, tracker: Tracker | NullTracker, outcome: StudyOutcome
 ) -> None:
@@ -379,7 +395,13 @@ def _after_search(
             sorted({str(t.user_attrs.get("worker")) for t in others}),
         )
     elif candidates and cfg.confirm.enabled and cfg.confirm.seeds:
-        results = asyncio.run(_confirm(ctx, candidates))
+        done = _confirmed_before(study, cfg)  # a resumed study: do not stress a trial twice
+        todo = [c for c in candidates if c.trial not in done]
+        if done and len(todo) < len(candidates):
+            log.info("confirm: reusing the stored verdicts of trials %s", sorted(set(done)))
+        fresh = asyncio.run(_confirm(ctx, todo)) if todo else []
+        results = [done[c.trial] if c.trial in done else fresh.pop(0) for c in candidates]
+        results = [replace(r, picks=c.picks) for r, c in zip(results, candidates, strict=True)]
         store_confirm(study, candidates, results, cfg)
         outcome.confirmed = results
     try:

@@ -113,3 +113,15 @@ def test_confirm_off_still_exports_unconfirmed(tmp_path: Path) -> None:
     assert not (run_dir / "confirm").exists()
     assert "not stress-tested" in (run_dir / "best-throughput.yaml").read_text()
     assert not (run_dir / "best-goodput.yaml").exists()
+
+
+def test_a_resumed_study_does_not_stress_a_trial_twice(tmp_path: Path) -> None:
+    args = ["+workload=chat", "study.name=again", "tracking=none", *FAST]
+    first = tuner(tmp_path, *args, "study.n_trials=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "confirm 1/" in first.stdout
+    again = tuner(tmp_path, *args, "study.n_trials=0")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "confirm: reusing the stored verdicts of trials" in again.stdout
+    assert "confirm 1/" not in again.stdout  # nothing new to stress
+    assert "Recommended: trial" in again.stdout
