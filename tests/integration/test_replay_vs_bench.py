@@ -1,0 +1,59 @@
+"""``benchmarks/replay_vs_vllm_bench.py --quick``: the tuner's client and ``vllm bench serve``
+against the simulator, one pair. Skipped where vLLM's CLI is not installed (``$TUNER_VLLM_CLI`` or
+``vllm`` on ``PATH``). Timing is not asserted (a 16-request run is noise); the plumbing is: both
+clients complete every request, the server saw the same token counts from both, the JSON and the
+table are written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM = os.environ.get("TUNER_VLLM_CLI") or shutil.which("vllm")
+
+
+@pytest.mark.skipif(VLLM is None, reason="vllm CLI not installed (set TUNER_VLLM_CLI)")
+def test_quick_pair_against_the_simulator(tmp_path: Path) -> None:
+    assert VLLM is not None
+    out = tmp_path / "rvb.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "replay_vs_vllm_bench.py"),
+            "--quick",
+            "--sim-speedup",
+            "5",
+            "--vllm",
+            VLLM,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["setup"]["quick"] is True and data["setup"]["fresh_server_per_run"] is True
+    runs = data["runs"]
+    assert sorted(r["client"] for r in runs) == ["ours", "vllm"]
+    for r in runs:
+        assert r["completed"] == 16 and r["failed"] == 0, r
+        assert r["output_throughput"] > 0 and r["ttft_p50_ms"] > 0 and r["tpot_p50_ms"] > 0
+    (summary,) = data["summary"]
+    assert summary["identical_token_counts"] is True
+    assert summary["all_requests_ok"] is True
+    for key in ("output_throughput", "ttft_p50_ms", "tpot_p50_ms"):
+        assert summary["ratios"][key]["mean"] > 0
+    assert isinstance(data["holds"], bool)
+    assert "| tuner/vllm |" in proc.stdout
