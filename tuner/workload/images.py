@@ -67,18 +67,26 @@ def image_tokens(width: int, height: int, grid: ImageGrid | None = None) -> int:
     return math.ceil(width / PATCH) * math.ceil(height / PATCH)
 
 
-def model_image_grid(model_dir: Path | str) -> ImageGrid | None:
-    """The token grid ``<model_dir>/preprocessor_config.json`` states (``patch_size``,
-    ``merge_size``; ``min_pixels``/``max_pixels`` or ``size.shortest_edge``/``longest_edge`` as
-    pixel counts, as Qwen-VL processors store them), or None without one."""
+def _processor_config(model_dir: Path | str) -> tuple[Path, dict[str, Any] | None]:
+    """``<model_dir>/preprocessor_config.json`` as a mapping (None if the file is absent)."""
     path = Path(model_dir) / "preprocessor_config.json"
     if not path.is_file():
-        return None
+        return path, None
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(cfg, dict) or "patch_size" not in cfg:
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    return path, cfg
+
+
+def model_image_grid(model_dir: Path | str) -> ImageGrid | None:
+    """The token grid ``<model_dir>/preprocessor_config.json`` states (``patch_size``,
+    ``merge_size``; ``min_pixels``/``max_pixels`` or ``size.shortest_edge``/``longest_edge`` as
+    pixel counts, as Qwen-VL processors store them), or None without one."""
+    path, cfg = _processor_config(model_dir)
+    if cfg is None or "patch_size" not in cfg:
         return None
     raw = cfg.get("size")
     size: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -158,16 +166,10 @@ def model_image_limit(model_dir: Path | str, default_max_pixels: int) -> ImageLi
     than 65,536, as Qwen2-VL's processors store ``max_pixels``). Without the file, or without
     any of those keys, the limit is ``default_max_pixels`` (``workload.images.max_pixels``).
     """
-    path = Path(model_dir) / "preprocessor_config.json"
+    path, cfg = _processor_config(model_dir)
     fallback = ImageLimit(default_max_pixels, None, "workload.images.max_pixels")
-    if not path.is_file():
+    if cfg is None:
         return fallback
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{path} is not a JSON object")
     max_pixels = _positive_int(cfg.get("max_pixels"))
     max_edge: int | None = None
     keys: list[str] = ["max_pixels"] if max_pixels is not None else []
