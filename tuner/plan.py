@@ -33,4 +33,12 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
         "argv with vLLM defaults: "
         + " ".join(mask_argv(argv, secret_values(cfg.engine, model=cfg.model)))
     )
+    cc = cfg.confirm
+    if cc.enabled and cc.picks:
+        console.print(
+            f"then confirm {', '.join(cc.picks)} at {cc.load_factor:g}x load, "
+            f"{cc.duration_factor:g}x duration, seeds {list(cc.seeds)}; export best-<pick>.yaml"
+        )
+    else:
+        console.print(f"then export best-<pick>.yaml for {', '.join(cc.picks) or 'no pick'}")
     console.print(f"state dir {Path(cfg.paths.state_dir).resolve()}")

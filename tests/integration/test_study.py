@@ -447,3 +447,14 @@ def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
 def test_more_workers_than_gpus_is_one_line(tmp_path: Path) -> None:
     p = tuner(tmp_path, "+workload=chat", "study.n_workers=3", "engine.gpus=[0,1]", timeout=60)
     assert p.returncode == 2 and "study.n_workers is 3; allowed: 1 to 2" in p.stderr
+
+
+def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
+    p = tuner(tmp_path, "+workload=chat", "engine=vllm", "dry_run=true", timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = " ".join(p.stdout.split())  # rich wraps long lines
+    assert "study chat-qwen3-8b · engine vllm" in out
+    assert "argv with vLLM defaults: vllm serve" in out and "--load-format dummy" in out
+    assert "then confirm goodput, latency, knee at 2x load, 3x duration, seeds [1, 2]" in out
+    assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()
+    assert not list(tmp_path.glob("outputs/runs/*/trial_*"))
