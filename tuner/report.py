@@ -236,6 +236,7 @@ def store_confirm(
             "load_factor": cfg.confirm.load_factor,
             "duration_factor": cfg.confirm.duration_factor,
             "seeds": list(cfg.confirm.seeds),
+            "n_trials": len(study.trials),
             "candidates": to_jsonable(list(candidates)),
             "results": to_jsonable(list(results)),
         },
@@ -288,6 +289,7 @@ def publish(
     files["pareto.json"] = table
 
     stored = stored_confirm(study)
+    stress = ""
     if stored is not None:
         candidates, results = stored
         data = study.user_attrs["confirm"]
@@ -295,9 +297,14 @@ def publish(
             f"{data['load_factor']:g}x load, {data['duration_factor']:g}x duration, "
             f"seeds {data['seeds']}"
         )
+        if len(study.trials) > data.get("n_trials", len(study.trials)):
+            # trials came after the confirm stage (a run with confirm.enabled=false): pick
+            # again; keep the verdicts of trials picked again
+            candidates = pick(study, cfg.objective, cfg.confirm.picks)
+            held = {r.trial: r for r in results}
+            results = [held[c.trial] for c in candidates if c.trial in held]
     else:
         candidates, results = pick(study, cfg.objective, cfg.confirm.picks), []
-        stress = ""
     verdicts = {r.trial: r for r in results}
     picks = [p for p in cfg.confirm.picks if any(p in c.picks for c in candidates)]
     for c in candidates:

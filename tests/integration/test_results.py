@@ -125,3 +125,11 @@ def test_a_resumed_study_does_not_stress_a_trial_twice(tmp_path: Path) -> None:
     assert "confirm: reusing the stored verdicts of trials" in again.stdout
     assert "confirm 1/" not in again.stdout  # nothing new to stress
     assert "Recommended: trial" in again.stdout
+    # more trials without the confirm stage: picked again; verdicts kept only for the same trials
+    more = tuner(tmp_path, *args, "study.n_trials=2", "confirm.enabled=false")
+    assert more.returncode == 0, more.stderr[-3000:]
+    runs = sorted((tmp_path / "outputs" / "runs").glob("*/best-goodput.yaml"))
+    headers = [p.read_text().splitlines()[2] for p in runs[-1].parent.glob("best-*.yaml")]
+    assert headers and all(
+        h.startswith(("# confirmed under", "# not stress-tested", "# DEMOTED")) for h in headers
+    ), headers
