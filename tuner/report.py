@@ -209,9 +209,9 @@ class Published:
     results: tuple[ConfirmResult, ...]
 
 
-def stored_confirm(study: Any) -> tuple[list[Candidate], list[ConfirmResult]] | None:
-    """The candidates and verdicts the confirm stage stored on the study, if it ran."""
-    data = study.user_attrs.get("confirm")
+def stored_confirm(data: Any) -> tuple[list[Candidate], list[ConfirmResult]] | None:
+    """The candidates and verdicts in the study's ``confirm`` user attr (``data``), if the
+    confirm stage stored one."""
     if not isinstance(data, dict):
         return None
     cands = [
@@ -288,16 +288,17 @@ def publish(
     table.write_text(json.dumps(pareto_rows(study, cfg), indent=2, default=str) + "\n")
     files["pareto.json"] = table
 
-    stored = stored_confirm(study)
+    data = study.user_attrs.get("confirm")
+    stored = stored_confirm(data)
     stress = ""
     if stored is not None:
         candidates, results = stored
-        data = study.user_attrs["confirm"]
         stress = (
             f"{data['load_factor']:g}x load, {data['duration_factor']:g}x duration, "
             f"seeds {data['seeds']}"
         )
-        if len(study.trials) > data.get("n_trials", len(study.trials)):
+        n_now = len(study.trials)
+        if n_now > data.get("n_trials", n_now):
             # trials came after the confirm stage (a run with confirm.enabled=false): pick
             # again; keep the verdicts of trials picked again
             candidates = pick(study, cfg.objective, cfg.confirm.picks)
@@ -326,7 +327,7 @@ def publish(
         files[sh.name] = sh
     if results:
         path = out_dir / "confirm.json"
-        path.write_text(json.dumps(study.user_attrs["confirm"], indent=2, default=str) + "\n")
+        path.write_text(json.dumps(data, indent=2, default=str) + "\n")
         files["confirm.json"] = path
 
     best = recommended(results, candidates, picks)

@@ -363,8 +363,8 @@ def _confirmed_before(study: optuna.Study, cfg: TunerConfig) -> dict[int, Confir
     from tuner.report import stored_confirm
 
     data = study.user_attrs.get("confirm")
-    stored = stored_confirm(study)
-    if stored is None or not isinstance(data, dict):
+    stored = stored_confirm(data)
+    if stored is None or not isinstance(data, dict):  # the second narrows data's type
         return {}
     same = (
         data.get("load_factor") == cfg.confirm.load_factor
@@ -388,13 +388,16 @@ def _after_search(
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         if t.user_attrs.get("worker") != worker_id()
     ]
-    candidates = pick(study, cfg.objective, cfg.confirm.picks)
     if others and cfg.confirm.enabled:  # many workers on one study: the last one confirms
         log.info(
             "confirm left to the worker(s) still running trials %s",
             sorted({str(t.user_attrs.get("worker")) for t in others}),
         )
-    elif candidates and cfg.confirm.enabled and cfg.confirm.seeds:
+    elif (
+        cfg.confirm.enabled
+        and cfg.confirm.seeds
+        and (candidates := pick(study, cfg.objective, cfg.confirm.picks))
+    ):
         done = _confirmed_before(study, cfg)  # a resumed study: do not stress a trial twice
         todo = [c for c in candidates if c.trial not in done]
         if done and len(todo) < len(candidates):
