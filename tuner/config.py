@@ -281,8 +281,10 @@ class ConfirmConfig:
     picks: list[str] = field(default_factory=lambda: ["goodput", "latency", "knee"])
     """Which configs to confirm and export (``best-<pick>.yaml``): ``goodput`` (max goodput
     within the SLOs), ``throughput`` (max output tok/s), ``latency`` (lowest value of the first
-    minimised objective), ``knee`` (the Pareto point nearest the ideal). One trial chosen by
-    several picks runs once."""
+    minimised objective), ``knee`` (the Pareto point nearest the ideal), ``baseline`` (vLLM's
+    defaults, trial 0, re-measured beside the others so the gain is measured under the same runs;
+    list it last: the recommendation is the first pick that holds). One trial chosen by several
+    picks runs once."""
     load_factor: float = 2.0
     """Concurrency, rate (and a trace's speed) × this."""
     duration_factor: float = 3.0
@@ -367,7 +369,7 @@ ARRIVALS = ("concurrency", "poisson", "gamma", "constant", "ramp")
 TRACE_FORMATS = ("auto", "csv", "jsonl")
 TIMESTAMP_FORMATS = ("seconds", "datetime")
 DISTS = ("fixed", "uniform", "normal", "lognormal")
-CONFIRM_PICKS = ("goodput", "throughput", "latency", "knee")
+CONFIRM_PICKS = ("goodput", "throughput", "latency", "knee", "baseline")
 
 
 def _one_of(what: str, value: object, allowed: tuple[str, ...]) -> None:

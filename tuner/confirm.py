@@ -1,7 +1,8 @@
 """Stage 8 — confirm: the best configs of the search, re-run longer and harder before deploying.
 
 Every hand-tuning guide ends with a stress test; this is it. :func:`pick` chooses the candidates
-from the finished study (max goodput within SLO, lowest latency, the knee of the Pareto front, ...);
+from the finished study (max goodput within SLO, lowest latency, the knee of the Pareto front,
+vLLM's defaults as the reference, ...);
 the study loop runs each candidate once per seed on the workload :func:`stressed` makes
 (``confirm.load_factor`` × concurrency or rate, ``confirm.duration_factor`` × requests and time,
 other request orders); :func:`judge` keeps the worst case of those runs and demotes a candidate
@@ -122,6 +123,18 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
     for name in picks:
         if name == "knee":
             t = _knee(study, feasible)
+        elif name == "baseline":
+            # measured, feasible or not: the reference the picks' gains are measured against
+            base = [
+                t
+                for t in study.trials
+                if t.user_attrs.get("baseline")
+                and t.state == optuna.trial.TrialState.COMPLETE
+                and not t.user_attrs.get("failure_reason")
+            ]
+            if not base:
+                continue
+            t = base[0]
         else:
             metric, best = {
                 "goodput": ("goodput", max),

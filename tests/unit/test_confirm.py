@@ -84,6 +84,29 @@ def test_one_trial_picked_twice_runs_once() -> None:
     assert cands[0].search_metrics["goodput"] == 12
 
 
+def test_baseline_pick_is_the_defaults_trial_even_when_infeasible() -> None:
+    study, n = _study()
+    cands = pick(study, OBJ, ["goodput", "baseline"])
+    assert [(c.trial, c.picks) for c in cands] == [
+        (n["fast"], ("goodput",)),
+        (n["base"], ("baseline",)),
+    ]
+    assert cands[1].baseline
+    # an infeasible (SLO-missing) baseline is still re-measured: it is the reference
+    s2 = optuna.create_study(directions=["maximize", "minimize"])
+    base = _add(s2, 5000, 3000, 2, feasible=False, baseline=True)
+    good = _add(s2, 6000, 500, 8)
+    assert {c.trial: c.picks for c in pick(s2, OBJ, ["goodput", "baseline"])} == {
+        good: ("goodput",),
+        base: ("baseline",),
+    }
+    # a baseline that failed to start has nothing to re-measure
+    s3 = optuna.create_study(directions=["maximize", "minimize"])
+    _add(s3, 0, 0, 0, failure="kv_too_small", feasible=False, baseline=True)
+    good = _add(s3, 6000, 500, 8)
+    assert [c.trial for c in pick(s3, OBJ, ["goodput", "baseline"])] == [good]
+
+
 def test_no_feasible_trial_no_candidate() -> None:
     study = optuna.create_study(directions=["maximize", "minimize"])
     _add(study, 1, 1, 1, feasible=False)
