@@ -21,7 +21,16 @@ import optuna
 from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, WorkloadConfig
 from tuner.records import TrialResult
 
-__all__ = ["PICKS", "Candidate", "ConfirmResult", "judge", "pick", "recommended", "stressed"]
+__all__ = [
+    "PICKS",
+    "Candidate",
+    "ConfirmResult",
+    "judge",
+    "pick",
+    "recommended",
+    "stressed",
+    "versus_baseline",
+]
 
 PICKS = CONFIRM_PICKS
 
@@ -240,14 +249,62 @@ def judge(
     )
 
 
+def _pick_metric(name: str, objective: ObjectiveConfig) -> tuple[str, bool] | None:
+    """The metric a pick is chosen on and whether higher is better."""
+    if name == "goodput":
+        return "goodput", True
+    if name == "throughput":
+        return "output_throughput", True
+    if name == "latency":
+        return _latency_metric(objective), False
+    if name == "knee" and objective.objectives:
+        first = objective.objectives[0]
+        return first.metric, first.direction == "maximize"
+    return None
+
+
+def versus_baseline(
+    c: Candidate,
+    name: str,
+    results: Sequence[ConfirmResult],
+    candidates: Sequence[Candidate],
+    objective: ObjectiveConfig,
+) -> tuple[str, float, float, bool] | None:
+    """``(metric, pick's value, defaults' value, pick is better)`` on the metric pick ``name`` is
+    chosen on, worst run against worst run, when vLLM's defaults were re-measured beside ``c``
+    and held; else None."""
+    base = next((x for x in candidates if "baseline" in x.picks), None)
+    by_trial = {r.trial: r for r in results}
+    what = _pick_metric(name, objective)
+    if base is None or base.trial == c.trial or what is None:
+        return None
+    rb, rc = by_trial.get(base.trial), by_trial.get(c.trial)
+    if rb is None or rc is None or not rb.passed:
+        return None
+    metric, higher = what
+    vb, vc = rb.worst.get(metric), rc.worst.get(metric)
+    if vb is None or vc is None:
+        return None
+    return metric, vc, vb, (vc > vb if higher else vc < vb)
+
+
 def recommended(
-    results: Sequence[ConfirmResult], candidates: Sequence[Candidate], picks: Sequence[str]
+    results: Sequence[ConfirmResult],
+    candidates: Sequence[Candidate],
+    picks: Sequence[str],
+    objective: ObjectiveConfig | None = None,
 ) -> Candidate | None:
     """The first pick (in ``confirm.picks`` order) whose candidate passed; without confirm runs,
-    the first pick's candidate."""
+    the first pick's candidate. With ``objective``, when vLLM's defaults were re-measured (pick
+    ``baseline``) and did at least as well on the metric that pick is chosen on, the defaults:
+    a gain the confirm runs did not reproduce is not recommended."""
     passed = {r.trial for r in results if r.passed}
     for name in picks:
         for c in candidates:
             if name in c.picks and (not results or c.trial in passed):
+                if objective is not None and name != "baseline":
+                    vs = versus_baseline(c, name, results, candidates, objective)
+                    if vs is not None and not vs[3]:
+                        return next(x for x in candidates if "baseline" in x.picks)
                 return c
     return None

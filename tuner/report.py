@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from tuner.config import TunerConfig
-from tuner.confirm import Candidate, ConfirmResult
+from tuner.config import ObjectiveConfig, TunerConfig
+from tuner.confirm import Candidate, ConfirmResult, versus_baseline
 from tuner.records import TrialResult
 
 if TYPE_CHECKING:
@@ -330,7 +330,7 @@ def publish(
         path.write_text(json.dumps(data, indent=2, default=str) + "\n")
         files["confirm.json"] = path
 
-    best = recommended(results, candidates, picks)
+    best = recommended(results, candidates, picks, cfg.objective)
     objectives = list(
         zip(
             study.metric_names or [o.metric for o in cfg.objective.objectives],
@@ -370,7 +370,7 @@ def publish(
         except Exception as exc:
             log.warning("could not tag the MLflow run: %s", exc)
         study.set_user_attr("recommended_trial", best.trial)
-    print_confirm(results, candidates, best, out_dir, console)
+    print_confirm(results, candidates, best, out_dir, console, picks, cfg.objective)
     return Published(files, best, tuple(results))
 
 
@@ -385,6 +385,8 @@ def print_confirm(
     best: Candidate | None,
     out_dir: Path,
     console: Console,
+    picks: Sequence[str] = (),
+    objective: ObjectiveConfig | None = None,
 ) -> None:
     if results:
         t = Table(title="Confirm: the picks under stress (worst run)")
@@ -407,6 +409,22 @@ def print_confirm(
         if candidates:
             console.print("No pick held up under stress: nothing is recommended.")
         return
+    passed = {r.trial for r in results if r.passed}
+    for p in picks if objective is not None else ():
+        c = next((c for c in candidates if p in c.picks and c.trial in passed), None)
+        if p == "baseline" or c is None:
+            continue
+        assert objective is not None
+        vs = versus_baseline(c, p, results, candidates, objective)
+        if vs is not None:
+            metric, mine, base, better = vs
+            console.print(
+                f"Trial {c.trial} ({p}) against vLLM's defaults, both re-measured (worst run): "
+                f"{metric} {_fmt_metric(metric, mine)} vs {_fmt_metric(metric, base)} "
+                f"({mine / base if base else float('nan'):.2f}x)"
+                + ("" if better else ": no gain over the defaults, which are recommended")
+            )
+        break
     name = next(iter(best.picks))
     console.print(
         f"Recommended: trial {best.trial} ({', '.join(best.picks)}): "

@@ -16,7 +16,7 @@ from tuner.config import (
     TraceConfig,
     WorkloadConfig,
 )
-from tuner.confirm import Candidate, judge, pick, recommended, stressed
+from tuner.confirm import Candidate, judge, pick, recommended, stressed, versus_baseline
 from tuner.records import TrialResult
 
 OBJ = ObjectiveConfig(
@@ -198,3 +198,32 @@ def test_recommended_is_the_first_pick_that_held() -> None:
     assert recommended([bad, ok], [a, b], ["goodput", "latency", "knee"]) == b
     assert recommended([], [a, b], ["goodput", "latency"]) == a  # unconfirmed: first pick
     assert recommended([bad], [a], ["goodput"]) is None
+
+
+def test_defaults_recommended_when_the_confirm_runs_do_not_reproduce_the_gain() -> None:
+    pick_ = Candidate(6, ("goodput",), {}, False, (), {})
+    base = Candidate(0, ("baseline",), {}, True, (), {})
+
+    def res(c: Candidate, goodput: float, ok: bool = True) -> Any:
+        r = judge(c, [(1, _result({"goodput": goodput}, {"slo_ttft": -0.1 if ok else 0.2}))], OBJ)
+        return type(r)(**{**r.__dict__, "trial": c.trial})
+
+    picks = ["goodput", "baseline"]
+    # the pick measured 101 req/s and the defaults 110 in the same confirm runs: the defaults
+    lost = [res(pick_, 101.4), res(base, 109.6)]
+    assert recommended(lost, [pick_, base], picks, OBJ) == base
+    assert versus_baseline(pick_, "goodput", lost, [pick_, base], OBJ) == (
+        "goodput",
+        101.4,
+        109.6,
+        False,
+    )
+    # the gain held: the pick
+    won = [res(pick_, 120.0), res(base, 109.6)]
+    assert recommended(won, [pick_, base], picks, OBJ) == pick_
+    # defaults that missed the SLO in the confirm runs are no reference
+    base_bad = [res(pick_, 101.4), res(base, 109.6, ok=False)]
+    assert recommended(base_bad, [pick_, base], picks, OBJ) == pick_
+    # without the objective (old callers) or without a baseline pick: the first pick that held
+    assert recommended(lost, [pick_, base], picks) == pick_
+    assert recommended(lost[:1], [pick_], ["goodput"], OBJ) == pick_
