@@ -428,10 +428,12 @@ def _order(rep: int) -> tuple[str, str]:
     return CLIENTS if rep % 2 == 0 else (CLIENTS[1], CLIENTS[0])
 
 
-async def measure(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+async def measure(
+    args: argparse.Namespace, workdir: Path, runs: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Appends each finished run to ``runs`` (so an interrupted benchmark keeps them)."""
     prompts_by_n: dict[int, list[str]] = {}
     target = Target(args, workdir)
-    runs: list[dict[str, Any]] = []
     try:
         for conc in args.concurrency:
             n = args.requests or max(args.min_requests, args.waves * conc)
@@ -493,8 +495,8 @@ async def measure(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any
                     runs.append(row)
                     print(_line(row), flush=True)
     finally:
+        args.prefix_cache_reset = target.prefix_reset
         await target.close()
-    args.prefix_cache_reset = target.prefix_reset
     return runs
 
 
@@ -563,6 +565,14 @@ def summarise(runs: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str
             }
         )
     return out
+
+
+def _complete_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs whose pair (same concurrency and rep, both clients) finished."""
+    have: dict[tuple[int, int], set[str]] = {}
+    for r in runs:
+        have.setdefault((r["concurrency"], r["rep"]), set()).add(r["client"])
+    return [r for r in runs if have[(r["concurrency"], r["rep"])] == {"ours", "vllm"}]
 
 
 def table(runs: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]]) -> str:
@@ -671,7 +681,16 @@ def main() -> None:
             workdir.mkdir(parents=True, exist_ok=True)
         else:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="rvb-")))
-        runs = asyncio.run(measure(args, workdir))
+        runs: list[dict[str, Any]] = []
+        interrupted = False
+        try:
+            asyncio.run(measure(args, workdir, runs))
+        except KeyboardInterrupt:  # keep the pairs that finished (e.g. a time limit's SIGINT)
+            interrupted = True
+            print(f"interrupted after {len(runs)} runs; the summary counts complete pairs only")
+    if not hasattr(args, "prefix_cache_reset"):
+        args.prefix_cache_reset = None
+    runs = _complete_pairs(runs)
     summary = summarise(runs, args.tolerance)
     server = (
         f"url {args.url}"
@@ -699,6 +718,7 @@ def main() -> None:
             "order": "per concurrency, pairs alternate (ours, vllm), (vllm, ours), ...",
             "tolerance": args.tolerance,
             "quick": args.quick,
+            "interrupted": interrupted,
             "cpus": os.cpu_count(),
             "load_avg_at_end": list(os.getloadavg()),
             "python": platform.python_version(),
@@ -709,7 +729,7 @@ def main() -> None:
             {k: v for k, v in r.items() if k not in ("input_lens", "output_lens")} for r in runs
         ],
         "summary": summary,
-        "holds": all(s["holds"] for s in summary),
+        "holds": bool(summary) and all(s["holds"] for s in summary),
     }
     print()
     print(table(runs, summary))

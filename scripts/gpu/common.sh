@@ -1,0 +1,39 @@
+# Sourced by the device-call scripts in this folder (run on the GPU machine, in the checkout):
+# installs the staged vLLM and the tuner's wheels once, then the environment.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+if [ -z "${LOCAL_TEST:-}" ]; then  # LOCAL_TEST=1: try these scripts here on the simulator
+  bash scripts/gpu_setup.sh > /tmp/gpu_setup.log 2>&1 || { tail -20 /tmp/gpu_setup.log; exit 1; }
+  source scripts/gpu_env.sh
+fi
+ENGINE="${ENGINE:-vllm}"
+W="${W:-/tmp/w}"
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT" "$W"
+# the chat study of docs/results.md: 256 in flight, SLO TTFT <= 2 s and TPOT <= 25 ms (the
+# reference SLO of shared/device/README.md), objective goodput, 2 picks re-measured side by side
+CHAT_ARGS=(+workload=chat engine=$ENGINE model=qwen3-8b study.name=chat256-qwen3-8b
+  workload.arrival.concurrency=256 workload.num_requests=1000 workload.slo.tpot_ms=25
+  objective=goodput +engine.env.VLLM_SERVER_DEV_MODE=1
+  'confirm.picks=[goodput,baseline]' confirm.load_factor=1 confirm.duration_factor=1)
+# how many trials the chat study still lacks to reach $1 finished (complete or pruned) trials
+remaining() {
+  python3 - "$1" "$W" <<'PY'
+import sys, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+try:
+    s = optuna.load_study(study_name="chat256-qwen3-8b", storage=f"sqlite:///{sys.argv[2]}/chat/outputs/state/optuna.db")
+    done = sum(t.state.is_finished() and t.state.name != "FAIL" for t in s.trials)
+except Exception:
+    done = 0
+print(max(0, int(sys.argv[1]) - done))
+PY
+}
+LOGS="$W/logs"
+mkdir -p "$LOGS"
+pack() {  # pack NAME DIR...: folders under $W (study outputs, MLflow store, logs) -> $OUT/NAME.tgz.part-aa, -ab, ...
+  # (the device returns at most 8 files of 16 MiB); here: cat NAME.tgz.part-* | tar xzf -
+  local name=$1; shift
+  tar czf - -C "$W" --exclude='vllm_cache' "$@" 2>/dev/null | split -b 15m - "$OUT/$name.tgz.part-"
+  ls -la "$OUT"
+}
