@@ -51,6 +51,10 @@ def _error_message(payload: Any, fallback: str) -> str:
     return fallback[:_MAX_ERROR_CHARS]
 
 
+_DRAIN_S = 1.0
+"""How long to wait for the end of a response body after its ``[DONE]`` event."""
+
+
 class _Runner:
     def __init__(
         self,
@@ -213,6 +217,17 @@ class _Runner:
                     if "usage" in chunk and chunk["usage"]:
                         usage = chunk["usage"]
                         last_event = now
+            if done and not content.at_eof():
+                # Read the body to its end (chunked encoding's last chunk can come after
+                # [DONE]) so the connection goes back to the pool, as vllm bench's client does;
+                # left unread, aiohttp closes it and the next request opens a new one, which
+                # costs the server's API process work during the measurement.
+                try:
+                    async with asyncio.timeout(_DRAIN_S):
+                        while await content.readany():
+                            pass
+                except TimeoutError:
+                    pass  # a server that holds the body open: the connection is closed
             if state["ttft"] is None:
                 return self._partial(
                     spec, sent, t0, state, "error", "stream ended without generated text", 200

@@ -25,12 +25,18 @@ class FakeVLLM:
         self.in_flight = 0
         self.max_in_flight = 0
         self.received: list[tuple[float, dict[str, Any], dict[str, str]]] = []
+        self.peers: list[Any] = []
+        self.in_flight_at_receipt: list[int] = []
         self.t0 = time.perf_counter()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received.append((time.perf_counter(), body, dict(request.headers)))
+        self.peers.append(
+            request.transport.get_extra_info("peername") if request.transport else None
+        )
         self.in_flight += 1
+        self.in_flight_at_receipt.append(self.in_flight)
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             return await self._respond(request, body)
@@ -77,6 +83,8 @@ class FakeVLLM:
             usage = {"prompt_tokens": 11, "completion_tokens": n, "total_tokens": 11 + n}
             await send({"choices": [], "usage": usage})
         await resp.write(b"data: [DONE]\n\n")
+        # the body's end (chunked encoding's last chunk) may come in a later segment
+        await asyncio.sleep(float(body.get("x_tail", 0.0)))
         return resp
 
 
@@ -173,6 +181,18 @@ async def test_closed_loop_concurrency_bound(server: tuple[str, FakeVLLM]) -> No
     assert fake.max_in_flight >= 2  # it does overlap
 
 
+async def test_connections_are_kept_alive(server: tuple[str, FakeVLLM]) -> None:
+    """Each stream is read to its end, so its connection goes back to the pool: a closed loop
+    opens about as many connections as it keeps requests in flight, as ``vllm bench serve``
+    does, not one per request (each new connection costs the server's API process work)."""
+    base, fake = server
+    specs = [spec(i, max_tokens=3, x_ttft=0.01, x_tail=0.005) for i in range(30)]
+    recs = await run(base, specs, ArrivalConfig(kind="concurrency", concurrency=3))
+    assert all(r.status == "ok" for r in recs)
+    assert len(fake.peers) == 30
+    assert len(set(fake.peers)) <= 3, f"{len(set(fake.peers))} connections for 30 requests"
+
+
 async def test_open_loop_respects_arrivals(server: tuple[str, FakeVLLM]) -> None:
     base, fake = server
     arrivals = [0.0, 0.15, 0.3, 0.45]
@@ -197,13 +217,14 @@ async def test_open_loop_max_concurrency(server: tuple[str, FakeVLLM]) -> None:
 
 async def test_warmup_first_and_flagged(server: tuple[str, FakeVLLM]) -> None:
     base, fake = server
-    specs = [spec(0, warmup=True, x_tag="w0"), spec(1, warmup=True, x_tag="w1")]
+    w = {"x_ttft": 0.02}
+    specs = [spec(0, warmup=True, x_tag="w0", **w), spec(1, warmup=True, x_tag="w1", **w)]
     specs += [spec(2 + i, arrival_s=0.0, x_tag=f"m{i}") for i in range(2)]
     recs = await run(base, specs, ArrivalConfig(kind="poisson", rate=1.0))
     assert [(r.index, r.warmup) for r in recs] == [(0, True), (1, True), (2, False), (3, False)]
     tags = [b["x_tag"] for _, b, _ in fake.received]
     assert set(tags[:2]) == {"w0", "w1"}
-    assert fake.max_in_flight == 1  # warm-ups one by one for open loop, then one at a time
+    assert fake.in_flight_at_receipt[:2] == [1, 1]  # warm-ups one by one for open loop
 
 
 async def test_duration_bound_stops_new_sends(server: tuple[str, FakeVLLM]) -> None:
