@@ -49,7 +49,9 @@ gmu 0.5, max_num_batched_tokens    5,788,496   5,788,576   +0.00 %
 Vision-language models (Qwen3-VL, ``models/qwen3-vl-8b-dummy``): the KV cache, activations and
 graphs come from the decoder (``text_config``); ``weights`` adds the vision tower
 (:func:`vision_param_count`: 0.58e9 parameters, 1.07 GiB in bf16 for Qwen3-VL-8B, so 16.33 GiB in
-all). Not yet measured on a GPU.
+all). One H200 point (vLLM's defaults, max_model_len 262,144): 787,488 tokens logged; the model
+without an overhead said 809,360 (+2.8 %); with ``ARCH_OVERHEAD_GIB`` (fitted on that point)
+787,520.
 
 Not modelled: pre-snapshot usage (CUDA context, NCCL buffers) which does not count against the
 budget, the multimodal encoder profile (vLLM runs the vision tower on its largest input before
@@ -87,11 +89,18 @@ __all__ = [
 GiB = 1 << 30
 
 ACT_BASE_GIB = 0.10
-ARCH_OVERHEAD_GIB: dict[str, float] = {"Qwen2ForCausalLM": 2.13}
+ARCH_OVERHEAD_GIB: dict[str, float] = {
+    "Qwen2ForCausalLM": 2.13,
+    "Qwen3VLForConditionalGeneration": 3.0,
+}
 """Measured extra non-KV memory per architecture (GiB per GPU). vLLM 0.24 served the Qwen2.5-0.5B
 shape with its older model runner (``gpu_model_runner.py``, where Qwen3 used ``model_runner.py``)
 and held 2.04-2.23 GiB more than the fit above in all three H200 runs of 2026-11-30
-(docs/gpu-runs/2026-11-30-h200.md): defaults, ``--enforce-eager``, gmu 0.5 with mnbt 2048."""
+(docs/gpu-runs/2026-11-30-h200.md): defaults, ``--enforce-eager``, gmu 0.5 with mnbt 2048.
+The Qwen3-VL-8B shape (also ``gpu_model_runner.py``), defaults, one H200 run of 2026-11-30
+(docs/gpu-runs/2026-11-30-h200x2-studies.md): 3.0 GiB more — weights 16.79 GiB logged against
+16.33 counted, graphs 0.54 against 0.29, and 2.3 GiB more for the profiling run, which includes
+the vision encoder on its largest input (16,384 tokens); fitted on that one point."""
 LOGITS_COPIES = 1.0
 GRAPH_PER_SIZE_MIB = 3.0
 GRAPH_TOKEN_FACTOR = 1.0

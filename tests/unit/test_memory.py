@@ -85,6 +85,15 @@ def test_calibration_points_qwen2_05b(qwen05b: ModelShape, params: dict, real_to
     assert est.kv_tokens == pytest.approx(real_tokens, rel=0.005)
 
 
+def test_calibration_point_qwen3_vl_8b() -> None:
+    """vLLM 0.24, Qwen3-VL-8B shape, defaults on the H200 (docs/gpu-runs/2026-11-30-h200x2-studies.md):
+    'GPU KV cache size: 787,488 tokens' (the overhead was fitted on this point)."""
+    shape = ModelShape.from_dir(ROOT / "models" / "qwen3-vl-8b-dummy")
+    est = estimate(shape, H200, {})
+    assert est.failure is None and est.max_model_len == 262_144
+    assert est.kv_tokens == pytest.approx(787_488, rel=0.005)
+
+
 def test_graphs_cost_memory_and_eager_gets_more_kv(qwen8b: ModelShape) -> None:
     graphs = estimate(qwen8b, H200, {})
     eager = estimate(qwen8b, H200, {"enforce_eager": True})
