@@ -84,10 +84,11 @@ if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
 from tuner.config import TunerConfig, load_config  # noqa: E402
 from tuner.engine.argv import (  # noqa: E402
     api_key,
-    build_argv,
     build_env,
+    cache_root,
     mask_argv,
     secret_values,
+    trial_argv,
 )
 from tuner.engine.pool import cpu_plan  # noqa: E402
 from tuner.engine.process import Server, free_port, kill_all_groups  # noqa: E402
@@ -212,24 +213,14 @@ def make_servers(
     log_dir: Path,
 ) -> list[Bench]:
     """A server per GPU of the first two of ``engine.gpus``, as ``_run_server`` builds one."""
-    cache_root = Path(cfg.engine.cache_root) if cfg.engine.cache_root else None
-    if cache_root is None and cfg.engine.kind == "vllm":
-        cache_root = Path(cfg.paths.state_dir) / "vllm_cache"
+    cache_dir = cache_root(cfg)
     secrets = secret_values(cfg.engine, model=cfg.model)
     out = []
     for name, gpu in zip("AB", cfg.engine.gpus[:2], strict=True):
         port = free_port(cfg.engine.host)
-        argv = build_argv(
-            cfg.engine,
-            cfg.model,
-            cfg.space,
-            params,
-            port=port,
-            server_args=cfg.workload.server_args,
-            baseline=baseline,
-        )
+        argv = trial_argv(cfg, params, port=port, baseline=baseline)
         engine = replace(cfg.engine, gpus=[gpu])  # CUDA_VISIBLE_DEVICES = this GPU
-        env = build_env(engine, cache_root=cache_root)
+        env = build_env(engine, cache_root=cache_dir)
         env.setdefault(DEV_MODE, "1")  # vLLM mounts /reset_prefix_cache only in dev mode
         server = Server(
             argv,

@@ -33,12 +33,13 @@ from tuner.config import TunerConfig, WorkloadConfig
 from tuner.confirm import Candidate, ConfirmResult, judge, pick, stressed
 from tuner.engine.argv import (
     api_key,
-    build_argv,
     build_env,
+    cache_root,
     command_prefix,
     mask,
     mask_argv,
     secret_values,
+    trial_argv,
 )
 from tuner.engine.pool import GpuPool, cpu_plan
 from tuner.engine.process import Server, free_port
@@ -209,9 +210,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     secrets = secret_values(cfg.engine, model=cfg.model)
     for saved in run_dir.glob(".hydra/*.yaml"):  # Hydra's copy of the command line and config
         _mask_file(saved, secrets)
-    cache_root = Path(cfg.engine.cache_root) if cfg.engine.cache_root else None
-    if cache_root is None and cfg.engine.kind == "vllm":
-        cache_root = Path(cfg.paths.state_dir) / "vllm_cache"
+    cache_dir = cache_root(cfg)
     tracker = _retry_schema_race(
         lambda: open_tracker(
             cfg.tracking.enabled,
@@ -229,7 +228,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         requests,
         secrets,
         run_dir,
-        cache_root,
+        cache_dir,
         study_name=study.study_name,
         parent_run_id=tracker.parent_run_id,
         pool=GpuPool(cfg.engine.gpus),
@@ -539,15 +538,7 @@ async def _run_server(
     _mkdir(tdir)
     full = resolved(cfg.space, params)
     port = free_port(cfg.engine.host)
-    argv = build_argv(
-        cfg.engine,
-        cfg.model,
-        cfg.space,
-        params,
-        port=port,
-        server_args=cfg.workload.server_args,
-        baseline=baseline,
-    )
+    argv = trial_argv(cfg, params, port=port, baseline=baseline)
     shown_argv = tuple(mask_argv(argv, ctx.secrets))
     launch: LaunchInfo | None = None
     measured: list[tuple[list[RequestRecord], dict[str, float], str | None]] = []

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tuner.config import EngineConfig, ModelConfig, SpaceConfig
+from tuner.config import EngineConfig, ModelConfig, SpaceConfig, TunerConfig
 from tuner.space import flag_name
 
 __all__ = [
@@ -27,9 +27,11 @@ __all__ = [
     "api_key",
     "build_argv",
     "build_env",
+    "cache_root",
     "flag_args",
     "mask",
     "secret_values",
+    "trial_argv",
     "when_holds",
 ]
 
@@ -174,6 +176,31 @@ def mask_argv(argv: Iterable[str], secrets: Iterable[str]) -> list[str]:
             word = "--api-key=" + MASK
         out.append(mask(word, secrets))
     return out
+
+
+def trial_argv(
+    cfg: TunerConfig, params: Mapping[str, Any], *, port: int, baseline: bool
+) -> list[str]:
+    """:func:`build_argv` for a trial of ``cfg``: its engine, model, space and workload flags."""
+    return build_argv(
+        cfg.engine,
+        cfg.model,
+        cfg.space,
+        params,
+        port=port,
+        server_args=cfg.workload.server_args,
+        baseline=baseline,
+    )
+
+
+def cache_root(cfg: TunerConfig) -> Path | None:
+    """``VLLM_CACHE_ROOT`` for the servers: ``engine.cache_root``, else (real vLLM) a folder of
+    the state dir, so torch.compile results are shared by the trials of every run."""
+    if cfg.engine.cache_root:
+        return Path(cfg.engine.cache_root)
+    if cfg.engine.kind == "vllm":
+        return Path(cfg.paths.state_dir) / "vllm_cache"
+    return None
 
 
 def build_env(
