@@ -390,15 +390,30 @@ def print_confirm(
 ) -> None:
     if results:
         t = Table(title="Confirm: the picks under stress (worst run)")
-        for col in ("#", "picks", "verdict", "goodput", "tok/s", "TTFT p95", "TPOT p95", "why"):
+        cols = (
+            "#",
+            "picks",
+            "verdict",
+            "goodput",
+            "per run",
+            "tok/s",
+            "TTFT p95",
+            "TPOT p95",
+            "why",
+        )
+        for col in cols:
             t.add_column(col, overflow="fold")
         for r in results:
             w = r.worst
+            # every run's goodput: the spread between runs of one config is the noise any gain
+            # must beat
+            each = [x.get("goodput") for x in r.runs]
             t.add_row(
                 str(r.trial),
                 ", ".join(r.picks),
                 "confirmed" if r.passed else "DEMOTED",
                 _fmt_metric("goodput", w.get("goodput")),
+                " / ".join("—" if v is None else f"{v:.1f}" for v in each) if len(each) > 1 else "",
                 _fmt_metric("output_throughput", w.get("output_throughput")),
                 _fmt_metric("ttft_p95_ms", w.get("ttft_p95_ms")),
                 _fmt_metric("tpot_p95_ms", w.get("tpot_p95_ms")),
