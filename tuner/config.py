@@ -245,6 +245,14 @@ class StudyConfig:
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     """Configs to try before the sampler's own (e.g. your current flags): each entry names some
     params; the others take vLLM's defaults. An entry already tried is not enqueued again."""
+    repeats: int = 1
+    """Replays per trial on its one server (repeat k replays the workload with seed
+    ``workload.seed + k - 1``, another request order and content; caches reset in between). The
+    trial's metrics, objectives and constraints are the mean over the repeats, and
+    ``goodput_spread`` / ``output_throughput_spread`` ((max - min) / mean) say how much they
+    varied. A replay costs far less than a vLLM start-up, and on the H200 goodput varied by about
+    ±35 % between runs of one config (docs/results.md): repeats make the search compare configs,
+    not noise. Pruned after the first repeat: the rest are skipped."""
 
 
 @dataclass
@@ -426,6 +434,8 @@ def validate(c: TunerConfig) -> None:
             f"study.n_workers is {c.study.n_workers}; allowed: 1 to {len(c.engine.gpus)} "
             f"(one per GPU in engine.gpus={c.engine.gpus})"
         )
+    if not 1 <= c.study.repeats <= 20:
+        raise ConfigError(f"study.repeats is {c.study.repeats}; allowed: 1 to 20")
     if c.study.n_trials < 0:
         raise ConfigError(f"study.n_trials is {c.study.n_trials}; allowed: an integer >= 0")
     if not c.objective.objectives:

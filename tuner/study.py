@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import statistics
 import time
 import warnings
 import zlib
@@ -84,6 +85,8 @@ class _Ctx:
     engine_version: str | None = None
     cpu_sets: dict[int, list[int]] | None = None
     """``engine.cpu_pinning``: the CPU cores of each GPU's server."""
+    repeat_requests: list[list[RequestSpec]] = field(default_factory=list)
+    """The request streams of repeats 2.. (``study.repeats``), built once."""
 
     @property
     def lease_dir(self) -> Path:
@@ -513,10 +516,50 @@ class _Replay:
 
 
 async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: bool) -> TrialResult:
-    replay_ = _Replay("", ctx.requests, ctx.cfg.workload)
+    """The trial's server, with ``study.repeats`` replays on it; one result (their mean)."""
+    replays = [_Replay("", ctx.requests, ctx.cfg.workload)]
+    for k in range(1, ctx.cfg.study.repeats):
+        w = replace(ctx.cfg.workload, seed=ctx.cfg.workload.seed + k)
+        if len(ctx.repeat_requests) < k:
+            ctx.repeat_requests.append(build_requests(w, Path(ctx.cfg.model.path)))
+        replays.append(_Replay(f"repeat_{k + 1}", ctx.repeat_requests[k - 1], w))
     tdir = _trial_dir(ctx.run_dir, number)
-    results = await _run_server(ctx, number, params, baseline, tdir, [replay_], prune=True)
-    return results[0]
+    results = await _run_server(ctx, number, params, baseline, tdir, replays, prune=True)
+    if len(replays) == 1:
+        return results[0]
+    result = mean_result(results, ctx.cfg)
+    (tdir / "repeats.json").write_text(
+        json.dumps([{"repeat": i + 1, **r.metrics} for i, r in enumerate(results)], indent=2) + "\n"
+    )
+    (tdir / "result.json").write_text(to_json(result, indent=2) + "\n")
+    return result
+
+
+_SPREAD = ("goodput", "output_throughput")
+
+
+def mean_result(results: list[TrialResult], cfg: TunerConfig) -> TrialResult:
+    """One trial's repeats as one result: a failure or a prune decides (the first one); else
+    every metric is the mean over the repeats, with the objectives and constraints recomputed from
+    those means and ``<metric>_spread`` = (max - min) / mean for goodput and output tok/s."""
+    bad = next((r for r in results if r.failure_reason or r.pruned), None)
+    if bad is not None or len(results) == 1:
+        return bad or results[0]
+    keys = set.intersection(*(set(r.metrics) for r in results))
+    metrics = {k: statistics.fmean(r.metrics[k] for r in results) for k in sorted(keys)}
+    for k in _SPREAD:
+        vals = [r.metrics[k] for r in results if k in r.metrics]
+        if vals and metrics.get(k):
+            metrics[f"{k}_spread"] = (max(vals) - min(vals)) / metrics[k]
+    metrics["repeats"] = float(len(results))
+    first = results[0]
+    return replace(
+        first,
+        metrics=metrics,
+        values=objective_values(metrics, cfg.objective),
+        constraints=constraints(metrics, None, cfg.objective, cfg.workload.slo),
+        duration_s=results[-1].duration_s,
+    )
 
 
 async def _run_server(
@@ -621,6 +664,8 @@ async def _run_server(
                     if dead is not None:
                         failure = TrialFailed(*dead)
                         break
+                    if pruned and prune:
+                        break  # lost beyond doubt: the other repeats would not change that
     except TrialFailed as exc:
         failure = exc
     finally:
@@ -631,7 +676,8 @@ async def _run_server(
             common["survivors"] = float(len(server.survivors))
             _mask_file(tdir / "server.log", ctx.secrets)
     results = []
-    for i, rp in enumerate(replays):
+    # a failure carries to every replay; a prune ends the replays after it without results
+    for i, rp in enumerate(replays if failure is not None else replays[: len(measured)]):
         records, telemetry, pruned = measured[i] if i < len(measured) else ([], {}, None)
         metrics = {**common, **telemetry, **summarize(records, rp.workload.slo)}
         fail = failure if failure is not None and i >= len(measured) - 1 else None

@@ -5,7 +5,7 @@ set -u
 source "$(dirname "$0")/common.sh"
 timeout -s INT -k 30 "${LIMIT:-440}" python3 benchmarks/interference.py --reps "${REPS:-3}" \
   --out "$LOGS/interference-h200x2.json" --log-dir "$LOGS/interference-servers" -- engine=$ENGINE +workload=chat 'engine.gpus=[0,1]' \
-  +engine.env.VLLM_SERVER_DEV_MODE=1 workload.num_requests="${REQUESTS:-600}" ${C_EXTRA:-} > "$LOGS/interference.log" 2>&1
+  workload.num_requests="${REQUESTS:-600}" ${C_EXTRA:-} > "$LOGS/interference.log" 2>&1
 echo "rc=$?" >> "$LOGS/interference.log"
 nvidia-smi --query-gpu=index,memory.used --format=csv > "$LOGS/nvidia-smi-c.txt" 2>&1
 pack c logs

@@ -14,7 +14,7 @@ mkdir -p "$OUT" "$W"
 # reference SLO of shared/device/README.md), objective goodput, 2 picks re-measured side by side
 CHAT_ARGS=(+workload=chat engine=$ENGINE model=qwen3-8b study.name=chat256-qwen3-8b
   workload.arrival.concurrency=256 workload.num_requests=1000 workload.slo.tpot_ms=25
-  objective=goodput +engine.env.VLLM_SERVER_DEV_MODE=1
+  objective=goodput
   'confirm.picks=[goodput,baseline]' confirm.load_factor=1 confirm.duration_factor=1)
 # how many trials the chat study still lacks to reach $1 finished (complete or pruned) trials
 remaining() {

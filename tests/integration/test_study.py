@@ -185,6 +185,7 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         (["+workload=chat", "space.params.gpu_memory_utilization.high=1.5"], "0 < x <= 1"),
         (["engine=gpu9000", "+workload=chat"], "allowed: sim, vllm"),
         ([], "+workload=NAME"),
+        (["+workload=chat", "study.repeats=0"], "allowed: 1 to 20"),
     ],
 )
 def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
@@ -316,6 +317,40 @@ def test_replay_is_pruned_once_the_slo_is_lost(tmp_path: Path) -> None:
     ]
     assert children[0].data.tags["trial.state"] == "pruned"
     assert children[0].info.status == "KILLED"
+
+
+def test_repeats_replay_other_streams_on_one_server_and_average(tmp_path: Path) -> None:
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "study.n_trials=1",
+        "study.name=rep",
+        "study.repeats=3",
+        "confirm.enabled=false",
+        "tracking=none",
+        *FAST,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    t = optuna.load_study(study_name="rep", storage=storage(tmp_path)).trials[0]
+    m = t.user_attrs["metrics"]
+    tdir = Path(t.user_attrs["trial_dir"])
+    each = json.loads((tdir / "repeats.json").read_text())
+    assert [e["repeat"] for e in each] == [1, 2, 3]
+    assert m["repeats"] == 3
+    for key in ("goodput", "output_throughput", "ttft_p50_ms"):
+        assert m[key] == pytest.approx(sum(e[key] for e in each) / 3)
+    good = [e["goodput"] for e in each]
+    assert m["goodput_spread"] == pytest.approx((max(good) - min(good)) / m["goodput"])
+    assert t.values[0] == pytest.approx(m["output_throughput"])  # the objective is the mean
+    assert all(e.get("caches_reset") == 1.0 for e in each[1:])  # cold caches for each repeat
+    # one server, three different request streams
+    assert p.stdout.count("launching on GPU") + p.stderr.count("launching on GPU") == 1
+    streams = [
+        [json.loads(line)["output_tokens"] for line in (tdir / sub / "requests.jsonl").open()]
+        for sub in ("", "repeat_2", "repeat_3")
+    ]
+    assert streams[0] != streams[1] != streams[2]
+    assert json.loads((tdir / "result.json").read_text())["metrics"]["repeats"] == 3
 
 
 def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
