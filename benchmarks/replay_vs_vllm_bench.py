@@ -29,7 +29,9 @@ launches that instead (``{port}``/``{host}`` are filled in); ``--one-server`` ke
 server for all runs; ``--url`` measures a server that is already running (e.g. real ``vllm
 serve`` on the H200). With one server for all runs, ``POST /reset_prefix_cache`` is tried before
 every run (vLLM has it only with ``VLLM_SERVER_DEV_MODE=1``; otherwise start vLLM with
-``--no-enable-prefix-caching``, the JSON records which).
+``--no-enable-prefix-caching``, the JSON records which), and each concurrency starts with one
+unmeasured run of the tuner's client (``--no-server-warmup`` skips it): the first run on a fresh
+server is slower, and the alternating order would give it to the tuner's client every time.
 
 Order. For every concurrency, ``--reps`` pairs, interleaved and alternating (ours, vllm, vllm,
 ours, ours, vllm, ...), so drift on a shared machine hits both clients. Per pair the ratio
@@ -447,6 +449,13 @@ async def measure(
             write_sharegpt(dataset, prompts, lens)
             check_replies(args.model_dir, args.corpus, lens)
             specs = build_specs(prompts, args.input_len, lens, args.warmups)
+            if (args.one_server or args.url) and args.server_warmup:
+                # the first run on a fresh server is slower (first batches of each shape, lazy
+                # allocations: 0.81x the later runs' tok/s on the simulator), and the ABBA order
+                # gives that run to the tuner's client: warm the server first, unmeasured
+                async with target.server() as url:
+                    await run_ours(url, args.served_model_name, specs, conc)
+                print(f"conc {conc:3d} server warm-up run done (not measured)", flush=True)
             for rep in range(args.reps):
                 for pos, client in enumerate(_order(rep)):
                     async with target.server() as url:
@@ -649,6 +658,12 @@ def main() -> None:
     )
     ap.add_argument("--one-server", action="store_true", help="launch once for all runs")
     ap.add_argument(
+        "--no-server-warmup",
+        dest="server_warmup",
+        action="store_false",
+        help="with --one-server/--url: skip the unmeasured warm-up run per concurrency",
+    )
+    ap.add_argument(
         "--server-arg",
         action="append",
         default=[],
@@ -703,6 +718,7 @@ def main() -> None:
             "server": server,
             "fresh_server_per_run": fresh,
             "prefix_cache_reset_before_run": None if fresh else args.prefix_cache_reset,
+            "server_warmup_run": not fresh and args.server_warmup,
             "server_args": args.server_arg,
             "endpoint": "/v1/completions",
             "concurrency": args.concurrency,
