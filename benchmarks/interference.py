@@ -8,7 +8,7 @@ Usage::
 On the 2-GPU H200 machine::
 
     python benchmarks/interference.py --reps 2 --out benchmarks/results/interference-h200x2.json \\
-        -- engine=vllm +workload=chat 'engine.gpus=[0,1]' +engine.env.VLLM_SERVER_DEV_MODE=1
+        -- engine=vllm +workload=chat 'engine.gpus=[0,1]'
 
 Without overrides it runs on the simulator (``engine=sim``, ``+workload=chat
 workload.num_requests=60 workload.arrival.concurrency=16 engine.gpus=[0,1]``, and
@@ -18,12 +18,13 @@ machine's CPU contention between two simulated servers and one replay client, no
 Design: server reuse. The tuner config is composed as ``python -m tuner`` composes it (Hydra's
 compose API, the overrides after ``--``; ``+workload=chat`` if none is named). TWO servers are
 launched once, concurrently, with the same argv — vLLM's defaults (the baseline trial's argv,
-``build_argv(..., baseline=True)``), or the searched params of ``--params '{"max_num_seqs":
+``trial_argv(..., baseline=True)``), or the searched params of ``--params '{"max_num_seqs":
 256}'`` — one on each of the first two GPUs of ``engine.gpus`` (``CUDA_VISIBLE_DEVICES`` of its
 GPU, through ``build_env`` as the tuner's ``_run_server`` does), each on a free port, each in a
 process group of its own (:class:`tuner.engine.process.Server`), stopped as a group at the end,
-on an error and on Ctrl-C/SIGTERM. ``VLLM_SERVER_DEV_MODE=1`` is put into both servers'
-environment unless the config sets it, so vLLM mounts ``/reset_prefix_cache``.
+on an error and on Ctrl-C/SIGTERM. ``VLLM_SERVER_DEV_MODE=1`` (set by the engine configs, and
+put into the servers' environment here if an override removed it) makes vLLM mount
+``/reset_prefix_cache``.
 
 Then, per rep, for each mode — ``unpinned`` and ``pinned``, in ABBA order over the reps (rep 0
 unpinned first, rep 1 pinned first, ...) so drift hits both — the mode's CPU affinity is
