@@ -22,7 +22,6 @@ def test_confirm_export_and_report_from_storage(tmp_path: Path) -> None:
         "+workload=chat",
         "study.n_trials=4",
         "study.name=res",
-        "+engine.env.VLLM_SERVER_DEV_MODE=1",  # mounts the cache-reset routes, as in vLLM
         *FAST,
     )
     assert p.returncode == 0, p.stderr[-3000:]
