@@ -56,23 +56,36 @@ class SpeedModel:
 
     ``step = overhead + per_token x (prefill_tokens + decode_seqs) + per_ctx x sum(decode ctx)``.
     ``overhead`` is ``overhead_graph_s`` for decode-only steps whose batch fits a captured CUDA
-    graph, else ``overhead_eager_s``. Real H200 target (256 concurrent 512-in/256-out requests):
-    defaults 9,136 out tok/s, TPOT p50 22.2 ms, TTFT p50 1.26 s; ``--enforce-eager`` 7,516 tok/s,
-    TPOT 30.4 ms. Constants scale with parameter count (compute), layer count (launch overhead),
-    KV bytes per token (attention reads) and TP (1/TP compute plus an all-reduce cost per step).
+    graph, else ``overhead_eager_s``. The reference constants were fitted (2026-11-30,
+    ``benchmarks/sim_calibration.py --fit``, see ``docs/sim-calibration.md``) to 25 real TP=1 runs
+    in ``benchmarks/calibration/h200-qwen3-8b.json``: the chat profile at 256 in flight (10
+    configs plus repeats), at 64 in flight (defaults and 5 searched configs), ``/v1/completions``
+    512-token prompts at 8 and 64 in flight, and ``vllm bench serve`` random 512/256 at 256 in
+    flight (defaults, ``--enforce-eager``, gmu 0.30): median error 6 % on output tok/s, 16 % on
+    TTFT p50, 13 % on TPOT p50. Constants scale with parameter count (compute), layer count
+    (launch overhead), KV bytes per token (attention reads) and TP (1/TP compute plus an
+    all-reduce cost per step).
     """
 
-    overhead_graph_s: float = 0.0084
-    overhead_eager_s: float = 0.0160
-    per_token_s: float = 1.5e-5
-    per_ctx_token_s: float = 4.0e-8
+    overhead_graph_s: float = 0.00491
+    overhead_eager_s: float = 0.0161
+    per_token_s: float = 1.33e-5
+    per_ctx_token_s: float = 3.73e-8
     tp_overhead_s: float = 0.0020
-    frontend_s_per_running: float = 0.001
+    frontend_s_per_running: float = 0.00173
     """API-server admission delay per running request (tokenising, SSE streaming load)."""
 
     @classmethod
-    def for_model(cls, shape: ModelShape, tp: int = 1, kv_dtype_bytes: int = 2) -> SpeedModel:
-        base = cls()
+    def for_model(
+        cls,
+        shape: ModelShape,
+        tp: int = 1,
+        kv_dtype_bytes: int = 2,
+        base: SpeedModel | None = None,
+    ) -> SpeedModel:
+        """The constants for ``shape`` at ``tp``, scaled from ``base`` (default: the Qwen3-8B
+        calibration, ``cls()``)."""
+        base = base or cls()
         # TP on one host scales far from linearly at this size (all-reduce per layer, small
         # GEMMs): the real TP=2 run was only ~4 % faster than TP=1.
         compute = shape.param_count / REF_PARAMS / tp**TP_EXPONENT

@@ -37,7 +37,7 @@ from tuner.errors import FailureReason
 from tuner.memory import GpuProfile, MemoryEstimate, ModelShape, estimate
 from tuner.memory import resolve_params as _resolve
 from tuner.records import RequestSpec
-from tuner.sim.engine import Request, Scheduler, block_hashes, build_scheduler
+from tuner.sim.engine import Request, Scheduler, SpeedModel, block_hashes, build_scheduler
 from tuner.sim.startup import Refusal, Settings, engine_check
 from tuner.vllm_rules import api_refusal
 
@@ -78,6 +78,8 @@ class LandscapeResult:
     """Prefix-cache hits / queries (tokens) during the measured phase."""
     message: str | None = None
     """The refusal text of an infeasible configuration (vLLM's wording where the sim has it)."""
+    ttft_p50_ms: float = 0.0
+    tpot_p50_ms: float = 0.0
 
 
 def _infeasible(failure: FailureReason, message: str | None) -> LandscapeResult:
@@ -364,6 +366,7 @@ def evaluate(
     concurrency: int,
     slo: SLOConfig,
     system_prompt_tokens: int | None = None,
+    speed_base: SpeedModel | None = None,
 ) -> LandscapeResult:
     """What a trial with engine ``params`` measures on the simulator for ``requests``.
 
@@ -371,8 +374,10 @@ def evaluate(
     ``None`` means vLLM's default. ``requests`` is a stream from
     :func:`tuner.workload.build_requests` (warm-ups are sent first and not measured) or one
     :func:`prepare_stream` made (faster when evaluating many configurations).
-    ``system_prompt_tokens`` is passed to :func:`prepare_stream`. Deterministic: the same inputs
-    give the same result.
+    ``system_prompt_tokens`` is passed to :func:`prepare_stream`. ``speed_base``: step-time
+    constants for the reference model instead of :class:`~tuner.sim.engine.SpeedModel`'s defaults
+    (scaled to ``shape`` and TP as usual; ``benchmarks/sim_calibration.py --fit``).
+    Deterministic: the same inputs give the same result.
     """
     mem = estimate(shape, gpu, params)
     refusal = config_refusal(shape, gpu, params, mem)
@@ -384,7 +389,12 @@ def evaluate(
         if isinstance(requests, PreparedStream)
         else prepare_stream(requests, system_prompt_tokens)
     )
-    sched = build_scheduler(shape, r, mem)
+    speed = (
+        None
+        if speed_base is None
+        else SpeedModel.for_model(shape, r.tensor_parallel_size, r.kv_dtype_bytes, speed_base)
+    )
+    sched = build_scheduler(shape, r, mem, speed=speed)
     hashes = _stream_hashes(stream, r.block_size) if r.enable_prefix_caching else None
     n = len(stream.prompts)
     warm = [i for i in range(n) if stream.warmup[i]]
@@ -419,20 +429,22 @@ def evaluate(
     tpots = [(d.finish - d.first) / (d.output - 1) for d in done if d.output > 1]
     good = sum(_meets(d, slo) for d in done)
 
-    def p95_ms(values: list[float]) -> float:
-        return float(np.percentile(values, 95)) * 1000.0 if values else 0.0
+    def pct_ms(values: list[float], q: float) -> float:
+        return float(np.percentile(values, q)) * 1000.0 if values else 0.0
 
     return LandscapeResult(
         feasible=True,
         failure=None,
         goodput=good / duration if duration > 0 else 0.0,
         output_throughput=sum(d.output for d in done) / duration if duration > 0 else 0.0,
-        ttft_p95_ms=p95_ms(ttfts),
-        tpot_p95_ms=p95_ms(tpots),
+        ttft_p95_ms=pct_ms(ttfts, 95),
+        tpot_p95_ms=pct_ms(tpots, 95),
         duration_s=duration,
         preemptions=st.preemptions - before.preemptions,
         completed=len(done),
         rejected=rejected,
         kv_tokens=mem.kv_tokens,
         prefix_hit_rate=(st.prefix_hits - before.prefix_hits) / queries if queries else 0.0,
+        ttft_p50_ms=pct_ms(ttfts, 50),
+        tpot_p50_ms=pct_ms(tpots, 50),
     )

@@ -1,0 +1,315 @@
+"""Extract the simulator's calibration points from the stored real H200 runs into one JSON file.
+
+Every number comes from a stored file (none is typed here); run it again and the JSON is the same::
+
+    python scripts/calibration_points.py [--out benchmarks/calibration/h200-qwen3-8b.json]
+        [--shared-readme ../shared/device/README.md]
+
+Sources (all vLLM 0.24.0, Qwen3-8B dummy weights, one H200):
+
+- ``chat256``: the Optuna study ``chat256-qwen3-8b`` (chat profile at 256 in flight, 1000 requests,
+  TPOT SLO 25 ms): every COMPLETE trial without a failure, its ``metrics`` and the KV tokens vLLM
+  logged (``chat-a.log``/``chat-b.log``); the confirm stage's re-runs (seeds 1, 2) of two trials.
+- ``chat64-interference``: vLLM defaults, chat profile at its own 64 in flight, 600 requests; the
+  mean of the ``alone`` rows of ``interference-h200x2.json``.
+- ``bench-c8``/``bench-c64``: ``/v1/completions`` 512-token prompts, outputs uniform 64..192
+  (``ignore_eos``), closed loop, both clients' runs averaged (``replay_vs_vllm_bench-h200-*.json``).
+- ``random256``: the "Measured there" table of the device README (``vllm bench serve`` random 512
+  in / 256 out, 1000 prompts, 256 concurrent); skipped when that file is absent.
+- ``chat64``: the first 8-trial study (chat profile, 300 requests, 64 in flight; raw logs under
+  ``docs/gpu-runs/2026-11-30-h200/``): output tok/s, TTFT p95 and KV tokens per started trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDIES = Path("docs/gpu-runs/2026-11-30-h200x2-studies")
+FIRST = Path("docs/gpu-runs/2026-11-30-h200")
+DEFAULT_OUT = Path("benchmarks/calibration/h200-qwen3-8b.json")
+DEFAULT_README = Path("../shared/device/README.md")
+
+CHAT256 = [
+    "+workload=chat",
+    "workload.arrival.concurrency=256",
+    "workload.num_requests=1000",
+    "workload.slo.tpot_ms=25",
+]
+METRICS = ("output_throughput", "ttft_p50_ms", "tpot_p50_ms", "ttft_p95_ms", "goodput")
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _value(text: str) -> Any:
+    """A logged flag value as the tuner's params hold it."""
+    if text in ("True", "False"):
+        return text == "True"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _params(text: str) -> dict[str, Any]:
+    """``k=v k=v`` as logged after ``|``; ``(vLLM defaults)`` is no flag."""
+    return {k: _value(v) for k, v in re.findall(r"(\w+)=(\S+)", text)}
+
+
+def _round(m: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in m.items() if v is not None}
+
+
+def _logged_kv(logs: Iterable[Path]) -> dict[tuple[int, str], int]:
+    """(trial, tag) -> KV tokens vLLM logged; tag ``""`` for the search, ``seed_N`` for confirm."""
+    out: dict[tuple[int, str], int] = {}
+    pat = re.compile(
+        r"trial (\d+): (?:ready in [\d.]+ s, )?KV cache ([\d,]+) tokens.*?(?:\[(\w+)\])?$"
+    )
+    for log in logs:
+        for line in log.read_text().splitlines():
+            m = pat.search(line)
+            if m:
+                out[(int(m[1]), m[3] or "")] = int(_num(m[2]))
+    return out
+
+
+def chat256_points(root: Path) -> list[dict[str, Any]]:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    db = STUDIES / "chat256-optuna.db"
+    study = optuna.load_study(study_name="chat256-qwen3-8b", storage=f"sqlite:///{root / db}")
+    kv = _logged_kv(root / STUDIES / f"chat-{x}.log" for x in "ab")
+    points: list[dict[str, Any]] = []
+    for t in study.trials:
+        if t.state != optuna.trial.TrialState.COMPLETE or t.user_attrs.get("failure_reason"):
+            continue
+        m = t.user_attrs["metrics"]
+        baseline = bool(t.user_attrs.get("baseline"))
+        points.append(
+            {
+                "id": f"chat256-t{t.number}",
+                "group": "chat256",
+                "source": f"{db} trial {t.number}; KV from chat-a.log/chat-b.log",
+                "workload": {"kind": "tuner", "overrides": CHAT256},
+                "params": {} if baseline else dict(t.params),
+                "baseline": baseline,
+                "co_running_gpus": int(m.get("co_running_gpus", 0)),
+                "runs": 1,
+                "measured": _round(
+                    {k: m.get(k) for k in METRICS}
+                    | {
+                        "kv_tokens": kv.get((t.number, "")),
+                        "predicted_kv_tokens": t.user_attrs.get("predicted_kv_tokens"),
+                        "preemptions": m.get("preemptions"),
+                    }
+                ),
+            }
+        )
+    confirm = study.user_attrs.get("confirm") or {}
+    for res in confirm.get("results", []):
+        trial = int(res["trial"])
+        for run in res["runs"]:
+            seed = int(run["seed"])
+            points.append(
+                {
+                    "id": f"chat256-t{trial}-seed{seed}",
+                    "group": "chat256-confirm",
+                    "source": f"{db} study attr confirm (trial {trial}, seed {seed})",
+                    "workload": {"kind": "tuner", "overrides": [*CHAT256, f"workload.seed={seed}"]},
+                    "params": {} if trial == 0 else dict(res["params"]),
+                    "baseline": trial == 0,
+                    "co_running_gpus": 0,
+                    "runs": 1,
+                    "measured": _round(
+                        {k: run.get(k) for k in METRICS}
+                        | {"kv_tokens": kv.get((trial, f"seed_{seed}"))}
+                    ),
+                }
+            )
+    return points
+
+
+def interference_point(root: Path) -> dict[str, Any]:
+    path = STUDIES / "interference-h200x2.json"
+    data = json.loads((root / path).read_text())
+    alone = [r for r in data["rows"] if r["run"] == "alone"]
+    setup = data["setup"]
+    overrides = [o for o in setup["overrides"] if o.startswith(("+workload=", "workload."))]
+    return {
+        "id": "chat64-defaults-600",
+        "group": "chat64-interference",
+        "source": f"{path} rows run=alone (mean)",
+        "workload": {"kind": "tuner", "overrides": overrides},
+        "params": dict(setup["params"]),
+        "baseline": bool(setup.get("baseline")),
+        "co_running_gpus": 0,
+        "runs": len(alone),
+        "measured": _round(
+            {k: statistics.fmean(r[k] for r in alone) for k in METRICS if k in alone[0]}
+        ),
+        "run_values": {
+            k: [round(r[k], 3) for r in alone] for k in ("output_throughput", "ttft_p50_ms")
+        },
+    }
+
+
+def bench_points(root: Path) -> list[dict[str, Any]]:
+    points = []
+    for c in (8, 64):
+        path = STUDIES / f"replay_vs_vllm_bench-h200-c{c}.json"
+        data = json.loads((root / path).read_text())
+        s = data["setup"]
+        runs = [r for r in data["runs"] if r["concurrency"] == c and not r["failed"]]
+        keys = ("output_throughput", "ttft_p50_ms", "tpot_p50_ms")
+        points.append(
+            {
+                "id": f"bench-c{c}",
+                "group": "bench",
+                "source": f"{path} (mean over runs of both clients)",
+                "workload": {
+                    "kind": "bench",
+                    "endpoint": s["endpoint"],
+                    "requests": runs[0]["requests"],
+                    "concurrency": c,
+                    "input_len": s["input_len"],
+                    "output_len": s["output_len"],
+                    "output_range_ratio": s["output_range_ratio"],
+                    "seed": s["seed"],
+                    "warmups": s["warmups"],
+                    "prefix_cache_reset": all(s.get("prefix_cache_reset_before_run", [])),
+                },
+                "params": {a.lstrip("-").replace("-", "_"): True for a in s["server_args"]},
+                "baseline": not s["server_args"],
+                "co_running_gpus": 0,
+                "runs": len(runs),
+                "measured": _round({k: statistics.fmean(r[k] for r in runs) for k in keys}),
+                "run_values": {k: [round(r[k], 3) for r in runs] for k in keys[:2]},
+            }
+        )
+    return points
+
+
+def readme_points(readme: Path) -> list[dict[str, Any]]:
+    """The device README's "Measured there" table (random 512/256, 1000 prompts, 256 in flight)."""
+    text = readme.read_text()
+    head = re.search(r"^## Measured there.*?(\d[\d ]*) prompts, (\d+) concurrent\)", text, re.M)
+    shape = re.search(r"random` (\d+) in / (\d+) out", head[0]) if head else None
+    if head is None or shape is None:
+        raise ValueError(f"{readme}: no 'Measured there' table")
+    table = text[head.end() :].split("\n\n", 2)[1]
+    points = []
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        config, kv, tok_s, ttft, tpot = cells[0], cells[2], cells[3], cells[4], cells[5]
+        params: dict[str, Any] = {}
+        for flag, val in re.findall(r"`--([\w-]+)(?: ([^`]+))?`", config):
+            params[flag.replace("-", "_")] = _value(val) if val else True
+        pre = re.search(r"\((\d+) preemptions\)", tok_s)
+        slug = "-".join(f"{k}-{v}" for k, v in params.items()).replace("_", "-") or "defaults"
+        points.append(
+            {
+                "id": f"random256-{slug}".lower(),
+                "group": "random256",
+                "source": f"shared/device/README.md 'Measured there': {config}",
+                "workload": {
+                    "kind": "random",
+                    "requests": int(head[1].replace(" ", "")),
+                    "concurrency": int(head[2]),
+                    "input_len": int(shape[1]),
+                    "output_len": int(shape[2]),
+                },
+                "params": params,
+                "baseline": not params,
+                "co_running_gpus": 0,
+                "runs": 1,
+                "measured": _round(
+                    {
+                        "output_throughput": _num(tok_s.split()[0]),
+                        "ttft_p50_ms": _num(ttft),
+                        "tpot_p50_ms": _num(tpot),
+                        "kv_tokens": int(_num(kv)),
+                        "preemptions": int(pre[1]) if pre else None,
+                    }
+                ),
+            }
+        )
+    return points
+
+
+def first_study_points(root: Path) -> list[dict[str, Any]]:
+    pat = re.compile(
+        r"\] trial (\d+)(?: \(baseline\))?: output_throughput ([\d,.]+) tok/s, ttft_p95_ms "
+        r"([\d,.]+) ms, .*?\(start [\d.]+ s, KV ([\d,]+)\) \| (.*)$"
+    )
+    points = []
+    for log, study in (("study-part1.log", "chat-qwen3-8b"), ("study-part2.log", "chat-qwen3-8b"),
+                       ("study-tp2.log", "chat-qwen3-8b-tp2")):  # fmt: skip
+        for line in (root / FIRST / log).read_text().splitlines():
+            m = pat.search(line)
+            if not m:
+                continue
+            params = _params(m[5])
+            points.append(
+                {
+                    "id": f"chat64-{'tp2-' if 'tp2' in study else ''}t{m[1]}",
+                    "group": "chat64",
+                    "source": f"{FIRST / log} (study {study}, trial {m[1]})",
+                    "workload": {"kind": "tuner", "overrides": ["+workload=chat"]},
+                    "params": params,
+                    "baseline": not params,
+                    "co_running_gpus": 0,
+                    "runs": 1,
+                    "measured": {
+                        "output_throughput": _num(m[2]),
+                        "ttft_p95_ms": _num(m[3]),
+                        "kv_tokens": int(_num(m[4])),
+                    },
+                }
+            )
+    return points
+
+
+def build(root: Path = ROOT, readme: Path | None = None) -> dict[str, Any]:
+    readme = readme if readme is not None else root / DEFAULT_README
+    points = chat256_points(root) + [interference_point(root)] + bench_points(root)
+    if readme.exists():
+        points += readme_points(readme)
+    points += first_study_points(root)
+    return {
+        "description": (
+            "Real vLLM 0.24.0 measurements (Qwen3-8B dummy weights, one H200) the simulator's "
+            "SpeedModel is calibrated on; made by scripts/calibration_points.py, evaluated by "
+            "benchmarks/sim_calibration.py. Times in ms, throughput in output tok/s."
+        ),
+        "model": "qwen3-8b",
+        "gpu": "h200",
+        "engine_version": "0.24.0",
+        "points": points,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_OUT)
+    ap.add_argument("--shared-readme", type=Path, default=ROOT / DEFAULT_README)
+    args = ap.parse_args()
+    data = build(ROOT, args.shared_readme)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{len(data['points'])} points -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
