@@ -92,7 +92,7 @@ from tuner.engine.argv import (  # noqa: E402
     trial_argv,
 )
 from tuner.engine.pool import cpu_plan  # noqa: E402
-from tuner.engine.process import Server, free_port, kill_all_groups  # noqa: E402
+from tuner.engine.process import Server, free_port, kill_all_groups, proc_table  # noqa: E402
 from tuner.errors import ConfigError, TrialFailed  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
 from tuner.replay import replay  # noqa: E402
@@ -118,25 +118,9 @@ DEV_MODE = "VLLM_SERVER_DEV_MODE"
 # --- CPU affinity of running processes --------------------------------------------------------
 
 
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """Every live process: pid → (ppid, pgid), from /proc."""
-    out: dict[int, tuple[int, int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # state ppid pgrp ...
-        if len(fields) >= 3 and fields[0] not in ("Z", "X"):
-            out[int(d.name)] = (int(fields[1]), int(fields[2]))
-    return out
-
-
 def server_pids(pid: int, pgid: int) -> list[int]:
     """The server's processes: its process group, and every descendant of ``pid``."""
-    table = _proc_table()
+    table = proc_table()
     found = {p for p, (_, g) in table.items() if g == pgid}
     if pid in table:
         found.add(pid)

@@ -30,7 +30,7 @@ from tuner.engine.logparse import classify, is_fatal, parse_facts, strip_prefix
 from tuner.errors import EngineError, FailureReason, LaunchFailed
 from tuner.records import LaunchInfo
 
-__all__ = ["Server", "free_port", "group_members", "kill_all_groups"]
+__all__ = ["Server", "free_port", "group_members", "kill_all_groups", "proc_table"]
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     return port
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid``, read from /proc."""
-    out: list[int] = []
+def proc_table() -> dict[int, tuple[int, int]]:
+    """Every live (non-zombie) process: pid -> (ppid, pgid), read from /proc."""
+    out: dict[int, tuple[int, int]] = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -76,9 +76,14 @@ def group_members(pgid: int) -> list[int]:
             continue
         # pid (comm) state ppid pgrp ...; comm may contain spaces/parens: split after the last ')'
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            out.append(int(d.name))
+        if len(fields) >= 3 and fields[0] not in ("Z", "X"):
+            out[int(d.name)] = (int(fields[1]), int(fields[2]))
     return out
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid``, read from /proc."""
+    return sorted(pid for pid, (_, group) in proc_table().items() if group == pgid)
 
 
 class Server:
