@@ -57,6 +57,7 @@ OUT = ROOT / "benchmarks/results/sim_calibration.json"
 MODEL_DIR = ROOT / "models/qwen3-8b-dummy"
 FITTED = (
     "overhead_graph_s",
+    "overhead_piecewise_s",
     "overhead_eager_s",
     "per_token_s",
     "per_ctx_token_s",

@@ -186,6 +186,7 @@ def test_scheduler_is_built_like_the_simulated_server(
         "prefix_caching",
         "speed",
         "max_graph_batch",
+        "cudagraph_mode",
     ):
         assert getattr(ours, attr) == getattr(server, attr), attr
     assert ours.pool.num_blocks == server.pool.num_blocks

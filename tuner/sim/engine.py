@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 from tuner.memory import MemoryEstimate, ModelShape, ResolvedParams
 
@@ -34,12 +35,14 @@ __all__ = [
     "BlockPool",
     "ClosedLoopResult",
     "EngineStats",
+    "GraphKind",
     "Request",
     "Scheduler",
     "SpeedModel",
     "StepResult",
     "block_hashes",
     "build_scheduler",
+    "graph_kind",
     "simulate_closed_loop",
 ]
 
@@ -50,29 +53,55 @@ REF_KV_BYTES_PER_TOKEN = 147_456
 TP_EXPONENT = 0.25
 
 
+GraphKind = Literal["full", "piecewise", "eager"]
+"""How vLLM runs one engine step: a FULL CUDA graph, PIECEWISE graphs, or eagerly."""
+
+
+def graph_kind(
+    cudagraph_mode: str, max_graph_batch: int, prefill_tokens: int, decode_seqs: int
+) -> GraphKind:
+    """The step's :data:`GraphKind` under the resolved ``cudagraph_mode``.
+
+    A decode-only step of at most ``max_graph_batch`` (the largest capture size) sequences
+    replays a FULL graph in the FULL* modes; every other step runs PIECEWISE graphs where the mode
+    has them (FULL_AND_PIECEWISE, PIECEWISE; PIECEWISE also for decode-only steps), else eagerly.
+    """
+    mode = cudagraph_mode.upper()
+    if mode == "NONE" or max_graph_batch <= 0:
+        return "eager"
+    if mode.startswith("FULL") and prefill_tokens == 0 and 0 < decode_seqs <= max_graph_batch:
+        return "full"
+    return "piecewise" if "PIECEWISE" in mode else "eager"
+
+
 @dataclasses.dataclass(frozen=True)
 class SpeedModel:
     """Seconds per engine step, calibrated on Qwen3-8B on one H200 (vLLM 0.24).
 
     ``step = overhead + per_token x (prefill_tokens + decode_seqs) + per_ctx x sum(decode ctx)``.
-    ``overhead`` is ``overhead_graph_s`` for decode-only steps whose batch fits a captured CUDA
-    graph, else ``overhead_eager_s``. The reference constants were fitted (2026-11-30,
+    ``overhead`` depends on how vLLM runs the step (:func:`graph_kind`): ``overhead_graph_s`` for
+    a decode-only step whose batch fits a captured FULL CUDA graph, ``overhead_piecewise_s`` for
+    any other step when ``cudagraph_mode`` includes PIECEWISE graphs (FULL_AND_PIECEWISE, the
+    default, and PIECEWISE), else ``overhead_eager_s`` (``--enforce-eager``, ``cudagraph_mode``
+    NONE, and the mixed steps of FULL_DECODE_ONLY / FULL). The reference constants were fitted
+    (2026-11-30,
     ``benchmarks/sim_calibration.py --fit``, see ``docs/sim-calibration.md``) to 25 real TP=1 runs
     in ``benchmarks/calibration/h200-qwen3-8b.json``: the chat profile at 256 in flight (10
     configs plus repeats), at 64 in flight (defaults and 5 searched configs), ``/v1/completions``
     512-token prompts at 8 and 64 in flight, and ``vllm bench serve`` random 512/256 at 256 in
-    flight (defaults, ``--enforce-eager``, gmu 0.30): median error 6 % on output tok/s, 16 % on
-    TTFT p50, 13 % on TPOT p50. Constants scale with parameter count (compute), layer count
+    flight (defaults, ``--enforce-eager``, gmu 0.30): median error 7 % on output tok/s, 15 % on
+    TTFT p50, 6 % on TPOT p50. Constants scale with parameter count (compute), layer count
     (launch overhead), KV bytes per token (attention reads) and TP (1/TP compute plus an
     all-reduce cost per step).
     """
 
-    overhead_graph_s: float = 0.00491
-    overhead_eager_s: float = 0.0161
-    per_token_s: float = 1.33e-5
-    per_ctx_token_s: float = 3.73e-8
+    overhead_graph_s: float = 0.00607
+    overhead_piecewise_s: float = 0.00589
+    overhead_eager_s: float = 0.0163
+    per_token_s: float = 1.40e-5
+    per_ctx_token_s: float = 4.76e-8
     tp_overhead_s: float = 0.0020
-    frontend_s_per_running: float = 0.00173
+    frontend_s_per_running: float = 0.00189
     """API-server admission delay per running request (tokenising, SSE streaming load)."""
 
     @classmethod
@@ -99,6 +128,8 @@ class SpeedModel:
         weights_read = 0.0030 * (compute - 1.0)  # weight streaming per step relative to the 8B
         return cls(
             overhead_graph_s=max(0.0008, base.overhead_graph_s * launch + weights_read) + extra,
+            overhead_piecewise_s=max(0.0012, base.overhead_piecewise_s * launch + weights_read)
+            + extra,
             overhead_eager_s=max(0.002, base.overhead_eager_s * launch + weights_read) + extra,
             per_token_s=base.per_token_s * compute,
             per_ctx_token_s=base.per_ctx_token_s * attn,
@@ -107,9 +138,14 @@ class SpeedModel:
         )
 
     def step_time(
-        self, prefill_tokens: int, decode_seqs: int, decode_ctx: int, graphs: bool
+        self, prefill_tokens: int, decode_seqs: int, decode_ctx: int, graph: GraphKind
     ) -> float:
-        overhead = self.overhead_graph_s if graphs else self.overhead_eager_s
+        if graph == "full":
+            overhead = self.overhead_graph_s
+        elif graph == "piecewise":
+            overhead = self.overhead_piecewise_s
+        else:
+            overhead = self.overhead_eager_s
         return (
             overhead
             + self.per_token_s * (prefill_tokens + decode_seqs)
@@ -267,6 +303,7 @@ class Scheduler:
         prefix_caching: bool,
         speed: SpeedModel,
         max_graph_batch: int = 0,
+        cudagraph_mode: str = "FULL_AND_PIECEWISE",
     ) -> None:
         self.pool = BlockPool(num_blocks, block_size, prefix_caching)
         self.block_size = block_size
@@ -276,6 +313,7 @@ class Scheduler:
         self.prefix_caching = prefix_caching
         self.speed = speed
         self.max_graph_batch = max_graph_batch
+        self.cudagraph_mode = cudagraph_mode
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.stats = EngineStats()
@@ -403,14 +441,14 @@ class Scheduler:
                 decode_ctx += req.num_computed
             else:
                 prefill += new
-        graphs = prefill == 0 and 0 < decode_seqs <= self.max_graph_batch
+        graph = graph_kind(self.cudagraph_mode, self.max_graph_batch, prefill, decode_seqs)
         if not scheduled:
             # Idle until the next request clears the front end.
             nxt = self.waiting[0].ready_s if self.waiting else now
             idle = nxt - now if nxt > now and now != float("inf") else 0.0
             self.stats.steps += 1
             return StepResult(max(idle, 1e-4), [], [], idle=True)
-        duration = self.speed.step_time(prefill, decode_seqs, decode_ctx, graphs)
+        duration = self.speed.step_time(prefill, decode_seqs, decode_ctx, graph)
 
         emitted: list[Request] = []
         finished: list[Request] = []
@@ -518,4 +556,5 @@ def build_scheduler(
         prefix_caching=r.enable_prefix_caching,
         speed=speed,
         max_graph_batch=max(r.capture_sizes, default=0) if r.cudagraph_mode != "NONE" else 0,
+        cudagraph_mode=r.cudagraph_mode,
     )
