@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from .procs import marked_pids
+from .test_study import FAST
 
 pytestmark = pytest.mark.integration
 
@@ -38,12 +39,7 @@ def test_interference_benchmark_on_two_simulated_gpus(tmp_path: Path) -> None:
             str(tmp_path / "logs"),
             "--",
             "+workload=chat",
-            "workload.num_requests=12",
-            "workload.warmup_requests=1",
-            "workload.arrival.concurrency=6",
-            "workload.output_tokens.low=8",
-            "workload.output_tokens.high=24",
-            "engine.env.TUNER_SIM_SPEEDUP=20",
+            *FAST,
             "engine.gpus=[0,1]",
             f"engine.cpu_reserve={reserve}",
         ],
