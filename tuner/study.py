@@ -86,7 +86,7 @@ class _Ctx:
     cpu_sets: dict[int, list[int]] | None = None
     """``engine.cpu_pinning``: the CPU cores of each GPU's server."""
     repeat_requests: list[list[RequestSpec]] = field(default_factory=list)
-    """The request streams of repeats 2.. (``study.repeats``), built once."""
+    """The request streams of repeats 2.. (``study.repeats``: workload seed + 1, + 2, ...)."""
 
     @property
     def lease_dir(self) -> Path:
@@ -210,6 +210,11 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     for entry in cfg.study.enqueue:
         study.enqueue_trial({**defaults(cfg.space), **entry}, skip_if_exists=True)
     requests = build_requests(cfg.workload, Path(cfg.model.path))
+    # study.repeats: the other request streams, built here, not while trials replay
+    repeat_requests = [
+        build_requests(replace(cfg.workload, seed=cfg.workload.seed + k), Path(cfg.model.path))
+        for k in range(1, cfg.study.repeats)
+    ]
     secrets = secret_values(cfg.engine, model=cfg.model)
     for saved in run_dir.glob(".hydra/*.yaml"):  # Hydra's copy of the command line and config
         _mask_file(saved, secrets)
@@ -235,6 +240,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         study_name=study.study_name,
         parent_run_id=tracker.parent_run_id,
         pool=GpuPool(cfg.engine.gpus),
+        repeat_requests=repeat_requests,
         cpu_sets=(
             cpu_plan(cfg.engine.gpus, sorted(os.sched_getaffinity(0)), cfg.engine.cpu_reserve)
             if cfg.engine.cpu_pinning
@@ -517,12 +523,10 @@ class _Replay:
 
 async def _run_trial(ctx: _Ctx, number: int, params: dict[str, Any], baseline: bool) -> TrialResult:
     """The trial's server, with ``study.repeats`` replays on it; one result (their mean)."""
-    replays = [_Replay("", ctx.requests, ctx.cfg.workload)]
-    for k in range(1, ctx.cfg.study.repeats):
-        w = replace(ctx.cfg.workload, seed=ctx.cfg.workload.seed + k)
-        if len(ctx.repeat_requests) < k:
-            ctx.repeat_requests.append(build_requests(w, Path(ctx.cfg.model.path)))
-        replays.append(_Replay(f"repeat_{k + 1}", ctx.repeat_requests[k - 1], w))
+    w = ctx.cfg.workload
+    replays = [_Replay("", ctx.requests, w)]
+    for k, reqs in enumerate(ctx.repeat_requests, 1):
+        replays.append(_Replay(f"repeat_{k + 1}", reqs, replace(w, seed=w.seed + k)))
     tdir = _trial_dir(ctx.run_dir, number)
     results = await _run_server(ctx, number, params, baseline, tdir, replays, prune=True)
     if len(replays) == 1:
