@@ -245,6 +245,10 @@ class StudyConfig:
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     """Configs to try before the sampler's own (e.g. your current flags): each entry names some
     params; the others take vLLM's defaults. An entry already tried is not enqueued again."""
+    timeout_s: float | None = None
+    """Wall-clock budget of this invocation's search, in seconds (Optuna's ``timeout``): once it
+    has passed no new trial starts, running trials finish, and the confirm stage still runs. The
+    study stops at ``n_trials`` or here, whichever comes first; the same command continues it."""
     repeats: int = 1
     """Replays per trial on its one server (repeat k replays the workload with seed
     ``workload.seed + k - 1``, another request order and content; caches reset in between). The
@@ -436,6 +440,10 @@ def validate(c: TunerConfig) -> None:
         )
     if not 1 <= c.study.repeats <= 20:
         raise ConfigError(f"study.repeats is {c.study.repeats}; allowed: 1 to 20")
+    if c.study.timeout_s is not None and not c.study.timeout_s > 0:
+        raise ConfigError(
+            f"study.timeout_s is {c.study.timeout_s}; allowed: seconds > 0, or null for no limit"
+        )
     if c.study.n_trials < 0:
         raise ConfigError(f"study.n_trials is {c.study.n_trials}; allowed: an integer >= 0")
     if not c.objective.objectives:

@@ -321,10 +321,21 @@ async def _trials(
 
     tasks: list[asyncio.Task[None]] = []
     try:
-        for _ in range(n):
+        for i in range(n):
             await slots.acquire()
             if any(t.done() and t.exception() for t in tasks):
                 break  # a trial hit a tuner bug: stop asking, report it below
+            budget = cfg.study.timeout_s
+            if budget is not None and time.monotonic() - t_start >= budget:
+                slots.release()
+                log.info(
+                    "study.timeout_s (%g s) has passed: no new trial after %d of %d; the "
+                    "running ones finish, and the same command continues the study",
+                    budget,
+                    i,
+                    n,
+                )
+                break
             trial = study.ask(dists)
             trial.set_user_attr("worker", worker_id())
             tasks.append(asyncio.create_task(one(trial)))

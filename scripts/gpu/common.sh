@@ -16,13 +16,14 @@ CHAT_ARGS=(+workload=chat engine=$ENGINE model=qwen3-8b study.name=chat256-qwen3
   workload.arrival.concurrency=256 workload.num_requests=1000 workload.slo.tpot_ms=25
   objective=goodput
   'confirm.picks=[goodput,baseline]' confirm.load_factor=1 confirm.duration_factor=1)
-# how many trials the chat study still lacks to reach $1 finished (complete or pruned) trials
+# how many trials study $2 (storage under $W/$3, default chat) still lacks to reach $1 finished
+# (complete or pruned) trials
 remaining() {
-  python3 - "$1" "$W" <<'PY'
+  python3 - "$1" "$W" "${2:-chat256-qwen3-8b}" "${3:-chat}" <<'PY'
 import sys, optuna
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 try:
-    s = optuna.load_study(study_name="chat256-qwen3-8b", storage=f"sqlite:///{sys.argv[2]}/chat/outputs/state/optuna.db")
+    s = optuna.load_study(study_name=sys.argv[3], storage=f"sqlite:///{sys.argv[2]}/{sys.argv[4]}/outputs/state/optuna.db")
     done = sum(t.state.is_finished() and t.state.name != "FAIL" for t in s.trials)
 except Exception:
     done = 0

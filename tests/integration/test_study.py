@@ -186,6 +186,7 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         (["engine=gpu9000", "+workload=chat"], "allowed: sim, vllm"),
         ([], "+workload=NAME"),
         (["+workload=chat", "study.repeats=0"], "allowed: 1 to 20"),
+        (["+workload=chat", "study.timeout_s=0"], "allowed: seconds > 0, or null"),
     ],
 )
 def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
@@ -351,6 +352,22 @@ def test_repeats_replay_other_streams_on_one_server_and_average(tmp_path: Path) 
     ]
     assert streams[0] != streams[1] != streams[2]
     assert json.loads((tdir / "result.json").read_text())["metrics"]["repeats"] == 3
+
+
+def test_timeout_stops_asking_but_finishes_and_confirms(tmp_path: Path) -> None:
+    # a budget shorter than one trial: the first trial runs to its end, no second one starts,
+    # the confirm stage still runs, and the same command continues the study
+    args = ["+workload=chat", "study.name=budget", "study.n_trials=4", "study.timeout_s=0.5"]
+    args += ["tracking=none", "confirm.picks=[goodput]", "confirm.seeds=[1]", *FAST]
+    p = tuner(tmp_path, *args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    study = optuna.load_study(study_name="budget", storage=storage(tmp_path))
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE]
+    assert "study.timeout_s (0.5 s) has passed: no new trial after 1 of 4" in p.stdout
+    assert "confirm" in study.user_attrs
+    p = tuner(tmp_path, *args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert len(optuna.load_study(study_name="budget", storage=storage(tmp_path)).trials) == 2
 
 
 def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
