@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Device calls D1..D3 (nvidia-h200-x2), CALL=1|2|3, one after another on a warm machine:
+#   GPU 0: the long_docs study at 32 in flight (Qwen3-8B shape), search in calls 1-3, its confirm
+#          stage (goodput pick and vLLM's defaults side by side) at the end of call 3;
+#   GPU 1: call 1 first runs the tuner's client against `vllm bench serve` (keep-alive fix and
+#          warm-up run, not yet measured on the GPU), then the image_heavy study on the
+#          Qwen3-VL-8B shape, search in calls 1-3 and its confirm stage at the end of call 3.
+# Every job stops itself before the call's end: study.timeout_s lets no trial start that cannot
+# finish, `timeout -s INT` is the backstop. T: seconds this call may use (from the script's start).
+# If the machine went cold between calls, the state comes back from .gpu-restore/ (the previous
+# call's d<K>.tgz.part-* files, carried).
+set -u
+T="${T:-560}"
+CALL="${CALL:-1}"
+source "$(dirname "$0")/common.sh"
+left() { echo $(( T - SECONDS )); }
+if [ ! -d "$W/long" ] && ls .gpu-restore/*.tgz.part-* > /dev/null 2>&1; then
+  cat .gpu-restore/*.tgz.part-* | tar xzf - -C "$W" && echo "restored the state from .gpu-restore"
+fi
+mkdir -p "$W/long" "$W/vl" "$W/bench"
+LONG_TRIAL_S="${LONG_TRIAL_S:-150}"   # one long_docs trial: start-up ~55 s + 96 requests
+LONG_CONFIRM_S="${LONG_CONFIRM_S:-420}"  # two servers x two seeds
+VL_TRIAL_S="${VL_TRIAL_S:-140}"
+VL_CONFIRM_S="${VL_CONFIRM_S:-330}"
+LONG_ARGS=(+workload=long_docs engine=$ENGINE model=qwen3-8b study.name=long_docs32-qwen3-8b
+  'engine.gpus=[0]' workload.arrival.concurrency=32 workload.num_requests=96 objective=goodput
+  'confirm.picks=[goodput,baseline]' confirm.load_factor=1 confirm.duration_factor=1
+  ${LONG_EXTRA:-})
+VL_ARGS=(+workload=image_heavy engine=$ENGINE model=qwen3-vl-8b study.name=image_heavy-qwen3-vl-8b
+  'engine.gpus=[1]' objective=goodput
+  'confirm.picks=[goodput,baseline]' confirm.load_factor=1 confirm.duration_factor=1
+  ${VL_EXTRA:-})
+# study NAME DIR TRIALS TRIAL_S CONFIRM_S ARGS...: the search for as long as this call allows
+# (confirm at the end of call 3 only), in $W/DIR, log $LOGS/DIR-d$CALL.log
+study() {
+  local name=$1 dir=$2 trials=$3 trial_s=$4 confirm_s=$5; shift 5
+  local n budget conf=false hard
+  n=$(remaining "$trials" "$name" "$dir")
+  [ "$CALL" = 3 ] && conf=true || confirm_s=0
+  hard=$(( $(left) - 20 ))
+  budget=$(( hard - trial_s - confirm_s ))
+  if [ "$n" = 0 ] && [ "$conf" = false ]; then echo "$name: no trial left to run"; return; fi
+  echo "$name: $n trials to run, search budget ${budget}s, confirm $conf, hard limit ${hard}s"
+  if [ "$budget" -lt 1 ]; then
+    [ "$conf" = false ] && { echo "no time for a trial in this call"; return; }
+    n=0; budget=1
+  fi
+  cd "$W/$dir"
+  timeout -s INT -k 30 "$hard" python3 -m tuner "$@" study.n_trials="$n" \
+    study.timeout_s="$budget" confirm.enabled=$conf
+  echo "tuner rc=$?"
+}
+study long_docs32-qwen3-8b long "${LONG_TRIALS:-12}" "$LONG_TRIAL_S" "$LONG_CONFIRM_S" \
+  "${LONG_ARGS[@]}" > "$LOGS/long-d$CALL.log" 2>&1 &
+LONG=$!
+(
+  if [ "$CALL" = 1 ] && [ -z "${NO_BENCH:-}" ]; then
+    cd "$ROOT"
+    CUDA_VISIBLE_DEVICES=1 VLLM_SERVER_DEV_MODE=1 timeout -s INT -k 30 "${BENCH_LIMIT:-380}" \
+      python3 benchmarks/replay_vs_vllm_bench.py --one-server --concurrency 8 64 --reps 3 \
+      --waves 8 --min-requests 64 \
+      --server-cmd "${BENCH_SERVER:-vllm serve} models/qwen3-8b-dummy --load-format dummy --served-model-name m --host {host} --port {port}" \
+      --workdir "$W/bench" --out "$W/bench/replay_vs_vllm_bench-h200.json" > "$LOGS/bench.log" 2>&1
+    echo "bench rc=$?" >> "$LOGS/bench.log"
+  fi
+  study image_heavy-qwen3-vl-8b vl "${VL_TRIALS:-12}" "$VL_TRIAL_S" "$VL_CONFIRM_S" \
+    "${VL_ARGS[@]}" > "$LOGS/vl-d$CALL.log" 2>&1
+) &
+VL=$!
+wait $LONG $VL
+nvidia-smi --query-gpu=index,memory.used --format=csv > "$LOGS/nvidia-smi-d$CALL.txt" 2>&1
+pack "d$CALL" logs long vl bench
+for f in long-d$CALL vl-d$CALL bench; do echo "== $f"; tail -n 6 "$LOGS/$f.log" 2>/dev/null; done
+echo "call $CALL used ${SECONDS}s of $T"
