@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -208,7 +209,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     if cfg.study.warm_start:
         _warm_start(study, cfg, dists)
     for entry in cfg.study.enqueue:
-        study.enqueue_trial({**defaults(cfg.space), **entry}, skip_if_exists=True)
+        _enqueue_once(study, {**defaults(cfg.space), **entry})
     requests = build_requests(cfg.workload, Path(cfg.model.path))
     # study.repeats: the other request streams, built here, not while trials replay
     repeat_requests = [
@@ -249,6 +250,10 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     )
     for note in recover(study, ctx.lease_dir):  # what a killed tuner left behind
         log.warning("recovered: %s", note)
+    baseline_lost = n_stored and not _has_baseline(study)  # interrupted before it finished
+    if cfg.study.baseline_first and baseline_lost and not defaults_outside(cfg.space):
+        study.enqueue_trial(defaults(cfg.space), user_attrs={"baseline": True})
+        log.info("the baseline trial (vLLM's defaults) has not finished yet; enqueued again")
     outcome = StudyOutcome(study)
     log.info(
         "study %s: %d trials stored, running %d more (%s engine, model %s, workload %s, %d "
@@ -451,10 +456,47 @@ def _warm_start(
             for k, v in t.params.items()
             if k in dists and dists[k]._contains(dists[k].to_internal_repr(v))
         }
-        study.enqueue_trial({**defaults(cfg.space), **params}, skip_if_exists=True)
+        _enqueue_once(study, {**defaults(cfg.space), **params})
     log.info(
         "warm start: enqueued %d Pareto-best configs of study %s", len(best), source.study_name
     )
+
+
+_LIVE = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.RUNNING,
+    optuna.trial.TrialState.WAITING,
+)
+"""States of a trial that has run, runs or will run; a FAIL (interrupted, tuner bug) has not."""
+
+
+def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, bool) or isinstance(w, bool) or not isinstance(v, int | float):
+            if v != w:
+                return False
+        elif not isinstance(w, int | float) or not math.isclose(float(v), float(w), rel_tol=1e-9):
+            return False
+    return True
+
+
+def _enqueue_once(study: optuna.Study, params: dict[str, Any]) -> bool:
+    """Enqueue ``params`` unless a trial with them has run, runs or waits. Unlike Optuna's
+    ``skip_if_exists``, a FAIL trial (one a killed or interrupted tuner left) does not count, so
+    the same command runs an interrupted enqueued config again."""
+    for t in study.get_trials(deepcopy=False, states=_LIVE):
+        if _same_params(params, t.system_attrs.get("fixed_params", t.params)):
+            return False
+    study.enqueue_trial(params)
+    return True
+
+
+def _has_baseline(study: optuna.Study) -> bool:
+    return any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False, states=_LIVE))
 
 
 def _tags(cfg: TunerConfig) -> dict[str, str]:

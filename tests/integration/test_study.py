@@ -447,6 +447,10 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
     assert first.state == optuna.trial.TrialState.FAIL
     assert first.user_attrs["failure_reason"] == "interrupted"
     assert second.state == optuna.trial.TrialState.COMPLETE
+    # the killed trial was the baseline: it runs again, vLLM's defaults, before any sampled one
+    assert first.user_attrs["baseline"] and second.user_attrs["baseline"]
+    assert second.params == first.params
+    assert "baseline trial (vLLM's defaults) has not finished yet; enqueued again" in p.stdout
     runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
     parents = sorted(
         (r for r in runs if r.data.tags.get("tuner.role") == "study"),
