@@ -648,6 +648,22 @@ async def _run_server(
     lease: Lease | None = None
     predicted: int | None = None
     all_requests = [r for rp in replays for r in rp.requests]
+
+    def info() -> _RunInfo:
+        return _RunInfo(
+            number=number,
+            params=full,
+            argv=shown_argv,
+            launch=launch,
+            predicted=predicted,
+            baseline=baseline,
+            launched=server is not None,
+            server_s=server.lifetime_s if server is not None else 0.0,
+            gpus=tuple(leased),
+            started_at=started_at,
+            duration_s=round(time.monotonic() - t0, 3),
+        )
+
     try:
         verdict = precheck(
             cfg, ctx.shape, full, all_requests, baseline=baseline, veto=cfg.study.precheck
@@ -718,6 +734,11 @@ async def _run_server(
                     ) as http:
                         dead = await server.check(http)
                     measured.append((records, {**telemetry, **extra}, pruned))
+                    if len(replays) > 1:  # keep what this replay measured if a later one dies
+                        done = _replay_result(
+                            ctx, rp, records, {**common, **measured[-1][1]}, pruned, None, info()
+                        )
+                        _write_artifacts(tdir / rp.subdir, done, records)
                     if dead is not None:
                         failure = TrialFailed(*dead)
                         break
@@ -732,42 +753,74 @@ async def _run_server(
             common["stop_s"] = server.stop_s or 0.0
             common["survivors"] = float(len(server.survivors))
             _mask_file(tdir / "server.log", ctx.secrets)
+    run = info()
     results = []
     # a failure carries to every replay; a prune ends the replays after it without results
     for i, rp in enumerate(replays if failure is not None else replays[: len(measured)]):
         records, telemetry, pruned = measured[i] if i < len(measured) else ([], {}, None)
-        metrics = {**common, **telemetry, **summarize(records, rp.workload.slo)}
         fail = failure if failure is not None and i >= len(measured) - 1 else None
-        if fail is not None:
-            pruned = None
-        elif records and metrics["error_rate"] >= 1.0:
-            first = next((r.error for r in records if r.error), None)
-            fail = TrialFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
-            pruned = None
-        reason = fail.reason.value if fail else None
-        result = TrialResult(
-            number=number,
-            params=full,
-            argv=shown_argv,
-            values=None if fail is not None else objective_values(metrics, cfg.objective),
-            constraints=constraints(metrics, reason, cfg.objective, rp.workload.slo),
-            metrics=metrics,
-            failure_reason=reason,
-            failure_detail=mask(fail.detail, ctx.secrets) if fail else None,
-            launch=launch,
-            predicted_kv_tokens=predicted,
-            baseline=baseline,
-            launched=server is not None,
-            server_s=server.lifetime_s if server is not None else 0.0,
-            pruned=pruned,
-            gpus=tuple(leased),
-            started_at=started_at,
-            duration_s=round(time.monotonic() - t0, 3),
-        )
+        result = _replay_result(ctx, rp, records, {**common, **telemetry}, pruned, fail, run)
         _mkdir(tdir / rp.subdir)
         _write_artifacts(tdir / rp.subdir, result, records)
         results.append(result)
     return results
+
+
+@dataclass(frozen=True)
+class _RunInfo:
+    """What the results of every replay on one server share."""
+
+    number: int
+    params: dict[str, Any]
+    argv: tuple[str, ...]
+    launch: LaunchInfo | None
+    predicted: int | None
+    baseline: bool
+    launched: bool
+    server_s: float
+    gpus: tuple[int, ...]
+    started_at: float
+    duration_s: float
+
+
+def _replay_result(
+    ctx: _Ctx,
+    rp: _Replay,
+    records: list[RequestRecord],
+    measured: dict[str, float],
+    pruned: str | None,
+    fail: TrialFailed | None,
+    run: _RunInfo,
+) -> TrialResult:
+    """One replay's :class:`TrialResult` (``measured``: the server's and the replay's telemetry)."""
+    cfg = ctx.cfg
+    metrics = {**measured, **summarize(records, rp.workload.slo)}
+    if fail is not None:
+        pruned = None
+    elif records and metrics["error_rate"] >= 1.0:
+        first = next((r.error for r in records if r.error), None)
+        fail = TrialFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
+        pruned = None
+    reason = fail.reason.value if fail else None
+    return TrialResult(
+        number=run.number,
+        params=run.params,
+        argv=run.argv,
+        values=None if fail is not None else objective_values(metrics, cfg.objective),
+        constraints=constraints(metrics, reason, cfg.objective, rp.workload.slo),
+        metrics=metrics,
+        failure_reason=reason,
+        failure_detail=mask(fail.detail, ctx.secrets) if fail else None,
+        launch=run.launch,
+        predicted_kv_tokens=run.predicted,
+        baseline=run.baseline,
+        launched=run.launched,
+        server_s=run.server_s,
+        pruned=pruned,
+        gpus=run.gpus,
+        started_at=run.started_at,
+        duration_s=run.duration_s,
+    )
 
 
 async def _reset_caches(base_url: str, key: str | None) -> bool:

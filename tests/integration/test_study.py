@@ -370,6 +370,43 @@ def test_timeout_stops_asking_but_finishes_and_confirms(tmp_path: Path) -> None:
     assert len(optuna.load_study(study_name="budget", storage=storage(tmp_path)).trials) == 2
 
 
+def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Path) -> None:
+    # repeats (and the confirm stage's seeds) replay one after another on one server: what the
+    # first replay measured is on disk as soon as it ends, not only when the server's last ends
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", "+workload=chat", "study.n_trials=1", "study.repeats=2"]
+        + ["tracking=none", "workload.num_requests=120", "workload.arrival.concurrency=8"]
+        + ["engine.env.TUNER_SIM_SPEEDUP=1"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # repeat 1 has ended, so repeat 2 replays now
+            if list(tmp_path.glob("outputs/runs/*/trial_0000/result.json")):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("no result of repeat 1")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 130, out[-2000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    tdir = next(tmp_path.glob("outputs/runs/*/trial_0000"))
+    assert not (tdir / "repeat_2" / "result.json").exists()
+    first = json.loads((tdir / "result.json").read_text())
+    assert first["metrics"]["completed"] == 120
+    assert first["values"] and first["values"][0] > 0
+    assert len((tdir / "requests.jsonl").read_text().splitlines()) == 120 + 8  # + warm-ups
+    state = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path)).trials[0]
+    assert state.state == optuna.trial.TrialState.FAIL  # the trial itself did not finish
+
+
 def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
     first = tuner(
         tmp_path, "+workload=chat", "study.n_trials=3", "study.name=src", "tracking=none", *FAST
