@@ -365,9 +365,12 @@ def test_timeout_stops_asking_but_finishes_and_confirms(tmp_path: Path) -> None:
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE]
     assert "study.timeout_s (0.5 s) has passed: no new trial after 1 of 4" in p.stdout
     assert "confirm" in study.user_attrs
-    p = tuner(tmp_path, *args)
+    p = tuner(tmp_path, *args)  # continues (a trial the precheck rejects takes no time)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert len(optuna.load_study(study_name="budget", storage=storage(tmp_path)).trials) == 2
+    new = len(optuna.load_study(study_name="budget", storage=storage(tmp_path)).trials) - 1
+    assert new >= 1
+    if new < 4:
+        assert f"no new trial after {new} of 4" in p.stdout, p.stdout[-2000:]
 
 
 def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Path) -> None:
