@@ -243,5 +243,17 @@ def test_requests_for_the_vl_model() -> None:
         text = msg["content"][0]["text"]
         chat = f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
         n_text = len(tok.encode(chat, add_special_tokens=False).ids)
-        # 64x64 is below the processor's min_pixels (65,536): resized to 256x256 -> 8x8 tokens
-        assert s.prompt_tokens == n_text + s.images * 64
+        # 64x64 is below the processor's min_pixels (65,536): resized to 256x256 -> 8x8 tokens,
+        # and the template wraps each in <|vision_start|> ... <|vision_end|>
+        assert s.prompt_tokens == n_text + s.images * (64 + 2)
+
+
+def test_prompt_tokens_are_what_vllm_counts_for_image_heavy(make_cfg: Any) -> None:
+    """The first 12 requests of image_heavy (its seed, Qwen3-VL-8B shape): ``usage.prompt_tokens``
+    as vLLM 0.24.0 (CPU build, this model directory shrunk to 2 layers, transformers 5.17)
+    answered them on 2026-11-30 — 1 to 4 images of 512x512 to 1280x720 each."""
+    cfg = make_cfg("+workload=image_heavy", "model=qwen3-vl-8b")
+    specs = build_requests(cfg.workload, Path(cfg.model.path))[:12]
+    vllm = [2242, 2932, 1581, 3303, 3402, 1342, 857, 1608, 3565, 1675, 2989, 1213]
+    assert [s.prompt_tokens for s in specs] == vllm
+    assert [s.images for s in specs] == [3, 4, 2, 4, 4, 2, 1, 2, 4, 2, 4, 2]

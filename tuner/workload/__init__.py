@@ -56,8 +56,9 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
     Indices run 0..warmup+num-1 over the whole stream. Conversations of ``w.turns`` turns are
     laid out one after another (turn k of a conversation is the request after turn k-1); the
     warm-up and measured parts each start a fresh conversation. ``prompt_tokens`` is what the
-    server counts: the rendered chat template (or the completions prompt) plus
-    ceil(w/28) x ceil(h/28) per image.
+    server counts: the rendered chat template (or the completions prompt) plus, per image, its
+    tokens (:func:`~tuner.workload.images.image_tokens`: the processor's grid) and the tokens
+    the template puts around it (:meth:`ChatTemplate.image_wrapper_tokens`).
 
     With ``w.trace`` the measured requests are the trace's selected rows (``num_requests``,
     the length distributions and ``w.arrival``'s schedule are ignored): a token-exact prompt of
@@ -81,6 +82,8 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
     corpus = token_corpus(model_dir, w.corpus)
     template = ChatTemplate(model_dir) if endpoint == "chat" else None
     tokenizer = corpus.tokenizer
+    # the template's own tokens around each image (counted text carries no image parts)
+    wrap = template.image_wrapper_tokens(tokenizer) if template and w.images is not None else 0
 
     r_len, r_text, r_img, r_arr, r_sys = (
         np.random.default_rng(s) for s in np.random.SeedSequence(w.seed).spawn(5)
@@ -122,7 +125,7 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
                 fmt = im.formats[int(r_img.integers(len(im.formats)))]
                 url = image_data_url(wd, ht, fmt, r_img)
                 parts.append({"type": "image_url", "image_url": {"url": url}})
-                img_tokens += image_tokens(wd, ht, grid)
+                img_tokens += image_tokens(wd, ht, grid) + wrap
             if n_images:
                 content = parts
 

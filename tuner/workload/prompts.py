@@ -176,6 +176,24 @@ class ChatTemplate:
             except Exception:  # jinja2 missing or the template does not compile: use ChatML
                 self._template = None
 
+    @property
+    def native(self) -> bool:
+        """True while the model's own template renders (False: the ChatML fallback)."""
+        return self._template is not None
+
+    def image_wrapper_tokens(self, tokenizer: Any) -> int:
+        """Tokens the template puts around each image besides the one placeholder the server
+        expands into the image's own tokens (Qwen-VL: ``<|vision_start|>`` and ``<|vision_end|>``
+        around ``<|image_pad|>``: 2). 0 for the ChatML fallback or a template without images."""
+        text = [{"role": "user", "content": "x"}]
+        image = [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image"}]}]
+        with_image = self.render(image)  # type: ignore[arg-type]
+        if not self.native:
+            return 0
+        n_image = len(tokenizer.encode(with_image, add_special_tokens=False).ids)
+        n_text = len(tokenizer.encode(self.render(text), add_special_tokens=False).ids)
+        return max(0, n_image - n_text - 1)
+
     def render(self, messages: Sequence[Mapping[str, str]]) -> str:
         """The prompt string for text-only ``messages``, with the generation prompt appended."""
         if self._template is not None:
