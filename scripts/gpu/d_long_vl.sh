@@ -8,7 +8,12 @@
 # Every job stops itself before the call's end: study.timeout_s lets no trial start that cannot
 # finish, `timeout -s INT` is the backstop. T: seconds this call may use (from the script's start).
 # If the machine went cold between calls, the state comes back from .gpu-restore/ (the previous
-# call's d<K>.tgz.part-* files, carried).
+# call's d<K>.tgz.part-* files, carried), or LONG_DB / VL_DB name stored Optuna files to continue.
+# Next session (docs/results.md "Still to do"): the long_docs confirm stage on its stored study and
+# image_heavy continued (its interrupted baseline first):
+#   T=580 CALL=3 NO_BENCH=1 LONG_TRIALS=7 VL_TRIALS=6 \
+#     LONG_DB=docs/gpu-runs/2026-11-30-h200x2-long-vl/long_docs32-optuna.db \
+#     VL_DB=docs/gpu-runs/2026-11-30-h200x2-long-vl/image_heavy-optuna.db bash scripts/gpu/d_long_vl.sh
 set -u
 T="${T:-560}"
 CALL="${CALL:-1}"
@@ -18,6 +23,14 @@ if [ ! -d "$W/long" ] && ls .gpu-restore/*.tgz.part-* > /dev/null 2>&1; then
   cat .gpu-restore/*.tgz.part-* | tar xzf - -C "$W" && echo "restored the state from .gpu-restore"
 fi
 mkdir -p "$W/long" "$W/vl" "$W/bench"
+# LONG_DB / VL_DB: continue a study from a stored Optuna file (e.g. the ones under docs/gpu-runs/)
+for pair in "long:${LONG_DB:-}" "vl:${VL_DB:-}"; do
+  dir=${pair%%:*}; db=${pair#*:}
+  if [ -n "$db" ] && [ ! -f "$W/$dir/outputs/state/optuna.db" ]; then
+    mkdir -p "$W/$dir/outputs/state" && cp "$db" "$W/$dir/outputs/state/optuna.db"
+    echo "$dir: continuing the study stored in $db"
+  fi
+done
 LONG_TRIAL_S="${LONG_TRIAL_S:-150}"   # one long_docs trial: start-up ~55 s + 96 requests
 LONG_CONFIRM_S="${LONG_CONFIRM_S:-420}"  # two servers x two seeds
 VL_TRIAL_S="${VL_TRIAL_S:-140}"
