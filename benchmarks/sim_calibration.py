@@ -62,6 +62,7 @@ FITTED = (
     "per_token_s",
     "per_ctx_token_s",
     "frontend_s_per_running",
+    "per_prefill_pair_s",
 )
 METRICS = ("output_throughput", "ttft_p50_ms", "tpot_p50_ms", "ttft_p95_ms", "kv_tokens")
 TARGET = {"output_throughput": 0.15, "ttft_p50_ms": 0.15, "kv_tokens": 0.02}

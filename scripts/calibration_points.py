@@ -16,6 +16,11 @@ Sources (all vLLM 0.24.0, Qwen3-8B dummy weights, one H200):
   (``ignore_eos``), closed loop, both clients' runs averaged (``replay_vs_vllm_bench-h200-*.json``).
 - ``random256``: the "Measured there" table of the device README (``vllm bench serve`` random 512
   in / 256 out, 1000 prompts, 256 concurrent); skipped when that file is absent.
+- ``long_docs32``: the Optuna study ``long_docs32-qwen3-8b`` (long_docs profile, one 4k-32k-token
+  document per request, at 32 in flight, 96 requests): every COMPLETE launched trial without a
+  failure, its ``metrics`` and the KV tokens vLLM logged (trial user attrs); the confirm stage's
+  runs (seeds 1, 2) of trial 4 from their ``result.json`` in ``runs.tgz`` (the defaults' confirm
+  runs never wrote one).
 - ``chat64``: the first 8-trial study (chat profile, 300 requests, 64 in flight; raw logs under
   ``docs/gpu-runs/2026-11-30-h200/``): output tok/s, TTFT p95 and KV tokens per started trial.
 """
@@ -33,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = Path("docs/gpu-runs/2026-11-30-h200x2-studies")
 FIRST = Path("docs/gpu-runs/2026-11-30-h200")
+LONG = Path("docs/gpu-runs/2026-11-30-h200x2-long-vl")
 DEFAULT_OUT = Path("benchmarks/calibration/h200-qwen3-8b.json")
 DEFAULT_README = Path("../shared/device/README.md")
 
@@ -42,6 +48,7 @@ CHAT256 = [
     "workload.num_requests=1000",
     "workload.slo.tpot_ms=25",
 ]
+LONG_DOCS32 = ["+workload=long_docs", "workload.arrival.concurrency=32", "workload.num_requests=96"]
 METRICS = ("output_throughput", "ttft_p50_ms", "tpot_p50_ms", "ttft_p95_ms", "goodput")
 
 
@@ -135,6 +142,79 @@ def chat256_points(root: Path) -> list[dict[str, Any]]:
                     "measured": _round(
                         {k: run.get(k) for k in METRICS}
                         | {"kv_tokens": kv.get((trial, f"seed_{seed}"))}
+                    ),
+                }
+            )
+    return points
+
+
+def long_docs_points(root: Path) -> list[dict[str, Any]]:
+    import tarfile
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    db = LONG / "long_docs32-optuna.db"
+    study = optuna.load_study(study_name="long_docs32-qwen3-8b", storage=f"sqlite:///{root / db}")
+    points: list[dict[str, Any]] = []
+    for t in study.trials:
+        a = t.user_attrs
+        if t.state != optuna.trial.TrialState.COMPLETE or a.get("failure_reason"):
+            continue
+        if not a.get("launched"):
+            continue
+        m = a["metrics"]
+        baseline = bool(a.get("baseline"))
+        points.append(
+            {
+                "id": f"long_docs32-t{t.number}",
+                "group": "long_docs32",
+                "source": f"{db} trial {t.number}",
+                "workload": {"kind": "tuner", "overrides": LONG_DOCS32},
+                "params": {} if baseline else dict(t.params),
+                "baseline": baseline,
+                "co_running_gpus": int(m.get("co_running_gpus", 0)),
+                "runs": 1,
+                "measured": _round(
+                    {k: m.get(k) for k in METRICS}
+                    | {
+                        "kv_tokens": a.get("kv_cache_tokens"),
+                        "predicted_kv_tokens": a.get("predicted_kv_tokens"),
+                        "preemptions": m.get("preemptions"),
+                    }
+                ),
+            }
+        )
+    tgz = LONG / "runs.tgz"
+    pat = re.compile(r"^long/outputs/runs/[^/]+/confirm/trial_(\d+)/seed_(\d+)/result\.json$")
+    with tarfile.open(root / tgz) as tar:
+        runs = [(int(m[1]), int(m[2]), ti) for ti in tar.getmembers() if (m := pat.search(ti.name))]
+        for trial, seed, ti in sorted(runs, key=lambda x: x[:2]):
+            f = tar.extractfile(ti)
+            assert f is not None
+            res = json.loads(f.read())
+            if res.get("failure_reason"):
+                continue
+            run = res["metrics"]
+            points.append(
+                {
+                    "id": f"long_docs32-t{trial}-seed{seed}",
+                    "group": "long_docs32-confirm",
+                    "source": f"{tgz}:{ti.name}",
+                    "workload": {
+                        "kind": "tuner",
+                        "overrides": [*LONG_DOCS32, f"workload.seed={seed}"],
+                    },
+                    "params": {} if res.get("baseline") else dict(res["params"]),
+                    "baseline": bool(res.get("baseline")),
+                    "co_running_gpus": int(run.get("co_running_gpus", 0)),
+                    "runs": 1,
+                    "measured": _round(
+                        {k: run.get(k) for k in METRICS}
+                        | {
+                            "kv_tokens": res["launch"].get("kv_cache_tokens"),
+                            "preemptions": run.get("preemptions"),
+                        }
                     ),
                 }
             )
@@ -287,6 +367,7 @@ def build(root: Path = ROOT, readme: Path | None = None) -> dict[str, Any]:
     if readme.exists():
         points += readme_points(readme)
     points += first_study_points(root)
+    points += long_docs_points(root)
     return {
         "description": (
             "Real vLLM 0.24.0 measurements (Qwen3-8B dummy weights, one H200) the simulator's "

@@ -13,8 +13,8 @@ What is modelled (after vLLM v1's ``Scheduler``):
 - Prefix caching: full prompt blocks are hashed (chained over the token ids); a new request reuses
   the cached leading blocks and skips their prefill. Freed hashed blocks stay cached until evicted
   (LRU) for a new allocation. Queries and hits are counted in tokens, as vLLM does.
-- Step time = overhead + c_tok x (prefill tokens + decode seqs) + c_ctx x sum(decode context),
-  see :class:`SpeedModel`.
+- Step time = overhead + c_tok x (prefill tokens + decode seqs) + c_ctx x sum(decode context)
+  + c_pair x (prefill query, key) pairs, see :class:`SpeedModel`.
 
 Not modelled: sampling, stop strings/EOS (every request produces exactly its ``max_tokens``),
 priorities, speculative decoding, async-scheduling overlap, encoder caches, LoRA.
@@ -50,6 +50,7 @@ __all__ = [
 REF_PARAMS = 8.19e9
 REF_LAYERS = 36
 REF_KV_BYTES_PER_TOKEN = 147_456
+REF_ATTN_PAIR = 32 * 128 * 36  # query heads x head_dim x layers
 TP_EXPONENT = 0.25
 
 
@@ -78,31 +79,37 @@ def graph_kind(
 class SpeedModel:
     """Seconds per engine step, calibrated on Qwen3-8B on one H200 (vLLM 0.24).
 
-    ``step = overhead + per_token x (prefill_tokens + decode_seqs) + per_ctx x sum(decode ctx)``.
+    ``step = overhead + per_token x (prefill_tokens + decode_seqs) + per_ctx x sum(decode ctx)
+    + per_prefill_pair x prefill attention pairs`` (a prompt chunk of ``n`` tokens after ``p``
+    computed ones attends to ``n p + n (n + 1) / 2`` key tokens).
     ``overhead`` depends on how vLLM runs the step (:func:`graph_kind`): ``overhead_graph_s`` for
     a decode-only step whose batch fits a captured FULL CUDA graph, ``overhead_piecewise_s`` for
     any other step when ``cudagraph_mode`` includes PIECEWISE graphs (FULL_AND_PIECEWISE, the
     default, and PIECEWISE), else ``overhead_eager_s`` (``--enforce-eager``, ``cudagraph_mode``
     NONE, and the mixed steps of FULL_DECODE_ONLY / FULL). The reference constants were fitted
-    (2026-11-30,
-    ``benchmarks/sim_calibration.py --fit``, see ``docs/sim-calibration.md``) to 25 real TP=1 runs
-    in ``benchmarks/calibration/h200-qwen3-8b.json``: the chat profile at 256 in flight (10
-    configs plus repeats), at 64 in flight (defaults and 5 searched configs), ``/v1/completions``
-    512-token prompts at 8 and 64 in flight, and ``vllm bench serve`` random 512/256 at 256 in
-    flight (defaults, ``--enforce-eager``, gmu 0.30): median error 7 % on output tok/s, 15 % on
-    TTFT p50, 6 % on TPOT p50. Constants scale with parameter count (compute), layer count
-    (launch overhead), KV bytes per token (attention reads) and TP (1/TP compute plus an
-    all-reduce cost per step).
+    (2026-11-30, ``benchmarks/sim_calibration.py --fit``, see ``docs/sim-calibration.md``) to 31
+    real TP=1 runs in ``benchmarks/calibration/h200-qwen3-8b.json``: the chat profile at 256 in
+    flight (10 configs plus repeats), at 64 in flight (defaults and 5 searched configs),
+    ``/v1/completions`` 512-token prompts at 8 and 64 in flight, ``vllm bench serve`` random
+    512/256 at 256 in flight (defaults, ``--enforce-eager``, gmu 0.30), and the long_docs profile
+    (4k-32k-token documents) at 32 in flight (4 configs, 2 with an fp8 KV cache, plus 2 repeats):
+    median error 5 % on output tok/s, 12 % on TTFT p50, 5 % on TPOT p50. Constants scale with
+    parameter count (compute), layer count (launch overhead), KV bytes per token (decode
+    attention reads), query heads x head_dim x layers (prefill attention FLOPs) and TP (1/TP
+    compute plus an all-reduce cost per step).
     """
 
-    overhead_graph_s: float = 0.00607
+    overhead_graph_s: float = 0.00613
     overhead_piecewise_s: float = 0.00589
-    overhead_eager_s: float = 0.0163
-    per_token_s: float = 1.40e-5
-    per_ctx_token_s: float = 4.76e-8
+    overhead_eager_s: float = 0.0158
+    per_token_s: float = 1.34e-5
+    per_ctx_token_s: float = 4.62e-8
     tp_overhead_s: float = 0.0020
     frontend_s_per_running: float = 0.00189
     """API-server admission delay per running request (tokenising, SSE streaming load)."""
+    per_prefill_pair_s: float = 1.59e-9
+    """Prefill attention per (query token, key token) pair: a prompt chunk of ``n`` tokens after
+    ``p`` computed ones costs ``n p + n (n + 1) / 2`` pairs (causal)."""
 
     @classmethod
     def for_model(
@@ -120,10 +127,14 @@ class SpeedModel:
         compute = shape.param_count / REF_PARAMS / tp**TP_EXPONENT
         launch = shape.num_layers / REF_LAYERS
         kv_bpt = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * kv_dtype_bytes
-        # fp8 KV reads half the bytes but dequantises; net ~0.7x attention cost.
+        # Decode attention streams each context token's K and V once per step: its cost is the KV
+        # bytes read (an fp8 cache reads half; at 32 x 18k-token contexts that is the measured
+        # TPOT 75 -> 62.5 ms, so no dequantisation penalty is charged).
         attn = kv_bpt / REF_KV_BYTES_PER_TOKEN / tp**TP_EXPONENT
-        if kv_dtype_bytes < shape.dtype_bytes:
-            attn *= 1.4
+        # Prefill attention is compute: query heads x head_dim x layers multiply-adds per (query,
+        # key) pair, the same with an fp8 KV cache (the long_docs runs show no fp8 gain there).
+        pair_flops = shape.num_attention_heads * shape.head_dim * shape.num_layers
+        prefill_attn = pair_flops / REF_ATTN_PAIR / tp**TP_EXPONENT
         extra = base.tp_overhead_s if tp > 1 else 0.0
         weights_read = 0.0030 * (compute - 1.0)  # weight streaming per step relative to the 8B
         return cls(
@@ -133,12 +144,18 @@ class SpeedModel:
             overhead_eager_s=max(0.002, base.overhead_eager_s * launch + weights_read) + extra,
             per_token_s=base.per_token_s * compute,
             per_ctx_token_s=base.per_ctx_token_s * attn,
+            per_prefill_pair_s=base.per_prefill_pair_s * prefill_attn,
             tp_overhead_s=extra,
             frontend_s_per_running=base.frontend_s_per_running,
         )
 
     def step_time(
-        self, prefill_tokens: int, decode_seqs: int, decode_ctx: int, graph: GraphKind
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        decode_ctx: int,
+        graph: GraphKind,
+        prefill_pairs: int = 0,
     ) -> float:
         if graph == "full":
             overhead = self.overhead_graph_s
@@ -150,6 +167,7 @@ class SpeedModel:
             overhead
             + self.per_token_s * (prefill_tokens + decode_seqs)
             + self.per_ctx_token_s * decode_ctx
+            + self.per_prefill_pair_s * prefill_pairs
         )
 
 
@@ -434,13 +452,14 @@ class Scheduler:
             scheduled.append((req, new))
             budget -= new
 
-        prefill = decode_seqs = decode_ctx = 0
+        prefill = decode_seqs = decode_ctx = prefill_pairs = 0
         for req, new in scheduled:
             if req.num_computed >= req.num_prompt and new == 1 and req.num_output > 0:
                 decode_seqs += 1
                 decode_ctx += req.num_computed
             else:
                 prefill += new
+                prefill_pairs += new * req.num_computed + new * (new + 1) // 2
         graph = graph_kind(self.cudagraph_mode, self.max_graph_batch, prefill, decode_seqs)
         if not scheduled:
             # Idle until the next request clears the front end.
@@ -448,7 +467,7 @@ class Scheduler:
             idle = nxt - now if nxt > now and now != float("inf") else 0.0
             self.stats.steps += 1
             return StepResult(max(idle, 1e-4), [], [], idle=True)
-        duration = self.speed.step_time(prefill, decode_seqs, decode_ctx, graph)
+        duration = self.speed.step_time(prefill, decode_seqs, decode_ctx, graph, prefill_pairs)
 
         emitted: list[Request] = []
         finished: list[Request] = []
