@@ -91,6 +91,32 @@ def _logged_kv(logs: Iterable[Path]) -> dict[tuple[int, str], int]:
     return out
 
 
+def _trial_point(
+    t: Any, group: str, source: str, overrides: list[str], kv: int | None
+) -> dict[str, Any]:
+    """A calibration point from one stored Optuna trial of a tuner study."""
+    m = t.user_attrs["metrics"]
+    baseline = bool(t.user_attrs.get("baseline"))
+    return {
+        "id": f"{group}-t{t.number}",
+        "group": group,
+        "source": source,
+        "workload": {"kind": "tuner", "overrides": overrides},
+        "params": {} if baseline else dict(t.params),
+        "baseline": baseline,
+        "co_running_gpus": int(m.get("co_running_gpus", 0)),
+        "runs": 1,
+        "measured": _round(
+            {k: m.get(k) for k in METRICS}
+            | {
+                "kv_tokens": kv,
+                "predicted_kv_tokens": t.user_attrs.get("predicted_kv_tokens"),
+                "preemptions": m.get("preemptions"),
+            }
+        ),
+    }
+
+
 def chat256_points(root: Path) -> list[dict[str, Any]]:
     import optuna
 
@@ -102,28 +128,8 @@ def chat256_points(root: Path) -> list[dict[str, Any]]:
     for t in study.trials:
         if t.state != optuna.trial.TrialState.COMPLETE or t.user_attrs.get("failure_reason"):
             continue
-        m = t.user_attrs["metrics"]
-        baseline = bool(t.user_attrs.get("baseline"))
-        points.append(
-            {
-                "id": f"chat256-t{t.number}",
-                "group": "chat256",
-                "source": f"{db} trial {t.number}; KV from chat-a.log/chat-b.log",
-                "workload": {"kind": "tuner", "overrides": CHAT256},
-                "params": {} if baseline else dict(t.params),
-                "baseline": baseline,
-                "co_running_gpus": int(m.get("co_running_gpus", 0)),
-                "runs": 1,
-                "measured": _round(
-                    {k: m.get(k) for k in METRICS}
-                    | {
-                        "kv_tokens": kv.get((t.number, "")),
-                        "predicted_kv_tokens": t.user_attrs.get("predicted_kv_tokens"),
-                        "preemptions": m.get("preemptions"),
-                    }
-                ),
-            }
-        )
+        source = f"{db} trial {t.number}; KV from chat-a.log/chat-b.log"
+        points.append(_trial_point(t, "chat256", source, CHAT256, kv.get((t.number, ""))))
     confirm = study.user_attrs.get("confirm") or {}
     for res in confirm.get("results", []):
         trial = int(res["trial"])
@@ -163,28 +169,8 @@ def long_docs_points(root: Path) -> list[dict[str, Any]]:
             continue
         if not a.get("launched"):
             continue
-        m = a["metrics"]
-        baseline = bool(a.get("baseline"))
-        points.append(
-            {
-                "id": f"long_docs32-t{t.number}",
-                "group": "long_docs32",
-                "source": f"{db} trial {t.number}",
-                "workload": {"kind": "tuner", "overrides": LONG_DOCS32},
-                "params": {} if baseline else dict(t.params),
-                "baseline": baseline,
-                "co_running_gpus": int(m.get("co_running_gpus", 0)),
-                "runs": 1,
-                "measured": _round(
-                    {k: m.get(k) for k in METRICS}
-                    | {
-                        "kv_tokens": a.get("kv_cache_tokens"),
-                        "predicted_kv_tokens": a.get("predicted_kv_tokens"),
-                        "preemptions": m.get("preemptions"),
-                    }
-                ),
-            }
-        )
+        source = f"{db} trial {t.number}"
+        points.append(_trial_point(t, "long_docs32", source, LONG_DOCS32, a.get("kv_cache_tokens")))
     tgz = LONG / "runs.tgz"
     pat = re.compile(r"^long/outputs/runs/[^/]+/confirm/trial_(\d+)/seed_(\d+)/result\.json$")
     with tarfile.open(root / tgz) as tar:
