@@ -2,16 +2,17 @@
 # Device calls D1..D3 (nvidia-h200-x2), CALL=1|2|3, one after another on a warm machine:
 #   GPU 0: the long_docs study at 32 in flight (Qwen3-8B shape), search in calls 1-3, its confirm
 #          stage (goodput pick and vLLM's defaults side by side) at the end of call 3;
-#   GPU 1: call 1 first runs the tuner's client against `vllm bench serve` (keep-alive fix and
-#          warm-up run, not yet measured on the GPU), then the image_heavy study on the
+#   GPU 1: call 1 first runs the tuner's client against `vllm bench serve` (with the keep-alive
+#          fix and a warm-up run; NO_BENCH=1 skips it), then the image_heavy study on the
 #          Qwen3-VL-8B shape, search in calls 1-3 and its confirm stage at the end of call 3.
 # Every job stops itself before the call's end: study.timeout_s lets no trial start that cannot
 # finish, `timeout -s INT` is the backstop. T: seconds this call may use (from the script's start).
 # If the machine went cold between calls, the state comes back from .gpu-restore/ (the previous
 # call's d<K>.tgz.part-* files, carried), or LONG_DB / VL_DB name stored Optuna files to continue.
-# Next session (docs/results.md "Still to do"): the long_docs confirm stage on its stored study and
-# image_heavy continued (its interrupted baseline first):
-#   T=580 CALL=3 NO_BENCH=1 LONG_TRIALS=7 VL_TRIALS=6 \
+# Next session (docs/results.md "Still to do"): the long_docs confirm stage on its stored study, in
+# two calls (LONG_EXTRA='confirm.picks=[goodput]' first, then without: the stored verdict is
+# reused), and image_heavy continued beside it (its interrupted baseline first):
+#   T=580 CALL=3 NO_BENCH=1 LONG_TRIALS=7 VL_TRIALS=6 LONG_EXTRA='confirm.picks=[goodput]' \
 #     LONG_DB=docs/gpu-runs/2026-11-30-h200x2-long-vl/long_docs32-optuna.db \
 #     VL_DB=docs/gpu-runs/2026-11-30-h200x2-long-vl/image_heavy-optuna.db bash scripts/gpu/d_long_vl.sh
 set -u
@@ -31,9 +32,10 @@ for pair in "long:${LONG_DB:-}" "vl:${VL_DB:-}"; do
     echo "$dir: continuing the study stored in $db"
   fi
 done
-LONG_TRIAL_S="${LONG_TRIAL_S:-150}"   # one long_docs trial: start-up ~55 s + 96 requests
-LONG_CONFIRM_S="${LONG_CONFIRM_S:-420}"  # two servers x two seeds
-VL_TRIAL_S="${VL_TRIAL_S:-140}"
+# the time a trial / the confirm stage takes, as measured on 2026-11-30 (calls D1-D3)
+LONG_TRIAL_S="${LONG_TRIAL_S:-230}"      # start-up 121-132 s + 96 requests in 80-95 s
+LONG_CONFIRM_S="${LONG_CONFIRM_S:-560}"  # two servers x two seeds: 243 + 288 s, + tuner start
+VL_TRIAL_S="${VL_TRIAL_S:-200}"          # first start-up > 135 s (compiling), later 66-83 s
 VL_CONFIRM_S="${VL_CONFIRM_S:-330}"
 LONG_ARGS=(+workload=long_docs engine=$ENGINE model=qwen3-8b study.name=long_docs32-qwen3-8b
   'engine.gpus=[0]' workload.arrival.concurrency=32 workload.num_requests=96 objective=goodput
