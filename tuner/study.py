@@ -91,7 +91,11 @@ class _Ctx:
 
     @property
     def lease_dir(self) -> Path:
-        return Path(self.cfg.paths.state_dir) / "leases"
+        return _lease_dir(self.cfg)
+
+
+def _lease_dir(cfg: TunerConfig) -> Path:
+    return Path(cfg.paths.state_dir) / "leases"
 
 
 def study_name(cfg: TunerConfig) -> str:
@@ -195,17 +199,22 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             raise ConfigError(f"study.enqueue names {unknown}, not searched params {sorted(dists)}")
     study = open_study(cfg)
     n_stored = len(study.trials)
-    if cfg.study.baseline_first and not study.trials:
+    # what a killed tuner left behind, first: a trial it was running is FAIL from here on
+    for note in recover(study, _lease_dir(cfg)):
+        log.warning("recovered: %s", note)
+    if cfg.study.baseline_first and not _has_baseline(study):  # new, or interrupted before
         outside = defaults_outside(cfg.space)
-        if outside:
+        if outside and not n_stored:
             log.warning(
                 "no baseline trial: vLLM's default of %s is outside the searched range",
                 ", ".join(outside),
             )
-        else:
-            study.enqueue_trial(
-                defaults(cfg.space), user_attrs={"baseline": True}, skip_if_exists=True
-            )
+        elif not outside:
+            study.enqueue_trial(defaults(cfg.space), user_attrs={"baseline": True})
+            if n_stored:
+                log.info(
+                    "the baseline trial (vLLM's defaults) has not finished yet; enqueued again"
+                )
     if cfg.study.warm_start:
         _warm_start(study, cfg, dists)
     for entry in cfg.study.enqueue:
@@ -248,12 +257,6 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             else None
         ),
     )
-    for note in recover(study, ctx.lease_dir):  # what a killed tuner left behind
-        log.warning("recovered: %s", note)
-    baseline_lost = n_stored and not _has_baseline(study)  # interrupted before it finished
-    if cfg.study.baseline_first and baseline_lost and not defaults_outside(cfg.space):
-        study.enqueue_trial(defaults(cfg.space), user_attrs={"baseline": True})
-        log.info("the baseline trial (vLLM's defaults) has not finished yet; enqueued again")
     outcome = StudyOutcome(study)
     log.info(
         "study %s: %d trials stored, running %d more (%s engine, model %s, workload %s, %d "
@@ -440,7 +443,7 @@ def _after_search(
 def _warm_start(
     study: optuna.Study, cfg: TunerConfig, dists: dict[str, optuna.distributions.BaseDistribution]
 ) -> None:
-    """Enqueue the Pareto-best feasible configs of another study (once; skip_if_exists)."""
+    """Enqueue the Pareto-best feasible configs of another study (once: :func:`_enqueue_once`)."""
     storage = storage_url(cfg)
     try:
         source = optuna.load_study(study_name=cfg.study.warm_start, storage=storage)
@@ -648,6 +651,7 @@ async def _run_server(
     lease: Lease | None = None
     predicted: int | None = None
     all_requests = [r for rp in replays for r in rp.requests]
+    records_written: set[int] = set()  # replays whose requests.jsonl is on disk already
 
     def info() -> _RunInfo:
         return _RunInfo(
@@ -739,6 +743,7 @@ async def _run_server(
                             ctx, rp, records, {**common, **measured[-1][1]}, pruned, None, info()
                         )
                         _write_artifacts(tdir / rp.subdir, done, records)
+                        records_written.add(len(measured) - 1)
                     if dead is not None:
                         failure = TrialFailed(*dead)
                         break
@@ -761,7 +766,7 @@ async def _run_server(
         fail = failure if failure is not None and i >= len(measured) - 1 else None
         result = _replay_result(ctx, rp, records, {**common, **telemetry}, pruned, fail, run)
         _mkdir(tdir / rp.subdir)
-        _write_artifacts(tdir / rp.subdir, result, records)
+        _write_artifacts(tdir / rp.subdir, result, None if i in records_written else records)
         results.append(result)
     return results
 
@@ -954,10 +959,12 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def _write_artifacts(tdir: Path, result: TrialResult, records: list[RequestRecord]) -> None:
-    with (tdir / "requests.jsonl").open("w") as f:
-        for r in records:
-            f.write(to_json(r) + "\n")
+def _write_artifacts(tdir: Path, result: TrialResult, records: list[RequestRecord] | None) -> None:
+    """``result.json``, and ``requests.jsonl`` unless ``records`` is None (written before)."""
+    if records is not None:
+        with (tdir / "requests.jsonl").open("w") as f:
+            for r in records:
+                f.write(to_json(r) + "\n")
     (tdir / "result.json").write_text(to_json(result, indent=2) + "\n")
 
 
