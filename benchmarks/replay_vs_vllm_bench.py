@@ -65,6 +65,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,7 @@ from tuner.engine.process import Server, free_port  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
 from tuner.replay import replay  # noqa: E402
 from tuner.score import summarize  # noqa: E402
+from tuner.telemetry.prom import MetricsScraper  # noqa: E402
 from tuner.workload.prompts import token_corpus  # noqa: E402
 
 CLIENTS = ("ours", "vllm")
@@ -177,6 +179,13 @@ def build_specs(
 async def run_ours(
     url: str, model: str, specs: Sequence[RequestSpec], concurrency: int
 ) -> dict[str, Any]:
+    done_at: dict[int, float] = {}  # index -> when the client finished reading the stream
+    starts: list[float] = []
+
+    def on_record(r: RequestRecord) -> None:
+        if not r.warmup:
+            done_at[r.index] = time.perf_counter()
+
     records: list[RequestRecord] = await replay(
         url,
         model,
@@ -184,6 +193,8 @@ async def run_ours(
         ArrivalConfig(kind="concurrency", concurrency=concurrency),
         duration_s=1e9,
         request_timeout_s=REQUEST_TIMEOUT_S,
+        on_record=on_record,
+        on_start=starts.append,
     )
     m = summarize(records, SLOConfig())
     measured = [r for r in records if not r.warmup]
@@ -201,7 +212,91 @@ async def run_ours(
         "input_lens": [r.prompt_tokens or 0 for r in measured],
         "output_lens": [(r.output_tokens or 0) if r.status == "ok" else 0 for r in measured],
         "errors": errors[:5],
+        **client_gaps(measured, done_at, starts[0] if starts else 0.0, concurrency),
     }
+
+
+def _ms_stats(xs: Sequence[float], prefix: str) -> dict[str, float]:
+    if not xs:
+        return {}
+    q = np.percentile(np.asarray(xs) * 1e3, [50, 90, 99, 100])
+    return {
+        f"{prefix}_{k}_ms": round(float(v), 3)
+        for k, v in zip(("p50", "p90", "p99", "max"), q, strict=True)
+    }
+
+
+def client_gaps(
+    measured: Sequence[RequestRecord], done_at: dict[int, float], t0: float, concurrency: int
+) -> dict[str, float]:
+    """Where a closed loop's slot can sit idle on the client's side.
+
+    ``stream_end``: from a request's last token to the moment the client has read its stream to
+    the end (the usage chunk, ``[DONE]``, the chunked body's end) and the slot is free;
+    ``next_send``: from a slot freeing up to the next request's send (sorted ends against sorted
+    sends, the first ``concurrency`` sends excluded).
+    """
+    ends = [
+        done_at[r.index] - (t0 + r.t_sent_s + r.e2e_s)
+        for r in measured
+        if r.e2e_s is not None and r.index in done_at
+    ]
+    sends = sorted(t0 + r.t_sent_s for r in measured)[concurrency:]
+    frees = sorted(done_at.values())[: len(sends)]
+    nexts = [s - f for s, f in zip(sends, frees, strict=False)]
+    return {**_ms_stats(ends, "stream_end"), **_ms_stats(nexts, "next_send")}
+
+
+# --- the server's running / waiting requests during a run, from a separate process --------------
+
+SCRAPED = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+async def _scrape_main(url: str, out: Path, interval_s: float) -> None:
+    """``--scrape URL OUT INTERVAL``: poll /metrics until SIGTERM, then write the samples."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with MetricsScraper(url, interval_s, SCRAPED) as s:
+        await stop.wait()
+    text = json.dumps({"samples": s.samples, "errors": s.errors})
+    await asyncio.to_thread(out.write_text, text)
+
+
+@contextlib.asynccontextmanager
+async def server_queue(url: str, path: Path, concurrency: int) -> AsyncIterator[dict[str, Any]]:
+    """Samples ``vllm:num_requests_running`` / ``_waiting`` every 0.25 s in a child process (so
+    neither client shares its event loop or its core with the scraper); on exit the yielded dict
+    gets, over the middle 80 % of the span with requests running: mean running, the share of
+    samples with all ``concurrency`` requests running, mean waiting."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--scrape", url, str(path), "0.25"
+    )
+    stats: dict[str, Any] = {}
+    try:
+        await asyncio.sleep(1.5)  # the child imports and takes its first sample
+        yield stats
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        await proc.wait()
+        try:
+            samples = json.loads(await asyncio.to_thread(path.read_text))["samples"]
+        except (OSError, ValueError, KeyError):
+            samples = []
+        if samples:
+            # the run is the span with requests running (vllm's CLI first imports for seconds)
+            busy = [x["t_s"] for x in samples if x.get(SCRAPED[0], 0.0) > 0]
+            a, b = (busy[0], busy[-1]) if busy else (0.0, 0.0)
+            mid = [x for x in samples if a + 0.1 * (b - a) <= x["t_s"] <= b - 0.1 * (b - a)]
+            run = [x.get(SCRAPED[0], 0.0) for x in mid]
+            wait = [x.get(SCRAPED[1], 0.0) for x in mid]
+            if run:
+                stats["server_running_mean"] = round(statistics.fmean(run), 2)
+                stats["server_running_full_share"] = round(
+                    sum(v >= concurrency for v in run) / len(run), 3
+                )
+                stats["server_waiting_mean"] = round(statistics.fmean(wait), 2)
+                stats["server_queue_samples"] = len(run)
 
 
 def vllm_argv(
@@ -458,7 +553,12 @@ async def measure(
                 print(f"conc {conc:3d} server warm-up run done (not measured)", flush=True)
             for rep in range(args.reps):
                 for pos, client in enumerate(_order(rep)):
-                    async with target.server() as url:
+                    async with (
+                        target.server() as url,
+                        server_queue(
+                            url, workdir / f"queue-c{conc}-r{rep}-{client}.json", conc
+                        ) as queue,
+                    ):
                         before = await server_metrics(url)
                         t0 = time.time()
                         if client == "ours":
@@ -488,6 +588,7 @@ async def measure(
                         "client": client,
                         "started_at": round(t0, 3),
                         **res,
+                        **queue,
                     }
                     if before and after and after["ttft_count"] > before["ttft_count"]:
                         dn = after["ttft_count"] - before["ttft_count"]
@@ -519,7 +620,17 @@ def _line(r: dict[str, Any]) -> str:
         f"{r['completed']}/{r['completed'] + r['failed']} ok, "
         f"{_fmt(r['output_throughput'])} tok/s, TTFT p50 {_fmt(r['ttft_p50_ms'])} ms, "
         f"TPOT p50 {_fmt(r['tpot_p50_ms'], 2)} ms, "
-        f"server TTFT mean {_fmt(r.get('server_ttft_mean_ms'))} ms"
+        f"server TTFT mean {_fmt(r.get('server_ttft_mean_ms'))} ms, "
+        f"running {_fmt(r.get('server_running_mean'))} "
+        f"(all {r['concurrency']}: {_fmt(r.get('server_running_full_share'), 2)}), "
+        f"waiting {_fmt(r.get('server_waiting_mean'))}"
+        + (
+            f", stream end p50/p99 {_fmt(r['stream_end_p50_ms'], 2)}/"
+            f"{_fmt(r['stream_end_p99_ms'], 2)} ms, next send p50/p99 "
+            f"{_fmt(r.get('next_send_p50_ms'), 2)}/{_fmt(r.get('next_send_p99_ms'), 2)} ms"
+            if "stream_end_p50_ms" in r
+            else ""
+        )
     )
 
 
@@ -561,6 +672,10 @@ def summarise(runs: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str
                 p[i]["client_ttft_overhead_ms"] for p in pairs if "client_ttft_overhead_ms" in p[i]
             ]
             overhead[client] = statistics.fmean(xs) if xs else None
+        running: dict[str, float | None] = {}
+        for i, client in enumerate(CLIENTS):  # the server's mean running requests, per client
+            xs = [p[i]["server_running_mean"] for p in pairs if "server_running_mean" in p[i]]
+            running[client] = statistics.fmean(xs) if xs else None
         out.append(
             {
                 "concurrency": conc,
@@ -568,6 +683,7 @@ def summarise(runs: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str
                 "ratios": ratios,
                 "identical_token_counts": same,
                 "client_ttft_overhead_ms": overhead,
+                "server_running_mean": running,
                 "all_requests_ok": all_ok,
                 "within_tolerance": within,
                 "holds": all(within.values()) and same and all_ok,
@@ -625,6 +741,9 @@ def table(runs: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]]) -> 
 
 
 def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--scrape":
+        asyncio.run(_scrape_main(sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])))
+        return
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--reps", type=int, default=3, help="pairs (ours + vllm) per concurrency")

@@ -15,6 +15,8 @@
 #   T=580 CALL=3 NO_BENCH=1 LONG_TRIALS=7 VL_TRIALS=6 LONG_EXTRA='confirm.picks=[goodput]' \
 #     LONG_DB=docs/gpu-runs/2026-11-30-h200x2-long-vl/long_docs32-optuna.db \
 #     VL_DB=docs/gpu-runs/2026-11-30-h200x2-long-vl/image_heavy-optuna.db bash scripts/gpu/d_long_vl.sh
+# BENCH=1 runs the client comparison in any call (BENCH_CONC, default "8 64"; BENCH_REPS, default
+# 3; BENCH_LIMIT seconds, default 380); NO_VL=1 skips the image_heavy study in this call.
 set -u
 T="${T:-560}"
 CALL="${CALL:-1}"
@@ -69,15 +71,18 @@ study long_docs32-qwen3-8b long "${LONG_TRIALS:-12}" "$LONG_TRIAL_S" "$LONG_CONF
   "${LONG_ARGS[@]}" > "$LOGS/long-d$CALL.log" 2>&1 &
 LONG=$!
 (
-  if [ "$CALL" = 1 ] && [ -z "${NO_BENCH:-}" ]; then
+  if { [ "$CALL" = 1 ] || [ -n "${BENCH:-}" ]; } && [ -z "${NO_BENCH:-}" ]; then
     cd "$ROOT"
+    # shellcheck disable=SC2086
     CUDA_VISIBLE_DEVICES=1 VLLM_SERVER_DEV_MODE=1 timeout -s INT -k 30 "${BENCH_LIMIT:-380}" \
-      python3 benchmarks/replay_vs_vllm_bench.py --one-server --concurrency 8 64 --reps 3 \
+      python3 benchmarks/replay_vs_vllm_bench.py --one-server --concurrency ${BENCH_CONC:-8 64} \
+      --reps "${BENCH_REPS:-3}" \
       --waves 8 --min-requests 64 \
       --server-cmd "${BENCH_SERVER:-vllm serve} models/qwen3-8b-dummy --load-format dummy --served-model-name m --host {host} --port {port}" \
       --workdir "$W/bench" --out "$W/bench/replay_vs_vllm_bench-h200.json" > "$LOGS/bench.log" 2>&1
     echo "bench rc=$?" >> "$LOGS/bench.log"
   fi
+  [ -n "${NO_VL:-}" ] && exit 0
   study image_heavy-qwen3-vl-8b vl "${VL_TRIALS:-12}" "$VL_TRIAL_S" "$VL_CONFIRM_S" \
     "${VL_ARGS[@]}" > "$LOGS/vl-d$CALL.log" 2>&1
 ) &
