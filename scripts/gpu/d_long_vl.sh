@@ -16,7 +16,8 @@
 #     LONG_DB=docs/gpu-runs/2026-11-30-h200x2-long-vl/long_docs32-optuna.db \
 #     VL_DB=docs/gpu-runs/2026-11-30-h200x2-long-vl/image_heavy-optuna.db bash scripts/gpu/d_long_vl.sh
 # BENCH=1 runs the client comparison in any call (BENCH_CONC, default "8 64"; BENCH_REPS, default
-# 3; BENCH_LIMIT seconds, default 380); NO_VL=1 skips the image_heavy study in this call.
+# 3; BENCH_LIMIT seconds, default 380); NO_VL=1 skips the image_heavy study in this call;
+# LONG_CONF / VL_CONF=true|false decide per study whether this call runs its confirm stage.
 set -u
 T="${T:-560}"
 CALL="${CALL:-1}"
@@ -53,7 +54,10 @@ study() {
   local name=$1 dir=$2 trials=$3 trial_s=$4 confirm_s=$5; shift 5
   local n budget conf=false hard
   n=$(remaining "$trials" "$name" "$dir")
-  [ "$CALL" = 3 ] && conf=true || confirm_s=0
+  [ "$CALL" = 3 ] && conf=true
+  local ov="${dir^^}_CONF"  # LONG_CONF / VL_CONF=true|false: this call confirms or not
+  [ -n "${!ov:-}" ] && conf=${!ov}
+  [ "$conf" = true ] || confirm_s=0
   hard=$(( $(left) - 20 ))
   budget=$(( hard - trial_s - confirm_s ))
   if [ "$n" = 0 ] && [ "$conf" = false ]; then echo "$name: no trial left to run"; return; fi
