@@ -861,8 +861,14 @@ def write_figures(
 
     def timeline(number: int) -> Callable[[], None]:
         def job() -> None:
-            if number not in trial_dirs:
-                raise KeyError(f"no trial dir given for trial {number}")
+            if number not in trial_dirs:  # e.g. a study resumed on another machine
+                log.info(
+                    "figure timeline_%d not drawn: trial %d's folder is not on this machine "
+                    "(python -m tuner report fetches it from MLflow)",
+                    number,
+                    number,
+                )
+                return
             frame = timeline_data(trial_dirs[number])
             csv(f"timeline_{number}.csv", frame)
             html(f"timeline_{number}.html", timeline_figure(frame, f"Trial {number}: telemetry"))
