@@ -38,7 +38,12 @@ ours, ours, vllm, ...), so drift on a shared machine hits both clients. Per pair
 ours / vllm of output tok/s, median TTFT and median TPOT; per concurrency the mean of those
 ratios, and whether it is within ±``--tolerance`` for output tok/s and median TTFT. The server's
 own ``vllm:time_to_first_token_seconds`` (mean, warm-ups included, from ``/metrics``) is recorded
-beside each run: it tells server-side variation apart from what the clients measure.
+beside each run: it tells server-side variation apart from what the clients measure. So are
+the server's running and waiting requests (``vllm:num_requests_running`` / ``_waiting`` sampled
+every 0.25 s by a child process, averaged over the middle 80 % of the span with requests running)
+and, for the tuner's client, the time from a request's last token to the end of its stream and
+from a free slot to the next send (p50/p90/p99/max): a closed loop that idles between requests
+would show in both.
 
 ``vllm bench serve`` needs vLLM installed somewhere (CPU is enough: it is an HTTP client):
 ``--vllm PATH`` (default ``$TUNER_VLLM_CLI``, else ``vllm`` on ``PATH``); its tokenizer is
