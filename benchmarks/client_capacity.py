@@ -1,12 +1,15 @@
 """How much latency the replay client (:mod:`tuner.replay`) adds, and how many requests/s it
-sustains on one core.
+sustains, in one process and spread over several (``replay(processes=P)``).
 
-Setup: a zero-delay streaming server (aiohttp, in its own process, pinned to core 1 when the
-machine has one; the client is pinned to core 0) answers ``POST /v1/chat/completions`` with a
-role chunk, ``--tokens`` content chunks, a finish chunk, a usage chunk and ``[DONE]`` in vLLM's
-OpenAI chunk format, immediately. Every chunk carries ``ts`` (``time.time()``) and ``mono``
-(``time.perf_counter()``, CLOCK_MONOTONIC, which is system-wide on Linux) of the moment the
-server wrote it, and the server keeps the first content chunk's ``mono`` per request id.
+Setup: a zero-delay streaming server (aiohttp; ``--server-processes`` processes sharing one port
+through SO_REUSEPORT, each pinned to a core of its own, so the server is not the bottleneck when
+the client has many processes: check ``server_cpu_max`` in the rows) answers
+``POST /v1/chat/completions`` with a role chunk, ``--tokens`` content chunks, a finish chunk, a
+usage chunk and ``[DONE]`` in vLLM's OpenAI chunk format, immediately. Every chunk carries ``ts``
+(``time.time()``) and ``mono`` (``time.perf_counter()``, CLOCK_MONOTONIC, which is system-wide on
+Linux) of the moment the server wrote it, and each server process keeps the first content
+chunk's ``mono`` per request id. The client (and its processes, which inherit the mask) runs on
+the first P cores, the servers on the next ones.
 
 * **Added latency** of request i = the client's receive time of its first content chunk
   (``t0 + t_sent_s + ttft_s``, ``t0`` from ``replay(on_start=...)``) minus the server's stamp of
@@ -15,19 +18,28 @@ server wrote it, and the server keeps the first content chunk's ``mono`` per req
   client never waits, so this is mostly queueing behind other streams' chunks, and ``req/s`` is
   the client's saturated throughput); 100 and 1,000 streams *paced* (open loop, arrivals spread
   so that about that many streams are open; the server emits one chunk per stream every
-  ``TICK_S`` engine step, all streams in the same step, as vLLM does); and open loop at half the
-  client's capacity.
+  ``TICK_S`` engine step, all streams in the same step, as vLLM does; the steps of all server
+  processes fall on the same instants); and open loop at half the client's capacity.
 * **Capacity**: open loop at constant rates on a rising ladder, ``--step-s`` seconds each; a
   rate is sustained when every request succeeds, completions keep up (>= 95 % of the rate) and
   p99 send lateness (``t_sent_s - arrival_s``) is <= 50 ms. The highest sustained rate is
   reported (the ladder stops after two failures in a row).
+* **IPC**: what taking the next request from the processes' shared counter costs, alone and
+  with all P processes taking at once (``ipc`` in the JSON).
 
-Both are measured for the current client (``tuner.replay``) and, side by side in the same run,
-for the client as it was before the per-chunk loop was optimised (``baseline``: the previous
-``_Runner._stream``, kept below verbatim), so the ratio is not confounded by the machine.
+Each ``--processes`` value P runs every scenario (zero-delay request counts x P). With P = 1 the
+current client is also measured beside the client as it was before the per-chunk loop was
+optimised (``baseline``: the previous ``_Runner._stream``, kept below verbatim), so that ratio is
+not confounded by the machine. ``client_cpu`` counts all client processes (1.0 = one core busy),
+``parent_cpu`` the replaying process alone (with P > 1 it only collects records).
 
-``python benchmarks/client_capacity.py [--tokens N] [--quick] [--out PATH]``; prints a table and
-writes ``benchmarks/results/client_capacity.json``. About 2 minutes (``--quick``: ~20 s).
+``python benchmarks/client_capacity.py [--processes 1 4 8] [--tokens N] [--quick] [--out PATH]``;
+prints a table and writes ``--out`` (default ``benchmarks/results/client_capacity.json``). P = 1
+takes about 2 minutes (``--quick``: ~20 s), each further P about as long. For the 1 ms target at
+1,000 streams, on a 16-core machine::
+
+    python benchmarks/client_capacity.py --processes 1 2 4 8 \
+        --out benchmarks/results/client_capacity-16core.json
 """
 
 from __future__ import annotations
@@ -57,6 +69,7 @@ import tuner.replay as replay_mod  # noqa: E402
 from tuner.config import ArrivalConfig  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
 from tuner.replay import replay  # noqa: E402
+from tuner.replay_procs import _Claims  # noqa: E402
 
 TICK_S = 0.05
 """Paced scenarios: the server's engine step (one token for every open stream per step)."""
@@ -78,7 +91,9 @@ def _raise_nofile() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _server_main(port: int, core: int | None, ready: Any) -> None:
+def _server_main(port: int, control_port: int, core: int | None, ready: Any) -> None:
+    """One server process: the traffic port is shared (SO_REUSEPORT, the kernel spreads the
+    connections), ``/stamps`` is on a control port of its own."""
     from aiohttp import web
 
     _pin(core)
@@ -108,8 +123,8 @@ def _server_main(port: int, core: int | None, ready: Any) -> None:
         """Engine steps: every ``TICK_S`` one future fires for all paced streams at once."""
         loop = asyncio.get_running_loop()
         loop_state["tick"] = loop.create_future()
-        while True:
-            await asyncio.sleep(TICK_S)
+        while True:  # on multiples of TICK_S of the shared clock: every server process at once
+            await asyncio.sleep(TICK_S - time.perf_counter() % TICK_S)
             fired, loop_state["tick"] = loop_state["tick"], loop.create_future()
             fired.set_result(None)
 
@@ -170,11 +185,15 @@ def _server_main(port: int, core: int | None, ready: Any) -> None:
     async def main() -> None:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", chat)
-        app.router.add_get("/stamps", stamps)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096)
+        site = web.TCPSite(runner, "127.0.0.1", port, backlog=4096, reuse_port=True)
         await site.start()
+        control = web.Application()
+        control.router.add_get("/stamps", stamps)
+        control_runner = web.AppRunner(control, access_log=None, handle_signals=False)
+        await control_runner.setup()
+        await web.TCPSite(control_runner, "127.0.0.1", control_port).start()
         tick = asyncio.create_task(ticker())
         ready.set()
         await asyncio.Event().wait()
@@ -187,6 +206,53 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class ServerPool:
+    """``n`` server processes on one port, each pinned to one of ``cores`` (round robin)."""
+
+    def __init__(self, n: int, cores: Sequence[int]) -> None:
+        self.port = _free_port()
+        self.control_ports = [_free_port() for _ in range(n)]
+        self.cores = [cores[k % len(cores)] for k in range(n)] if cores else [None] * n
+        self.procs: list[Any] = []
+        self.cpu = [0.0] * n
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        for cport, core in zip(self.control_ports, self.cores, strict=True):
+            ready = ctx.Event()
+            proc = ctx.Process(
+                target=_server_main, args=(self.port, cport, core, ready), daemon=True
+            )
+            proc.start()
+            self.procs.append(proc)
+            if not ready.wait(30):
+                raise SystemExit("a server process did not start")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.join(5)
+
+    async def stamps(self, wall: float) -> tuple[dict[int, float], float, float]:
+        """First-chunk stamps of every request since the last call, and the servers' CPU over
+        ``wall`` seconds: the sum (1.0 = one core) and the busiest process's share."""
+        first: dict[int, float] = {}
+        shares = []
+        async with aiohttp.ClientSession() as s:
+            for k, cport in enumerate(self.control_ports):
+                async with s.get(f"http://127.0.0.1:{cport}/stamps") as r:
+                    out = await r.json()
+                first.update({int(i): v for i, v in out["first_chunk"].items()})
+                shares.append((out["cpu_s"] - self.cpu[k]) / wall)
+                self.cpu[k] = out["cpu_s"]
+        return first, sum(shares), max(shares)
 
 
 # --- the client as it was before the optimisation (verbatim copy of _Runner._stream) ----------
@@ -326,34 +392,41 @@ def _specs(
     ]
 
 
-_SERVER_CPU = [0.0]
-
-
 def _pct(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's reaped children (the replay's client processes are reaped
+    when it ends; the server processes only at exit)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 async def _run(
-    base: str, client: str, specs: list[RequestSpec], arrival: ArrivalConfig
+    servers: ServerPool,
+    client: str,
+    specs: list[RequestSpec],
+    arrival: ArrivalConfig,
+    processes: int,
 ) -> dict[str, Any]:
     starts: list[float] = []
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, kids0, wall0 = time.process_time(), _children_cpu(), time.perf_counter()
     with _use_client(client):
         records = await replay(
-            base,
+            servers.base,
             "m",
             specs,
             arrival,
             duration_s=600.0,
             request_timeout_s=120.0,
             on_start=starts.append,
+            processes=processes,
         )
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    async with aiohttp.ClientSession() as s, s.get(base + "/stamps") as r:
-        server = await r.json()
-    server_cpu = server["cpu_s"] - _SERVER_CPU[0]
-    _SERVER_CPU[0] = server["cpu_s"]
-    first = {int(k): v for k, v in server["first_chunk"].items()}
+    wall = time.perf_counter() - wall0
+    parent_cpu = time.process_time() - cpu0
+    client_cpu = parent_cpu + _children_cpu() - kids0
+    first, server_cpu, server_cpu_max = await servers.stamps(wall)
     (t0,) = starts
     ok = [r for r in records if r.status == "ok" and r.ttft_s is not None]
     added = [t0 + r.t_sent_s + (r.ttft_s or 0.0) - first[r.index] for r in ok]
@@ -365,6 +438,8 @@ async def _run(
     span = max((r.t_sent_s + (r.e2e_s or 0.0) for r in ok), default=wall)
     return {
         "client": client,
+        "processes": processes,
+        "client_cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
         "requests": len(specs),
         "ok": len(ok),
         "added_p50_ms": _pct(added, 50) * 1e3,
@@ -372,16 +447,25 @@ async def _run(
         "added_max_ms": max(added, default=float("nan")) * 1e3,
         "send_lag_p99_ms": _pct(lag, 99) * 1e3 if lag else None,
         "req_per_s": len(ok) / span if span > 0 else 0.0,
-        "client_cpu": cpu / wall,
-        "server_cpu": server_cpu / wall,
+        "client_cpu": client_cpu / wall,
+        "parent_cpu": parent_cpu / wall,
+        "server_cpu": server_cpu,
+        "server_cpu_max": server_cpu_max,
     }
 
 
 async def closed_loop(
-    base: str, client: str, concurrency: int, n: int, tokens: int, paced: bool = False
+    servers: ServerPool,
+    client: str,
+    concurrency: int,
+    n: int,
+    tokens: int,
+    processes: int = 1,
+    paced: bool = False,
 ) -> dict[str, Any]:
     specs = _specs(n, tokens, paced=paced)
-    out = await _run(base, client, specs, ArrivalConfig(concurrency=concurrency))
+    arrival = ArrivalConfig(concurrency=concurrency)
+    out = await _run(servers, client, specs, arrival, processes)
     kind = f"paced {TICK_S * 1e3:.0f} ms steps" if paced else "zero delay"
     return {
         "scenario": f"{concurrency} streams, {kind}",
@@ -392,14 +476,14 @@ async def closed_loop(
 
 
 async def paced_streams(
-    base: str, client: str, streams: int, n: int, tokens: int
+    servers: ServerPool, client: str, streams: int, n: int, tokens: int, processes: int = 1
 ) -> dict[str, Any]:
     """About ``streams`` streams open at once: arrivals at streams / (stream length) per second
     (spread out, as real traffic), each streaming one chunk per ``TICK_S`` engine step."""
     rate = streams / ((tokens + 1) * TICK_S)
     arrivals = [i / rate for i in range(n)]
     specs = _specs(n, tokens, arrivals, paced=True)
-    out = await _run(base, client, specs, ArrivalConfig(kind="constant"))
+    out = await _run(servers, client, specs, ArrivalConfig(kind="constant"), processes)
     return {
         "scenario": f"{streams} streams, paced {TICK_S * 1e3:.0f} ms steps",
         "concurrency": streams,
@@ -408,10 +492,13 @@ async def paced_streams(
     }
 
 
-async def open_loop(base: str, client: str, rate: float, step_s: float, tokens: int) -> dict:
+async def open_loop(
+    servers: ServerPool, client: str, rate: float, step_s: float, tokens: int, processes: int = 1
+) -> dict[str, Any]:
     n = max(20, int(rate * step_s))
     arrivals = [i / rate for i in range(n)]
-    out = await _run(base, client, _specs(n, tokens, arrivals), ArrivalConfig(kind="constant"))
+    specs = _specs(n, tokens, arrivals)
+    out = await _run(servers, client, specs, ArrivalConfig(kind="constant"), processes)
     out["rate"] = rate
     out["sustained"] = bool(
         out["ok"] == n
@@ -429,17 +516,23 @@ def _ladder(start: float) -> Iterator[float]:
 
 
 async def capacity(
-    base: str, client: str, step_s: float, tokens: int, log: Callable[[str], None]
+    servers: ServerPool,
+    client: str,
+    step_s: float,
+    tokens: int,
+    log: Callable[[str], None],
+    processes: int = 1,
+    start: float = 200.0,
 ) -> tuple[float, list[dict[str, Any]]]:
     best, steps = 0.0, []
     failures = 0
-    for rate in _ladder(200.0):
-        res = await open_loop(base, client, rate, step_s, tokens)
+    for rate in _ladder(start):
+        res = await open_loop(servers, client, rate, step_s, tokens, processes)
         steps.append(res)
         log(
-            f"  {client:8s} {rate:7.0f} req/s: sustained={res['sustained']!s:5s} "
-            f"lag p99 {res['send_lag_p99_ms']:.2f} ms, added p99 {res['added_p99_ms']:.2f} ms, "
-            f"cpu {res['client_cpu']:.0%}"
+            f"  {_label(client, processes):12s} {rate:7.0f} req/s: "
+            f"sustained={res['sustained']!s:5s} lag p99 {res['send_lag_p99_ms']:.2f} ms, "
+            f"added p99 {res['added_p99_ms']:.2f} ms, cpu {res['client_cpu']:.0%}"
         )
         if res["sustained"]:
             best, failures = rate, 0
@@ -450,101 +543,222 @@ async def capacity(
     return best, steps
 
 
-async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
+def _label(client: str, processes: int) -> str:
+    """``current`` for one process (the JSON keys of earlier runs), ``current x4`` for four."""
+    return client if processes == 1 else f"{client} x{processes}"
+
+
+def _claim_worker(claims: _Claims, n: int, start: Any, out: Any) -> None:
+    start.wait()
+    t = time.perf_counter()
+    for _ in range(n):
+        claims.take(1)
+    out.put((time.perf_counter() - t) / n)
+
+
+def claim_cost(processes: int, n: int = 200_000) -> dict[str, float]:
+    """Seconds per take of the shared counter: alone, and with ``processes`` taking at once
+    (the tight loop is the worst case; a real client takes once per request)."""
+    ctx = mp.get_context("spawn")
+    claims = _Claims(ctx)
+    t = time.perf_counter()
+    for _ in range(n):
+        claims.take(0)
+    alone = (time.perf_counter() - t) / n
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [
+        ctx.Process(target=_claim_worker, args=(claims, n, start, out)) for _ in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    start.set()
+    per = [out.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join(10)
+    return {"processes": processes, "alone_us": alone * 1e6, "contended_us": max(per) * 1e6}
+
+
+def _scaled(quick: bool, processes: int) -> tuple[int, int, int, int]:
+    """Requests per scenario: zero-delay counts grow with the processes (same duration)."""
+    n100, n1000 = (600, 2000) if quick else (3000, 8000)
+    p100, p1000 = (150, 1500) if quick else (300, 3000)
+    return n100 * processes, n1000 * processes, p100, p1000
+
+
+async def main_async(args: argparse.Namespace, servers: ServerPool) -> dict[str, Any]:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    clients = ["baseline", "current"]
-    n100, n1000 = (600, 2000) if args.quick else (3000, 8000)
-    p100, p1000 = (150, 1500) if args.quick else (300, 3000)
-    # warm up both code paths (connections, imports) before measuring
-    for client in clients:
-        await closed_loop(base, client, 50, 200, args.tokens)
     rows: list[dict[str, Any]] = []
-    plan = [(100, n100, False), (1000, n1000, False), (100, p100, True), (1000, p1000, True)]
-    for conc, n, paced in plan:
-        for client in clients:  # interleaved: same conditions for both
-            if paced:
-                res = await paced_streams(base, client, conc, n, args.tokens)
-            else:
-                res = await closed_loop(base, client, conc, n, args.tokens)
-            rows.append(res)
-            log(
-                f"{res['scenario']:28s} {client:8s} added p50 {res['added_p50_ms']:7.2f} ms "
-                f"p99 {res['added_p99_ms']:7.2f} ms  {res['req_per_s']:7.0f} req/s "
-                f"cpu client {res['client_cpu']:.0%} server {res['server_cpu']:.0%}"
-            )
     caps: dict[str, float] = {}
     ladders: dict[str, list[dict[str, Any]]] = {}
-    for client in clients:
-        caps[client], ladders[client] = await capacity(base, client, args.step_s, args.tokens, log)
-    # paced: open loop at half the current client's capacity, many streams open at once
-    for client in clients:
-        rate = max(100.0, caps["current"] / 2)
-        res = await open_loop(base, client, rate, args.step_s, args.tokens)
-        res["scenario"] = f"open {rate:.0f} req/s"
-        rows.append(res)
-        log(
-            f"{res['scenario']:18s} {client:8s} added p50 {res['added_p50_ms']:7.2f} ms "
-            f"p99 {res['added_p99_ms']:7.2f} ms"
-        )
-    return {"rows": rows, "capacity_req_per_s": caps, "ladders": ladders}
+    capacity_rows: list[dict[str, Any]] = []
+    for procs in args.processes:
+        cores = _client_cores(args.client_pool, procs)
+        if cores:
+            os.sched_setaffinity(0, cores)  # the client processes inherit the mask
+        clients = ["baseline", "current"] if procs == 1 and not args.no_baseline else ["current"]
+        log(f"--- {procs} client process{'es' if procs > 1 else ''} on cores {cores}")
+        # warm up the code paths (connections, imports, process start) before measuring
+        for client in clients:
+            await closed_loop(servers, client, 50, 200, args.tokens, procs)
+        n100, n1000, p100, p1000 = _scaled(args.quick, procs)
+        plan = [(100, n100, False), (1000, n1000, False), (100, p100, True), (1000, p1000, True)]
+        for conc, n, paced in plan:
+            for client in clients:  # interleaved: same conditions for both
+                if paced:
+                    res = await paced_streams(servers, client, conc, n, args.tokens, procs)
+                else:
+                    res = await closed_loop(servers, client, conc, n, args.tokens, procs)
+                rows.append(res)
+                log(
+                    f"{res['scenario']:28s} {_label(client, procs):12s} "
+                    f"added p50 {res['added_p50_ms']:7.2f} ms p99 {res['added_p99_ms']:7.2f} ms "
+                    f"{res['req_per_s']:7.0f} req/s cpu client {res['client_cpu']:.0%} "
+                    f"server {res['server_cpu']:.0%} (busiest {res['server_cpu_max']:.0%})"
+                )
+        # later process counts start their ladder at half the best rate so far (saves steps)
+        start = max([200.0] + [round(v / 2, -1) for v in caps.values()])
+        for client in clients:
+            label = _label(client, procs)
+            caps[label], ladders[label] = await capacity(
+                servers, client, args.step_s, args.tokens, log, procs, start
+            )
+            capacity_rows.append({"client": client, "processes": procs, "req_per_s": caps[label]})
+        # open loop at half the current client's capacity, many streams open at once
+        for client in clients:
+            rate = max(100.0, caps[_label("current", procs)] / 2)
+            res = await open_loop(servers, client, rate, args.step_s, args.tokens, procs)
+            res["scenario"] = f"open {rate:.0f} req/s"
+            rows.append(res)
+            log(
+                f"{res['scenario']:28s} {_label(client, procs):12s} "
+                f"added p50 {res['added_p50_ms']:7.2f} ms p99 {res['added_p99_ms']:7.2f} ms"
+            )
+    ipc = [await asyncio.to_thread(claim_cost, p) for p in sorted(set(args.processes))]
+    return {
+        "rows": rows,
+        "capacity_req_per_s": caps,
+        "capacity": capacity_rows,
+        "ladders": ladders,
+        "ipc": ipc,
+    }
 
 
 def table(result: dict[str, Any]) -> str:
     lines = [
-        "| scenario | client | added p50 ms | added p99 ms | req/s | client CPU | server CPU |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| scenario | client | processes | added p50 ms | added p99 ms | req/s | client CPU "
+        "| server CPU (busiest) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['scenario']} | {r['client']} | {r['added_p50_ms']:.3f} | "
-            f"{r['added_p99_ms']:.3f} | {r['req_per_s']:.0f} | {r['client_cpu']:.0%} | "
-            f"{r['server_cpu']:.0%} |"
+            f"| {r['scenario']} | {r['client']} | {r.get('processes', 1)} | "
+            f"{r['added_p50_ms']:.3f} | {r['added_p99_ms']:.3f} | {r['req_per_s']:.0f} | "
+            f"{r['client_cpu']:.0%} | {r['server_cpu']:.0%} ({r.get('server_cpu_max', 0.0):.0%}) |"
         )
     caps = result["capacity_req_per_s"]
     lines.append("")
     lines.append(
-        "highest sustained open-loop rate on one core: "
+        "highest sustained open-loop rate: "
         + ", ".join(f"{k} {v:.0f} req/s" for k, v in caps.items())
-        + (f" (ratio {caps['current'] / caps['baseline']:.2f}x)" if caps.get("baseline") else "")
+        + (
+            f" (current/baseline {caps['current'] / caps['baseline']:.2f}x)"
+            if caps.get("baseline") and "current" in caps
+            else ""
+        )
     )
+    for c in result.get("ipc", []):
+        lines.append(
+            f"shared counter: {c['alone_us']:.2f} us per take alone, "
+            f"{c['contended_us']:.2f} us with {c['processes']} processes taking at once"
+        )
+    busy = [r for r in result["rows"] if r.get("server_cpu_max", 0.0) > 0.8]
+    if busy:
+        lines.append(
+            f"warning: a server process was > 80 % busy in {len(busy)} row(s); the server may "
+            "have limited those (add --server-processes or cores)"
+        )
     return "\n".join(lines)
+
+
+def _layout(cores: list[int], max_p: int, servers: int) -> tuple[list[int], list[int]]:
+    """Client cores (the first ``max_p``) and server cores (the next ``servers``); with fewer
+    cores than that, the servers take the last ones and the client the rest (or all)."""
+    if len(cores) >= max_p + servers:
+        return cores[:max_p], cores[max_p : max_p + servers]
+    server_cores = cores[-min(servers, max(1, len(cores) - 1)) :] if cores else []
+    client_cores = [c for c in cores if c not in server_cores] or list(cores)
+    return client_cores, server_cores
+
+
+def _client_cores(pool: list[int], processes: int) -> list[int]:
+    return pool[:processes] if pool else []
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="client process counts to measure, e.g. 1 4 8 (default: 1)",
+    )
+    ap.add_argument(
+        "--server-processes",
+        type=int,
+        default=0,
+        help="zero-delay server processes (default: as many as the largest --processes, "
+        "within the cores left)",
+    )
     ap.add_argument("--tokens", type=int, default=32, help="content chunks per response")
     ap.add_argument("--step-s", type=float, default=2.0, help="seconds per capacity step")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/client_capacity.json")
+    ap.add_argument("--quick", action="store_true", help="fewer requests, 1 s capacity steps")
+    ap.add_argument(
+        "--no-baseline", action="store_true", help="skip the pre-optimisation client (P = 1)"
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "benchmarks/results/client_capacity.json",
+        help="JSON result file (default: %(default)s)",
+    )
     args = ap.parse_args()
+    if min(args.processes) < 1:
+        ap.error("--processes: counts must be >= 1")
     if args.quick:
         args.step_s = min(args.step_s, 1.0)
 
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    client_core = cores[0] if cores else None
-    server_core = cores[1] if len(cores) > 1 else client_core
-    _raise_nofile()
-    port = _free_port()
-    ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    server = ctx.Process(target=_server_main, args=(port, server_core, ready), daemon=True)
-    server.start()
+    max_p = max(args.processes)
+    n_servers = args.server_processes or max(1, min(max_p, len(cores) - max_p))
+    args.client_pool, server_cores = _layout(cores, max_p, n_servers)
+    shared = bool(cores) and len(cores) < max_p + n_servers
+    if shared:
+        print(
+            f"note: {len(cores)} cores for {max_p} client and {n_servers} server processes: "
+            "they share cores, so these are not capacity figures",
+            flush=True,
+        )
+    _raise_nofile()  # the client processes inherit the limit
+    servers = ServerPool(n_servers, server_cores)
+    servers.start()
+    started = time.perf_counter()
     try:
-        if not ready.wait(30):
-            raise SystemExit("the server did not start")
-        _pin(client_core)
-        started = time.perf_counter()
-        result = asyncio.run(main_async(args, f"http://127.0.0.1:{port}"))
+        result = asyncio.run(main_async(args, servers))
     finally:
-        server.terminate()
-        server.join(5)
+        servers.stop()
     result["setup"] = {
         "tokens_per_response": args.tokens,
         "step_s": args.step_s,
-        "client_core": client_core,
-        "server_core": server_core,
+        "processes": args.processes,
+        "client_core": args.client_pool[0] if args.client_pool else None,
+        "client_cores": args.client_pool,
+        "server_core": server_cores[0] if server_cores else None,
+        "server_cores": server_cores,
+        "server_processes": n_servers,
+        "cores_shared": shared,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "aiohttp": aiohttp.__version__,
@@ -561,9 +775,11 @@ def main() -> None:
     for r in result["rows"]:
         if r.get("concurrency") == 1000 and r["client"] == "current":
             ok = r["added_p99_ms"] < 1.0
-            verdicts[r["scenario"]] = {"holds": ok, "added_p99_ms": r["added_p99_ms"]}
+            procs = r["processes"]
+            key = r["scenario"] + ("" if procs == 1 else f", {procs} processes")
+            verdicts[key] = {"holds": ok, "added_p99_ms": r["added_p99_ms"], "processes": procs}
             print(
-                f"target < 1 ms p99 added at 1000 streams ({r['scenario']}): "
+                f"target < 1 ms p99 added at 1000 streams ({key}): "
                 f"{'holds' if ok else 'does not hold'} ({r['added_p99_ms']:.2f} ms)"
             )
     result["target_1ms_p99_at_1000"] = verdicts

@@ -271,6 +271,7 @@ async def run_replay(
         request_timeout_s=w.request_timeout_s,
         api_key=api_key(cfg.engine, cfg.model),
         on_start=started.append,
+        processes=w.client_processes,
     )
     start = (started[0] if started else time.perf_counter()) - t0
     return records, start, time.perf_counter() - t0

@@ -200,6 +200,10 @@ class WorkloadConfig:
     """Upper bound on the replay's wall time; unsent requests are not counted."""
     warmup_requests: int = 0
     request_timeout_s: float = 300.0
+    client_processes: int = 1
+    """Replay client processes (``tuner.replay_procs``): the requests in flight are split over
+    them. One process adds latency from about 1,000 streams on (20,000 chunks/s at a 50 ms engine
+    step, docs/replay-accuracy.md); never more than the in-flight bound or the cores usable."""
     seed: int = 0
     system_prompt_tokens: int = 0
     """A system prompt shared by every request (so prefix caching matters)."""
@@ -480,6 +484,12 @@ def validate(c: TunerConfig) -> None:
             raise ConfigError(f"workload.{name} bounds [{d.low}, {d.high}]; need 1 <= low <= high")
     if w.num_requests < 1:
         raise ConfigError(f"workload.num_requests is {w.num_requests}; allowed: >= 1")
+    cores = usable_cores()
+    if not 1 <= w.client_processes <= cores:
+        raise ConfigError(
+            f"workload.client_processes is {w.client_processes}; allowed: 1 to {cores} "
+            "(the CPU cores this process may use)"
+        )
     if w.arrival.kind == "concurrency" and w.arrival.concurrency < 1:
         raise ConfigError(f"workload.arrival.concurrency is {w.arrival.concurrency}; allowed: >= 1")
     if w.arrival.kind not in ("concurrency", "ramp") and w.arrival.rate <= 0:
@@ -528,6 +538,15 @@ def validate(c: TunerConfig) -> None:
 
         check_image_sizes(w.images, c.model.path)
     validate_space(c.space, c.model)
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def conf_dir() -> Path:

@@ -7,7 +7,8 @@
     ├── TrialFailed(reason, detail) a trial that could not be measured; recorded as data, never
     │   ├── LaunchFailed            fatal to the study: the server did not become ready
     │   └── ReplayFailed            the server was ready but the measurement broke
-    └── EngineError                 the tuner cannot drive the engine (missing binary, NVML, ...)
+    ├── EngineError                 the tuner cannot drive the engine (missing binary, NVML, ...)
+    └── ReplayClientError           a replay client process failed (the tuner's own failure)
 
 Lower-level errors (aiohttp, NVML, subprocess) are translated at one boundary each with
 ``raise ... from exc``. Failed *requests* are not exceptions: they are a status on a record.
@@ -22,6 +23,7 @@ __all__ = [
     "EngineError",
     "FailureReason",
     "LaunchFailed",
+    "ReplayClientError",
     "ReplayFailed",
     "TrialFailed",
     "TunerError",
@@ -63,6 +65,11 @@ class ConfigError(TunerError):
 
 class EngineError(TunerError):
     """The tuner could not drive the engine at all (e.g. the command does not exist)."""
+
+
+class ReplayClientError(TunerError):
+    """A client process of a multi-process replay (``replay(processes=P)``) failed or died. It
+    says nothing about the config under test, so it is not a :class:`TrialFailed`."""
 
 
 class TrialFailed(TunerError):

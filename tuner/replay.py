@@ -12,6 +12,10 @@ arrived and its lines are parsed with one ``json.loads`` each (no per-line await
 client adds little latency (``benchmarks/client_capacity.py`` measures how much).
 
 Failed requests are records with ``status="error"``/``"timeout"``, never exceptions.
+
+One Python process parses about 20,000 chunks/s before it queues them (1,000 streams at a 50 ms
+engine step); ``replay(processes=P)`` spreads the requests over P client processes
+(:mod:`tuner.replay_procs`) for loads beyond that.
 """
 
 from __future__ import annotations
@@ -55,6 +59,50 @@ _DRAIN_S = 1.0
 """How long to wait for the end of a response body after its ``[DONE]`` event."""
 
 
+def _encode(spec: RequestSpec, model: str) -> bytes:
+    """The request body as sent: the spec's body plus model, streaming and usage."""
+    body = {
+        **spec.body,
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    return json.dumps(body).encode()
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def _session(limit: int, request_timeout_s: float) -> aiohttp.ClientSession:
+    """The client session: ``limit`` connections at most (0: no limit), kept alive."""
+    connector = aiohttp.TCPConnector(limit=limit, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(request_timeout_s, 30.0))
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=2**18)
+
+
+class _Guarded:
+    """Calls ``on_record``; a failing callback is logged once and never stops the replay (a
+    broken progress display must not break the measurement)."""
+
+    def __init__(self, on_record: Callable[[RequestRecord], None] | None) -> None:
+        self.on_record = on_record
+        self._failed = False
+
+    def __call__(self, record: RequestRecord) -> None:
+        if self.on_record is None:
+            return
+        try:
+            self.on_record(record)
+        except Exception:
+            if not self._failed:
+                log.exception("on_record callback failed; further failures are not logged")
+            self._failed = True
+
+
 class _Runner:
     def __init__(
         self,
@@ -70,29 +118,18 @@ class _Runner:
         self.model = model
         self.request_timeout_s = request_timeout_s
         self.headers = headers
-        self.on_record = on_record
+        self.on_record = _Guarded(on_record)
         self.records: list[RequestRecord] = []
-        self._callback_failed = False
 
     def _done(self, record: RequestRecord) -> None:
         self.records.append(record)
-        if self.on_record is not None:
-            try:
-                self.on_record(record)
-            except Exception:  # a broken progress display must not break the measurement
-                if not self._callback_failed:
-                    log.exception("on_record callback failed; further failures are not logged")
-                self._callback_failed = True
+        self.on_record(record)
 
-    async def send(self, spec: RequestSpec, t0: float) -> None:
-        """Send one request and record what happened; ``t0`` is the replay start."""
-        body = {
-            **spec.body,
-            "model": self.model,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        data = json.dumps(body).encode()
+    async def send(self, spec: RequestSpec, t0: float, data: bytes | None = None) -> None:
+        """Send one request and record what happened; ``t0`` is the replay start. ``data`` is
+        the encoded body if the caller has it already (:func:`_encode` of ``spec``)."""
+        if data is None:
+            data = _encode(spec, self.model)
         url = self.base_url + _PATHS[spec.endpoint]
         sent = time.perf_counter()
         state: dict[str, Any] = {"ttft": None, "last": None, "itl": [], "chunks": 0}
@@ -253,6 +290,16 @@ class _Runner:
             )
 
 
+def _arrival_order(spec: RequestSpec) -> tuple[float, int]:
+    """Open loop sends in this order."""
+    return (spec.arrival_s or 0.0, spec.index)
+
+
+def _record_order(record: RequestRecord) -> tuple[bool, int]:
+    """The returned records' order: warm-ups first, then by index."""
+    return (not record.warmup, record.index)
+
+
 async def _closed_loop(
     runner: _Runner, specs: Sequence[RequestSpec], concurrency: int, t0: float, deadline: float
 ) -> None:
@@ -287,7 +334,7 @@ async def _open_loop(
 
     tasks: list[asyncio.Task[None]] = []
     try:
-        for spec in sorted(specs, key=lambda s: (s.arrival_s or 0.0, s.index)):
+        for spec in sorted(specs, key=_arrival_order):
             at = t0 + (spec.arrival_s or 0.0)
             if at >= deadline:
                 break
@@ -312,6 +359,7 @@ async def replay(
     api_key: str | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     on_start: Callable[[float], None] | None = None,
+    processes: int = 1,
 ) -> list[RequestRecord]:
     """Send ``requests`` to ``base_url`` (``http://host:port``) and measure each one.
 
@@ -329,21 +377,43 @@ async def replay(
     Returns every record (warm-ups included, ``warmup=True``) sorted by index. ``t_sent_s`` is
     relative to the measured start (to the warm-up start for warm-ups); ``on_start`` is called
     with that start (``time.perf_counter()``) so a caller can align records with other clocks.
+
+    ``processes`` > 1 spreads the requests over that many client processes, for loads one
+    process cannot parse without queueing (:mod:`tuner.replay_procs`: the in-flight bound is
+    split over them, they pull from one shared sequence, records come back as they finish and
+    ``on_record``/``on_start`` are called here). It never uses more processes than the bound
+    allows (``arrival.concurrency``, or ``arrival.max_concurrency`` if set) or than there are
+    measured requests; 1 (the default) replays in this process. Raises ValueError if it is < 1,
+    :class:`~tuner.errors.ReplayClientError` if a client process fails.
     """
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes is {processes!r}; allowed: an integer >= 1")
     measured = [s for s in requests if not s.warmup]
     closed = arrival.kind == "concurrency" and all(s.arrival_s is None for s in measured)
     # the connection pool is the in-flight bound; 0 means no limit (open loop without a cap)
     limit = max(1, arrival.concurrency) if closed else max(0, arrival.max_concurrency or 0)
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
+    headers = _headers(api_key)
     warm = [s for s in requests if s.warmup]
+    n_proc = min(processes, max(1, len(measured)), limit or processes)
+    if n_proc > 1:
+        from tuner.replay_procs import replay_in_processes
 
-    connector = aiohttp.TCPConnector(limit=limit, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(request_timeout_s, 30.0))
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, read_bufsize=2**18
-    ) as session:
+        return await replay_in_processes(
+            base_url,
+            model,
+            warm,
+            measured,
+            processes=n_proc,
+            closed=closed,
+            limit=limit,
+            duration_s=duration_s,
+            request_timeout_s=request_timeout_s,
+            headers=headers,
+            on_record=on_record,
+            on_start=on_start,
+        )
+
+    async with _session(limit, request_timeout_s) as session:
         runner = _Runner(session, base_url, model, request_timeout_s, headers, on_record)
         if warm:
             t_warm = time.perf_counter()
@@ -358,4 +428,4 @@ async def replay(
             await _closed_loop(runner, measured, arrival.concurrency, t0, deadline)
         else:
             await _open_loop(runner, measured, arrival.max_concurrency, t0, deadline)
-    return sorted(runner.records, key=lambda r: (not r.warmup, r.index))
+    return sorted(runner.records, key=_record_order)

@@ -908,6 +908,7 @@ async def _measure(
                     request_timeout_s=w.request_timeout_s,
                     api_key=api_key(cfg.engine, cfg.model),
                     on_record=on_record,
+                    processes=w.client_processes,
                 )
             )
             watch = asyncio.create_task(lost.wait())

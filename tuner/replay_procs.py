@@ -1,0 +1,523 @@
+"""The replay spread over several client processes (``replay(..., processes=P)``).
+
+One Python process parses about 20,000 SSE chunks/s before chunks queue behind each other
+(``benchmarks/client_capacity.py``): 1,000 streams at a 50 ms engine step are already that
+many. Here P client processes (``spawn`` start method: a fresh interpreter each, never a fork of a
+process with a running event loop) each run :class:`tuner.replay._Runner`:
+
+* **One shared sequence.** The parent encodes every request body once into shared memory (an
+  anonymous ``multiprocessing`` heap block, passed by file descriptor: no name to leak) in send
+  order: warm-ups, then the measured requests (by arrival time for open loop). The processes take
+  positions from a shared counter (a lock-protected integer, well under a microsecond to take
+  uncontended), so each request is sent exactly once, by whichever process is free first.
+* **Closed loop** at concurrency C: the C slots are split over the processes as evenly as
+  possible (C = 10, P = 4: 3, 3, 2, 2); each slot takes the next request when its previous one
+  ends, so exactly C are in flight, as in one process.
+* **Open loop**: every process sends at the same absolute times (``time.perf_counter`` is
+  CLOCK_MONOTONIC, one clock for all processes on Linux) relative to one start ``t0`` the parent
+  picks once all are ready. A process takes the next arrival only when it can send it; with
+  ``max_concurrency`` M that means when it holds a free slot of its share of M. The total in
+  flight never exceeds M; an arrival waits for a slot of whichever process frees one first, as
+  for one process's semaphore give or take an event-loop turn (approximate FIFO).
+* **Warm-ups** go first, not measured: at the closed loop's slots, or one at a time (by the
+  first process) for open loop; the parent waits for all of them before it picks ``t0``.
+* **Records** go back to the parent as they finish (pickled over a socket pair, batched per
+  event-loop turn); the parent calls ``on_record`` for each, and ``on_start(t0)``. ``t_sent_s``
+  is relative to the common ``t0`` (the warm-up start for warm-ups), so records of all processes
+  share one time axis.
+* **Stopping.** When the replay ends, fails or is cancelled (a prune, Ctrl-C), the parent kills
+  the processes that have not exited and reaps them. A process also dies with its parent: on
+  Linux it asks the kernel for SIGKILL when the parent dies (``PR_SET_PDEATHSIG``), and it exits
+  when the socket to the parent closes. It ignores SIGINT (Ctrl-C reaches the whole process
+  group; the parent decides). The parent must call this from the thread that lives as long as
+  the replay (the event loop's), since the death signal follows the thread that started it.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import ctypes
+import logging
+import math
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.errors import ReplayClientError
+from tuner.records import RequestRecord, RequestSpec
+from tuner.replay import (
+    _arrival_order,
+    _encode,
+    _Guarded,
+    _record_order,
+    _Runner,
+    _session,
+)
+
+__all__ = ["replay_in_processes", "split_slots"]
+
+log = logging.getLogger(__name__)
+
+_START_MARGIN_S = 0.05
+"""The common start is this far ahead of the moment the parent picks it, so every process has
+received it before it passes (a process that gets it late starts at once)."""
+_READY_TIMEOUT_S = 120.0
+"""How long a client process may take to start (a fresh interpreter importing aiohttp)."""
+_EXIT_GRACE_S = 10.0
+"""How long a client process may take to close its connections and exit after the replay."""
+_ENDPOINTS = ("chat", "completions")
+_WARM, _MEASURED = 0, 1
+_HEADER = struct.Struct("!I")
+
+
+def split_slots(total: int, parts: int) -> list[int]:
+    """``total`` slots over ``parts`` processes as evenly as possible, larger shares first."""
+    if parts < 1 or total < 0:
+        raise ValueError(f"cannot split {total} slots over {parts} processes")
+    base, extra = divmod(total, parts)
+    return [base + (k < extra) for k in range(parts)]
+
+
+# --- what the processes share ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Table:
+    """The requests in send order (warm-ups first); position ``p``'s encoded body is
+    ``blob[bounds[p]:bounds[p + 1]]``."""
+
+    index: array.array[int]
+    endpoint: bytes
+    """Per position, the index of its endpoint in ``_ENDPOINTS``."""
+    arrival: array.array[float]
+    """Per position, ``arrival_s`` (NaN for None)."""
+    bounds: array.array[int]
+    n_warm: int
+
+    @property
+    def n(self) -> int:
+        return len(self.index)
+
+    def offset(self, pos: int) -> float:
+        """When to send, after the start (no ``arrival_s``: at once, as in one process)."""
+        arrival = self.arrival[pos]
+        return 0.0 if math.isnan(arrival) else arrival
+
+    def spec(self, pos: int) -> RequestSpec:
+        """A spec carrying what the runner needs besides the body (index, endpoint, warm-up)."""
+        arrival = self.arrival[pos]
+        return RequestSpec(
+            index=self.index[pos],
+            endpoint=_ENDPOINTS[self.endpoint[pos]],  # type: ignore[arg-type]
+            body={},
+            prompt_tokens=0,
+            output_tokens=0,
+            arrival_s=None if math.isnan(arrival) else arrival,
+            warmup=pos < self.n_warm,
+        )
+
+
+class _Claims:
+    """The next unclaimed position of each phase (warm-up, measured), shared by the processes."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._next = ctx.RawArray("q", 2)
+        self._lock = ctx.Lock()
+
+    def take(self, phase: int) -> int:
+        with self._lock:
+            pos = int(self._next[phase])
+            self._next[phase] = pos + 1
+        return pos
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one client process does; sent to it over its socket once it runs."""
+
+    base_url: str
+    model: str
+    headers: dict[str, str]
+    request_timeout_s: float
+    duration_s: float
+    closed: bool
+    warm_slots: int
+    """Warm-up requests this process keeps in flight (closed loop)."""
+    slots: int | None
+    """Measured requests this process keeps in flight (closed loop), or its share of the
+    open-loop cap (None: no cap)."""
+    table: _Table
+
+
+# --- framing: length-prefixed pickles over a socket pair ---------------------------------------
+
+
+def _frame(msg: tuple[Any, ...]) -> bytes:
+    payload = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(payload)) + payload
+
+
+async def _read(reader: asyncio.StreamReader) -> tuple[Any, ...]:
+    (n,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    msg = pickle.loads(await reader.readexactly(n))
+    assert isinstance(msg, tuple)
+    return msg
+
+
+# --- the client process ------------------------------------------------------------------------
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies (Linux), and exit now if it already has."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _child_main(sock: socket.socket, blob: Any, claims: _Claims, parent_pid: int) -> None:
+    """Entry point of a client process (spawned: nothing of the parent's loop is inherited)."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops us
+    asyncio.run(_child(sock, blob, claims))
+
+
+class _Outbox:
+    """Messages to the parent; records finished in one event-loop turn go as one message."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.pending: list[RequestRecord] = []
+
+    def record(self, record: RequestRecord) -> None:
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.pending.append(record)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.writer.write(_frame(("recs", self.pending)))
+            self.pending = []
+
+    def send(self, *msg: Any) -> None:
+        self.flush()  # records before what follows them
+        self.writer.write(_frame(msg))
+
+
+async def _control(reader: asyncio.StreamReader, inbox: asyncio.Queue[tuple[Any, ...]]) -> None:
+    """The parent's messages, until ``exit``; the socket closing means the parent is gone."""
+    while True:
+        try:
+            msg = await _read(reader)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            os._exit(1)  # nobody is left to report to: drop the connections with the process
+        inbox.put_nowait(msg)
+        if msg[0] == "exit":
+            return
+
+
+async def _child(sock: socket.socket, blob: Any, claims: _Claims) -> None:
+    reader, writer = await asyncio.open_connection(sock=sock)
+    out = _Outbox(writer)
+    inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+    control = asyncio.create_task(_control(reader, inbox))
+    try:
+        kind, plan = await inbox.get()
+        assert kind == "plan" and isinstance(plan, _Plan)
+        # the connection pool is this process's in-flight bound (0: none, open loop uncapped)
+        limit = max(plan.warm_slots, plan.slots or 0) if plan.closed else plan.slots or 0
+        async with _session(limit, plan.request_timeout_s) as session:
+            runner = _Runner(
+                session, plan.base_url, plan.model, plan.request_timeout_s, plan.headers, out.record
+            )
+            body = memoryview(blob).cast("B")
+            out.send("ready")
+            while (msg := await inbox.get())[0] == "run":
+                _, phase, t_start = msg
+                await _run_phase(runner, plan, body, claims, phase, t_start)
+                out.send("done", phase)
+                await writer.drain()
+    except Exception as exc:
+        out.send("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    finally:
+        control.cancel()
+        out.flush()
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+
+
+async def _run_phase(
+    runner: _Runner, plan: _Plan, body: memoryview, claims: _Claims, phase: int, t_start: float
+) -> None:
+    table = plan.table
+    first, n = (0, table.n_warm) if phase == _WARM else (table.n_warm, table.n - table.n_warm)
+    deadline = float("inf") if phase == _WARM else t_start + plan.duration_s
+    delay = t_start - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+    def take() -> int | None:
+        """The next position of this phase, or None when all are taken."""
+        i = claims.take(phase)
+        return first + i if i < n else None
+
+    async def send(pos: int) -> None:
+        lo, hi = table.bounds[pos], table.bounds[pos + 1]
+        await runner.send(table.spec(pos), t_start, bytes(body[lo:hi]))
+
+    if phase == _WARM or plan.closed:
+        slots = plan.warm_slots if phase == _WARM else plan.slots or 0
+
+        async def worker() -> None:
+            while (pos := take()) is not None:
+                if time.perf_counter() >= deadline:
+                    return
+                await send(pos)
+
+        await asyncio.gather(*(worker() for _ in range(min(slots, n))))
+        return
+
+    # open loop: take an arrival only when it can be sent (a free slot of this process's share)
+    sem = asyncio.Semaphore(plan.slots) if plan.slots is not None else None
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(pos: int) -> None:
+        try:
+            await send(pos)
+        finally:
+            if sem is not None:
+                sem.release()
+
+    while True:
+        if sem is not None:
+            await sem.acquire()
+        pos = take()
+        at = deadline if pos is None else t_start + table.offset(pos)
+        if pos is None or at >= deadline or time.perf_counter() >= deadline:
+            if sem is not None:
+                sem.release()
+            break
+        delay = at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(one(pos))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.gather(*tasks)
+
+
+# --- the parent --------------------------------------------------------------------------------
+
+
+def _table(
+    warm: Sequence[RequestSpec], measured: Sequence[RequestSpec], model: str, ctx: Any
+) -> tuple[_Table, Any]:
+    """The send order and the shared block of encoded bodies."""
+    order = [*warm, *measured]
+    bodies = [_encode(s, model) for s in order]
+    bounds = array.array("q", [0])
+    for b in bodies:
+        bounds.append(bounds[-1] + len(b))
+    blob = ctx.RawArray("B", max(1, bounds[-1]))
+    view = memoryview(blob).cast("B")
+    for b, lo in zip(bodies, bounds, strict=False):
+        view[lo : lo + len(b)] = b
+    view.release()
+    table = _Table(
+        index=array.array("q", (s.index for s in order)),
+        endpoint=bytes(_ENDPOINTS.index(s.endpoint) for s in order),
+        arrival=array.array("d", (math.nan if s.arrival_s is None else s.arrival_s for s in order)),
+        bounds=bounds,
+        n_warm=len(warm),
+    )
+    return table, blob
+
+
+class _Pool:
+    """The client processes, their sockets, and what they send back."""
+
+    def __init__(self, on_record: Callable[[RequestRecord], None] | None) -> None:
+        self.procs: list[Any] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.pumps: list[asyncio.Task[None]] = []
+        self.inbox: asyncio.Queue[tuple[int, tuple[Any, ...]]] = asyncio.Queue()
+        self.records: list[RequestRecord] = []
+        self.on_record = _Guarded(on_record)
+
+    async def start(self, ctx: Any, n: int, blob: Any, claims: _Claims) -> None:
+        for k in range(n):
+            mine, theirs = socket.socketpair()
+            try:
+                proc = ctx.Process(
+                    target=_child_main,
+                    args=(theirs, blob, claims, os.getpid()),
+                    name=f"tuner-replay-{k}",
+                    daemon=True,
+                )
+                proc.start()
+            except BaseException:
+                mine.close()
+                raise
+            finally:
+                theirs.close()  # the child has its own copy now
+            self.procs.append(proc)
+            reader, writer = await asyncio.open_connection(sock=mine)
+            self.writers.append(writer)
+            self.pumps.append(asyncio.create_task(self._pump(k, reader)))
+
+    async def _pump(self, k: int, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                self.inbox.put_nowait((k, await _read(reader)))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.inbox.put_nowait((k, ("eof",)))
+        except Exception as exc:  # an unreadable message: report it, don't hang the replay
+            self.inbox.put_nowait((k, ("error", f"{type(exc).__name__}: {exc}", "")))
+
+    def send(self, k: int, *msg: Any) -> None:
+        self.writers[k].write(_frame(msg))
+
+    async def expect(self, *what: Any) -> None:
+        """Wait until every process has sent ``what``; deliver records meanwhile."""
+        pending = set(range(len(self.procs)))
+        while pending:
+            k, msg = await self.inbox.get()
+            if msg[0] == "recs":
+                for r in msg[1]:
+                    self.records.append(r)
+                    self.on_record(r)
+            elif msg == what:
+                pending.discard(k)
+            elif msg[0] == "error":
+                if msg[2]:
+                    log.error("replay client process %d failed:\n%s", k, msg[2])
+                raise ReplayClientError(f"replay client process {k} failed: {msg[1]}")
+            elif msg[0] == "eof":
+                code = await self._exitcode(k, 1.0)
+                raise ReplayClientError(
+                    f"replay client process {k} (pid {self.procs[k].pid}) exited unexpectedly"
+                    + (f" with code {code}" if code is not None else "")
+                )
+            else:
+                raise ReplayClientError(f"replay client process {k} sent {msg[0]!r}")
+
+    async def _exitcode(self, k: int, wait_s: float) -> int | None:
+        end = time.monotonic() + wait_s
+        while self.procs[k].exitcode is None and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        code = self.procs[k].exitcode
+        return int(code) if code is not None else None
+
+    async def finish(self) -> None:
+        """Tell every process to exit and wait for it (bounded)."""
+        for k in range(len(self.procs)):
+            self.send(k, "exit")
+        for k in range(len(self.procs)):
+            if await self._exitcode(k, _EXIT_GRACE_S) is None:
+                log.warning("replay client process %d did not exit; killing it", k)
+
+    def stop(self) -> None:
+        """Kill what is still running and reap it (synchronous: safe in a cancelled task)."""
+        for pump in self.pumps:
+            pump.cancel()
+        for proc in self.procs:
+            if proc.exitcode is None:
+                proc.kill()
+        for proc in self.procs:
+            proc.join(5.0)
+            if proc.exitcode is None:
+                log.warning("replay client process pid %s is still alive after SIGKILL", proc.pid)
+        for writer in self.writers:
+            writer.close()
+
+
+async def replay_in_processes(
+    base_url: str,
+    model: str,
+    warm: Sequence[RequestSpec],
+    measured: Sequence[RequestSpec],
+    *,
+    processes: int,
+    closed: bool,
+    limit: int,
+    duration_s: float,
+    request_timeout_s: float,
+    headers: dict[str, str],
+    on_record: Callable[[RequestRecord], None] | None,
+    on_start: Callable[[float], None] | None,
+) -> list[RequestRecord]:
+    """:func:`tuner.replay.replay` over ``processes`` client processes (see the module doc).
+
+    ``limit`` is the in-flight bound: the closed loop's concurrency, or the open loop's cap (0:
+    none). Returns the records sorted as :func:`~tuner.replay.replay` does.
+    """
+    if processes < 2:
+        raise ValueError(f"processes is {processes}; this path needs at least 2")
+    if (closed and limit < processes) or (not closed and 0 < limit < processes):
+        raise ValueError(f"{processes} processes for {limit} slots; use at most one per slot")
+    ctx = mp.get_context("spawn")
+    if not closed:
+        measured = sorted(measured, key=_arrival_order)
+    table, blob = _table(warm, measured, model, ctx)
+    claims = _Claims(ctx)
+    if closed:
+        warm_slots = slots = split_slots(limit, processes)
+    else:  # warm-ups one at a time, by the first process
+        warm_slots = split_slots(1, processes)
+        slots = split_slots(limit, processes) if limit else [0] * processes
+    plans = [
+        _Plan(
+            base_url=base_url,
+            model=model,
+            headers=headers,
+            request_timeout_s=request_timeout_s,
+            duration_s=duration_s,
+            closed=closed,
+            warm_slots=warm_slots[k],
+            slots=slots[k] if closed or limit else None,
+            table=table,
+        )
+        for k in range(processes)
+    ]
+    log.debug("replay over %d client processes, slots %s", processes, slots)
+    pool = _Pool(on_record)
+    try:
+        await pool.start(ctx, processes, blob, claims)
+        for k, plan in enumerate(plans):
+            pool.send(k, "plan", plan)
+        try:
+            async with asyncio.timeout(_READY_TIMEOUT_S):
+                await pool.expect("ready")
+        except TimeoutError:
+            raise ReplayClientError(
+                f"the replay client processes did not start in {_READY_TIMEOUT_S:.0f} s"
+            ) from None
+        if warm:
+            t_warm = time.perf_counter() + _START_MARGIN_S
+            for k in range(processes):
+                pool.send(k, "run", _WARM, t_warm)
+            await pool.expect("done", _WARM)
+        t0 = time.perf_counter() + _START_MARGIN_S
+        if on_start is not None:
+            on_start(t0)
+        for k in range(processes):
+            pool.send(k, "run", _MEASURED, t0)
+        await pool.expect("done", _MEASURED)
+        await pool.finish()
+    finally:
+        pool.stop()
+    return sorted(pool.records, key=_record_order)
