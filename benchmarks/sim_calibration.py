@@ -14,14 +14,18 @@ Every point of ``benchmarks/calibration/h200-qwen3-8b.json`` (made by
 Printed per point: real vs sim output tok/s, TTFT p50, TPOT p50 (TTFT p95 where only that was
 recorded), KV tokens, and the relative error ``sim / real - 1``; then max and median absolute
 error per metric. ``--fit`` first fits ``SpeedModel``'s reference constants (``FITTED``; the
-TP/model scaling of :meth:`SpeedModel.for_model` is kept) by Nelder-Mead on log-constants,
+TP/model scaling of :meth:`SpeedModel.for_model` is kept) by scipy's Nelder-Mead on log-constants,
 minimising the sum of squared log errors of tok/s, TTFT p50 and (half weight) TPOT p50 over the
-TP=1 points, and prints the errors before and after.
-Writes ``benchmarks/results/sim_calibration.json``.
+TP=1 points (scipy's standard coefficients; initial simplex +0.3 per log-constant; it stops at
+``--max-evals`` or when the simplex spans < 1e-3 in log space and < 1e-4 in loss), and prints the
+errors before and after. ``--start`` fits from the constants of an earlier result file instead of
+``SpeedModel``'s defaults. Writes ``benchmarks/results/sim_calibration.json``.
 
 Usage::
 
-    python benchmarks/sim_calibration.py [--fit] [--max-evals 150] [--points ID ...] [--out PATH]
+    python benchmarks/sim_calibration.py [--fit] [--max-evals 300] [--start RESULT]
+        [--points ID ...] [--out PATH]
+    python benchmarks/sim_calibration.py --markdown RESULT   # the doc's tables from a result file
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.optimize import OptimizeResult, minimize
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
@@ -254,43 +259,32 @@ def loss(points: Sequence[Mapping[str, Any]], sims: Sequence[Mapping[str, float]
     return total
 
 
-def nelder_mead(
-    f: Callable[[np.ndarray], float], x0: np.ndarray, step: float, max_evals: int
-) -> tuple[np.ndarray, float]:
-    """Plain Nelder-Mead (reflect 1, expand 2, contract 0.5, shrink 0.5)."""
-    n = len(x0)
-    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
-    vals = [f(x) for x in simplex]
-    evals = n + 1
-    while evals < max_evals:
-        order = np.argsort(vals)
-        simplex, vals = [simplex[i] for i in order], [vals[i] for i in order]
-        centroid = np.mean(simplex[:-1], axis=0)
-        xr = centroid + (centroid - simplex[-1])
-        fr = f(xr)
-        evals += 1
-        if fr < vals[0]:
-            xe = centroid + 2 * (centroid - simplex[-1])
-            fe = f(xe)
-            evals += 1
-            simplex[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < vals[-2]:
-            simplex[-1], vals[-1] = xr, fr
-        else:
-            xc = centroid + 0.5 * (simplex[-1] - centroid)
-            fc = f(xc)
-            evals += 1
-            if fc < vals[-1]:
-                simplex[-1], vals[-1] = xc, fc
-            else:
-                for i in range(1, n + 1):
-                    simplex[i] = simplex[0] + 0.5 * (simplex[i] - simplex[0])
-                    vals[i] = f(simplex[i])
-                evals += n
-        if max(vals) - min(vals) < 1e-4:
-            break
-    best = int(np.argmin(vals))
-    return simplex[best], vals[best]
+NM_STEP = 0.3
+"""Initial simplex: the start and one vertex per constant at +0.3 in log space (x 1.35)."""
+NM_XATOL = 1e-3
+"""Simplex size at which the fit stops, in log space: 0.1 %, below the 3-digit rounding."""
+NM_FATOL = 1e-4
+"""Loss spread over the simplex at which the fit stops (with ``NM_XATOL``)."""
+
+
+def fit_constants(
+    f: Callable[[np.ndarray], float], x0: np.ndarray, max_evals: int
+) -> OptimizeResult:
+    """Minimise ``f`` over log-constants from ``x0``: scipy's Nelder-Mead (standard coefficients),
+    stopping at ``max_evals`` evaluations or when the simplex spans less than ``NM_XATOL`` and its
+    losses less than ``NM_FATOL``."""
+    simplex = np.vstack([x0, x0 + NM_STEP * np.eye(len(x0))])
+    return minimize(
+        f,
+        x0,
+        method="Nelder-Mead",
+        options={
+            "initial_simplex": simplex,
+            "maxfev": max_evals,
+            "xatol": NM_XATOL,
+            "fatol": NM_FATOL,
+        },
+    )
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -325,23 +319,125 @@ def print_table(rows: Sequence[Mapping[str, Any]], title: str) -> None:
         print(f"  {k:<18} max |err| {s['max']:6.1%}  median {s['median']:6.1%}{tgt}")
 
 
+MD_METRICS = {
+    "output_throughput": "output tok/s",
+    "ttft_p50_ms": "TTFT p50",
+    "tpot_p50_ms": "TPOT p50",
+    "ttft_p95_ms": "TTFT p95",
+    "kv_tokens": "KV tokens",
+}
+
+
+def _median_abs(rows: Sequence[Mapping[str, Any]], k: str) -> float | None:
+    errs = [abs(r["error"][k]) for r in rows if k in r["error"]]
+    return statistics.median(errs) if errs else None
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """The tables of ``docs/sim-calibration.md`` from a result file: the fitted constants' errors
+    with, in brackets, those of the start (``rows``); without a fit, the start's alone."""
+    before: list[dict[str, Any]] = result["rows"]
+    after: list[dict[str, Any]] = result["fit"]["rows"] if "fit" in result else before
+    fitted = "fit" in result
+
+    def pct(e: float | None, digits: int = 0) -> str:
+        return "—" if e is None else f"{e:+.{digits}%}"
+
+    def cell(a: Mapping[str, Any], b: Mapping[str, Any], k: str) -> list[str]:
+        if k not in a["error"]:
+            return ["—"] * 3
+        err = pct(a["error"][k]) + (f" ({pct(b['error'][k])})" if fitted else "")
+        return [_fmt(a["real"][k], k), _fmt(a["sim"][k], k), err]
+
+    note = " (before)" if fitted else ""
+    head = ["point"]
+    for name in ("tok/s", "TTFT p50", "TPOT p50"):
+        head += [f"{name} real", "sim", f"err{note}"]
+    head += ["KV real", "KV model", "err"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for a, b in zip(after, before, strict=True):
+        row = [f"`{a['id']}`"]
+        for k in ("output_throughput", "ttft_p50_ms", "tpot_p50_ms"):
+            row += cell(a, b, k)
+        kv = a["error"].get("kv_tokens")
+        if kv is None:
+            row += ["—"] * 3
+        else:
+            row += [_fmt(a["real"]["kv_tokens"], "kv_tokens")]
+            row += [_fmt(a["sim"]["kv_tokens"], "kv_tokens"), pct(kv, 1)]
+        lines.append("| " + " | ".join(row) + " |")
+
+    sa, sb = summary(after), summary(before)
+    lines += ["", f"| metric | points | max abs. error{note} | median{note} "
+              f"| within target{note} |", "|---|---|---|---|---|"]  # fmt: skip
+    for k, name in MD_METRICS.items():
+        if k not in sa:
+            continue
+        a, b = sa[k], sb[k]
+        mx = f"{a['max']:.1%}" + (f" ({b['max']:.1%})" if fitted else "")
+        med = f"{a['median']:.1%}" + (f" ({b['median']:.1%})" if fitted else "")
+        tgt = "—"
+        if k in TARGET:
+            tgt = f"{a['within_target']}/{a['n']} within ±{TARGET[k]:.0%}"
+            tgt += f" ({b['within_target']}/{b['n']})" if fitted else ""
+        lines.append(f"| {name} | {a['n']} | {mx} | {med} | {tgt} |")
+
+    if fitted:
+        groups: dict[str, list[int]] = {}
+        for i, r in enumerate(after):
+            groups.setdefault(r["group"], []).append(i)
+        short = [i for i, r in enumerate(after) if not r["group"].startswith("long_docs")]
+        sets = [(f"`{g}`", idx) for g, idx in groups.items()]
+        sets.append((f"the {len(short)} short-context points", short))
+        sets.append(("all", list(range(len(after)))))
+        cols = ("output_throughput", "ttft_p50_ms", "tpot_p50_ms")
+        lines += ["", "| group | points | tok/s before → after | TTFT p50 before → after "
+                  "| TPOT p50 before → after |", "|---|---|---|---|---|"]  # fmt: skip
+        for name, idx in sets:
+            row = [name, str(len(idx))]
+            for k in cols:
+                mb = _median_abs([before[i] for i in idx], k)
+                ma = _median_abs([after[i] for i in idx], k)
+                row.append("—" if mb is None or ma is None else f"{mb:.1%} → {ma:.1%}")
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--points", nargs="*", help="only these point ids")
     ap.add_argument("--fit", action="store_true", help="fit SpeedModel's constants first")
-    ap.add_argument("--max-evals", type=int, default=150)
+    ap.add_argument(
+        "--max-evals", type=int, default=300,
+        help="the fit's evaluation budget (it stops earlier once the simplex has converged)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--start", type=Path, metavar="RESULT",
+        help="evaluate (and fit from) the constants a result file started from, not the defaults",
+    )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--markdown", type=Path, metavar="RESULT",
+        help="print docs/sim-calibration.md's tables from a result file written earlier, and exit",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(args.markdown.read_text())))
+        return
 
     points = load_points(args.data, args.points)
     t0 = time.perf_counter()
     ev = Evaluator(points, args.jobs)
     current = SpeedModel()
     consts = {k: getattr(current, k) for k in FITTED}
-    before = rows_for(points, ev(None))
-    print_table(before, f"SpeedModel defaults ({time.perf_counter() - t0:.0f} s)")
+    start = "SpeedModel defaults"
+    if args.start:
+        consts = {k: float(json.loads(args.start.read_text())["constants"][k]) for k in FITTED}
+        start = f"the constants of {args.start}"
+    before = rows_for(points, ev(consts if args.start else None))
+    print_table(before, f"{start} ({time.perf_counter() - t0:.0f} s)")
     result: dict[str, Any] = {
         "data": str(args.data.relative_to(ROOT) if args.data.is_relative_to(ROOT) else args.data),
         "constants": consts,
@@ -363,8 +459,11 @@ def main() -> None:
             )
             return value
 
-        xbest, fbest = nelder_mead(f, x0, 0.3, args.max_evals)
-        fitted = {k: float(f"{v:.3g}") for k, v in zip(FITTED, np.exp(xbest), strict=True)}
+        t_fit = time.perf_counter()
+        res = fit_constants(f, x0, args.max_evals)
+        t_fit = time.perf_counter() - t_fit
+        print(f"scipy Nelder-Mead: {res.message} ({res.nfev} evaluations, {t_fit:.0f} s)")
+        fitted = {k: float(f"{v:.3g}") for k, v in zip(FITTED, np.exp(res.x), strict=True)}
         after = rows_for(points, ev(fitted))
         print("\nfitted constants (3 significant digits):")
         for k in FITTED:
@@ -378,6 +477,17 @@ def main() -> None:
             "summary": summary(after),
             "loss": loss(points, [r["sim"] for r in after]),
             "evals": n_eval,
+            "optimizer": {
+                "method": "scipy.optimize.minimize Nelder-Mead",
+                "initial_simplex_step": NM_STEP,
+                "maxfev": args.max_evals,
+                "xatol": NM_XATOL,
+                "fatol": NM_FATOL,
+                "converged": bool(res.success),
+                "message": str(res.message),
+                "best_loss_unrounded": float(res.fun),
+                "seconds": t_fit,
+            },
         }
     ev.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -108,3 +108,30 @@ def test_long_context_decode_and_fp8_kv(cal: Any) -> None:
             assert abs(err[metric]) <= bound, f"{pid} {metric}: {err[metric]:+.1%} > ±{bound:.0%}"
         tpot[pid] = sim["tpot_p50_ms"]
     assert tpot["long_docs32-t4"] < tpot["long_docs32-t0"]
+
+
+def test_fit_uses_scipy_nelder_mead_within_its_budget(cal: Any) -> None:
+    import numpy as np
+
+    calls: list[int] = []
+
+    def f(x: Any) -> float:
+        calls.append(1)
+        return float(np.sum((x - np.array([0.5, -1.0, 2.0])) ** 2))
+
+    res = cal.fit_constants(f, np.zeros(3), 500)
+    assert res.success
+    assert np.allclose(res.x, [0.5, -1.0, 2.0], atol=0.01)
+    calls.clear()
+    res = cal.fit_constants(f, np.zeros(3), 12)
+    assert not res.success
+    assert len(calls) <= 12
+
+
+def test_markdown_tables_from_a_stored_fit(cal: Any) -> None:
+    result = json.loads((ROOT / "benchmarks/results/sim_calibration-scipy-fit.json").read_text())
+    md = cal.markdown(result)
+    for row in result["fit"]["rows"]:
+        assert f"| `{row['id']}` |" in md
+    assert "| output tok/s | 33 |" in md
+    assert "| all | 33 |" in md
