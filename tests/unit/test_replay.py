@@ -6,7 +6,6 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -86,20 +85,6 @@ class FakeVLLM:
         # the body's end (chunked encoding's last chunk) may come in a later segment
         await asyncio.sleep(float(body.get("x_tail", 0.0)))
         return resp
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[str, FakeVLLM]]:
-    fake = FakeVLLM()
-    app = web.Application()
-    app.router.add_post("/v1/completions", fake.handle)
-    app.router.add_post("/v1/chat/completions", fake.handle)
-    srv = TestServer(app, host="127.0.0.1", port=0)
-    await srv.start_server()
-    try:
-        yield str(srv.make_url("")).rstrip("/"), fake
-    finally:
-        await srv.close()
 
 
 def spec(

@@ -8,13 +8,11 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from test_replay import FakeVLLM, run, spec
 
 from tuner.config import ArrivalConfig, usable_cores
@@ -24,20 +22,6 @@ from tuner.replay import replay
 from tuner.replay_procs import split_slots
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[tuple[str, FakeVLLM]]:
-    fake = FakeVLLM()
-    app = web.Application()
-    app.router.add_post("/v1/completions", fake.handle)
-    app.router.add_post("/v1/chat/completions", fake.handle)
-    srv = TestServer(app, host="127.0.0.1", port=0)
-    await srv.start_server()
-    try:
-        yield str(srv.make_url("")).rstrip("/"), fake
-    finally:
-        await srv.close()
 
 
 def reset(fake: FakeVLLM) -> None:
