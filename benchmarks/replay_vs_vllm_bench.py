@@ -92,7 +92,7 @@ from tuner.engine.process import Server, free_port  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
 from tuner.replay import replay  # noqa: E402
 from tuner.score import summarize  # noqa: E402
-from tuner.telemetry.prom import MetricsScraper  # noqa: E402
+from tuner.telemetry.prom import MetricsScraper, parse_metrics  # noqa: E402
 from tuner.workload.prompts import token_corpus  # noqa: E402
 
 CLIENTS = ("ours", "vllm")
@@ -493,24 +493,20 @@ class Target:
 
 async def server_metrics(url: str) -> dict[str, float]:
     """Counters from the server's ``/metrics``: TTFT histogram sum/count, generated tokens."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = {"ttft_sum_s": 0.0, "ttft_count": 0.0, "generation_tokens": 0.0}
     try:
         timeout = aiohttp.ClientTimeout(total=30)
         async with aiohttp.ClientSession(timeout=timeout) as http, http.get(url + "/metrics") as r:
             text = await r.text()
     except (aiohttp.ClientError, OSError, TimeoutError):
         return {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "vllm:time_to_first_token_seconds_sum":
-                out["ttft_sum_s"] += s.value
-            elif s.name == "vllm:time_to_first_token_seconds_count":
-                out["ttft_count"] += s.value
-            elif s.name in ("vllm:generation_tokens_total", "vllm:generation_tokens"):
-                out["generation_tokens"] += s.value
-    return out
+    v = parse_metrics(text)
+    return {
+        "ttft_sum_s": v.get("vllm:time_to_first_token_seconds_sum", 0.0),
+        "ttft_count": v.get("vllm:time_to_first_token_seconds_count", 0.0),
+        "generation_tokens": v.get(
+            "vllm:generation_tokens_total", v.get("vllm:generation_tokens", 0.0)
+        ),
+    }
 
 
 # --- the measurement ---------------------------------------------------------------------------

@@ -187,6 +187,7 @@ class ChatTemplate:
         around ``<|image_pad|>``: 2). 0 for the ChatML fallback or a template without images."""
         text = [{"role": "user", "content": "x"}]
         image = [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image"}]}]
+        # render first: a template that cannot render image parts falls back to ChatML here
         with_image = self.render(image)  # type: ignore[arg-type]
         if not self.native:
             return 0
