@@ -36,10 +36,10 @@ not confounded by the machine. ``client_cpu`` counts all client processes (1.0 =
 ``python benchmarks/client_capacity.py [--processes 1 4 8] [--tokens N] [--quick] [--out PATH]``;
 prints a table and writes ``--out`` (default ``benchmarks/results/client_capacity.json``). P = 1
 takes about 2 minutes (``--quick``: ~20 s), each further P about as long. For the 1 ms target at
-1,000 streams, on a 16-core machine::
+1,000 streams, on a 16-core machine (as measured on the GPU host: one run per P)::
 
-    python benchmarks/client_capacity.py --processes 1 2 4 8 \
-        --out benchmarks/results/client_capacity-16core.json
+    python benchmarks/client_capacity.py --processes 8 --server-processes 8 \
+        --out benchmarks/results/client_capacity-h200host-p8.json
 """
 
 from __future__ import annotations
@@ -91,9 +91,10 @@ def _raise_nofile() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _server_main(port: int, control_port: int, core: int | None, ready: Any) -> None:
+def _server_main(port: int, core: int | None, ready: Any) -> None:
     """One server process: the traffic port is shared (SO_REUSEPORT, the kernel spreads the
-    connections), ``/stamps`` is on a control port of its own."""
+    connections), ``/stamps`` is on a control port of its own, which the process binds (port 0)
+    and sends back through ``ready`` (a pipe end)."""
     from aiohttp import web
 
     _pin(core)
@@ -193,27 +194,35 @@ def _server_main(port: int, control_port: int, core: int | None, ready: Any) -> 
         control.router.add_get("/stamps", stamps)
         control_runner = web.AppRunner(control, access_log=None, handle_signals=False)
         await control_runner.setup()
-        await web.TCPSite(control_runner, "127.0.0.1", control_port).start()
+        await web.TCPSite(control_runner, "127.0.0.1", 0).start()
         tick = asyncio.create_task(ticker())
-        ready.set()
+        ready.send(int(control_runner.addresses[0][1]))
+        ready.close()
         await asyncio.Event().wait()
         tick.cancel()
 
     asyncio.run(main())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _reserve_port() -> socket.socket:
+    """A bound (not listening) SO_REUSEPORT socket on a free loopback port: while it is open no
+    other program gets the port, and the server processes (SO_REUSEPORT too) can still bind it.
+    (Probing a free port and closing the probe let another program take it in between: seen on
+    the GPU host with vLLM servers starting beside the benchmark.)"""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 class ServerPool:
     """``n`` server processes on one port, each pinned to one of ``cores`` (round robin)."""
 
     def __init__(self, n: int, cores: Sequence[int]) -> None:
-        self.port = _free_port()
-        self.control_ports = [_free_port() for _ in range(n)]
+        self._reserved = _reserve_port()
+        self.port = int(self._reserved.getsockname()[1])
+        self.n = n
+        self.control_ports: list[int] = []
         self.cores = [cores[k % len(cores)] for k in range(n)] if cores else [None] * n
         self.procs: list[Any] = []
         self.cpu = [0.0] * n
@@ -224,15 +233,20 @@ class ServerPool:
 
     def start(self) -> None:
         ctx = mp.get_context("spawn")
-        for cport, core in zip(self.control_ports, self.cores, strict=True):
-            ready = ctx.Event()
-            proc = ctx.Process(
-                target=_server_main, args=(self.port, cport, core, ready), daemon=True
-            )
+        for core in self.cores:
+            ours, theirs = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_server_main, args=(self.port, core, theirs), daemon=True)
             proc.start()
+            theirs.close()
             self.procs.append(proc)
-            if not ready.wait(30):
+            if not ours.poll(30):
                 raise SystemExit("a server process did not start")
+            try:
+                self.control_ports.append(int(ours.recv()))
+            except EOFError:
+                raise SystemExit("a server process failed to start (see its traceback)") from None
+            ours.close()
+        self._reserved.close()  # every server holds the port now
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -71,6 +71,24 @@ study() {
     study.timeout_s="$budget" confirm.enabled=$conf
   echo "tuner rc=$?"
 }
+# CAP=1: issue #4's client-capacity benchmark beside the studies, on cores CAP_CORES (default
+# 0-15; give the servers other cores: LONG_EXTRA='engine.cpu_pinning=true engine.cpu_reserve=16'),
+# one run per process count (largest first, each its own JSON, so a time limit loses only the last)
+if [ -n "${CAP:-}" ]; then
+  mkdir -p "$W/capacity"
+  (
+    cd "$ROOT"
+    nproc > "$W/capacity/nproc.txt"
+    for p in ${CAP_PROCESSES:-8 4 2 1}; do
+      [ "$(left)" -lt 120 ] && { echo "no time left for P=$p"; break; }
+      timeout -s INT -k 10 "$(( $(left) - 40 ))" taskset -c "${CAP_CORES:-0-15}" \
+        python3 benchmarks/client_capacity.py --processes "$p" --server-processes 8 \
+        --out "$W/capacity/client_capacity-h200host-p$p.json"
+      echo "client_capacity P=$p rc=$?"
+    done
+  ) > "$W/capacity/client_capacity.log" 2>&1 &
+  CAPPID=$!
+fi
 study long_docs32-qwen3-8b long "${LONG_TRIALS:-12}" "$LONG_TRIAL_S" "$LONG_CONFIRM_S" \
   "${LONG_ARGS[@]}" > "$LOGS/long-d$CALL.log" 2>&1 &
 LONG=$!
@@ -91,8 +109,9 @@ LONG=$!
     "${VL_ARGS[@]}" > "$LOGS/vl-d$CALL.log" 2>&1
 ) &
 VL=$!
-wait $LONG $VL
+wait $LONG $VL ${CAPPID:-}
 nvidia-smi --query-gpu=index,memory.used --format=csv > "$LOGS/nvidia-smi-d$CALL.txt" 2>&1
-pack "d$CALL" logs long vl bench
+pack "d$CALL" logs long vl bench capacity
 for f in long-d$CALL vl-d$CALL bench; do echo "== $f"; tail -n 6 "$LOGS/$f.log" 2>/dev/null; done
+[ -n "${CAP:-}" ] && { echo "== capacity"; grep -a "rc=\|1000 streams\|highest" "$W/capacity/client_capacity.log" | tail -n 20; }
 echo "call $CALL used ${SECONDS}s of $T"
