@@ -43,6 +43,7 @@ from tuner.engine.argv import (
     secret_values,
     trial_argv,
 )
+from tuner.engine.logparse import port_clash
 from tuner.engine.pool import GpuPool, cpu_plan
 from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
@@ -62,6 +63,10 @@ from tuner.workload import build_requests
 __all__ = ["StudyOutcome", "run"]
 
 log = logging.getLogger("tuner")
+
+LAUNCH_ATTEMPTS = 3
+"""Launches of one trial's server when a port it binds is taken while it starts (not the config's
+fault: a server starting beside it, or another program, got the port first)."""
 
 
 @dataclass
@@ -652,6 +657,7 @@ async def _run_server(
     predicted: int | None = None
     all_requests = [r for rp in replays for r in rp.requests]
     records_written: set[int] = set()  # replays whose requests.jsonl is on disk already
+    clash_s = 0.0  # server time of launches lost to a port taken in the meantime
 
     def info() -> _RunInfo:
         return _RunInfo(
@@ -662,7 +668,7 @@ async def _run_server(
             predicted=predicted,
             baseline=baseline,
             launched=server is not None,
-            server_s=server.lifetime_s if server is not None else 0.0,
+            server_s=(server.lifetime_s if server is not None else 0.0) + clash_s,
             gpus=tuple(leased),
             started_at=started_at,
             duration_s=round(time.monotonic() - t0, 3),
@@ -689,17 +695,6 @@ async def _run_server(
             if cpus:
                 common["cpus_pinned"] = float(len(cpus))
             env = {**build_env(engine, cache_root=ctx.cache_root), LEASE_ENV: lease.id}
-            server = Server(
-                argv,
-                env=env,
-                log_path=tdir / "server.log",
-                host=cfg.engine.host,
-                port=port,
-                startup_timeout_s=cfg.engine.startup_timeout_s,
-                stop_timeout_s=cfg.engine.stop_timeout_s,
-                health_interval_s=cfg.engine.health_interval_s,
-                cpus=cpus,
-            )
             log.info(
                 "trial %d: launching on GPU %s%s with %s",
                 number,
@@ -707,7 +702,39 @@ async def _run_server(
                 f" (CPUs {_ranges(cpus)})" if cpus else "",
                 changed_params(params, cfg),
             )
-            async with server as launch:
+            stack = contextlib.AsyncExitStack()
+            for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+                server = Server(
+                    argv,
+                    env=env,
+                    log_path=tdir / "server.log",
+                    host=cfg.engine.host,
+                    port=port,
+                    startup_timeout_s=cfg.engine.startup_timeout_s,
+                    stop_timeout_s=cfg.engine.stop_timeout_s,
+                    health_interval_s=cfg.engine.health_interval_s,
+                    cpus=cpus,
+                )
+                try:
+                    launch = await stack.enter_async_context(server)
+                    break
+                except LaunchFailed:
+                    if attempt == LAUNCH_ATTEMPTS or not port_clash(server.log_lines()):
+                        raise
+                clash_s += server.lifetime_s
+                _keep_attempt_log(tdir, attempt)
+                port = free_port(cfg.engine.host)
+                log.warning(
+                    "trial %d: a port the server binds was taken while it started (see "
+                    "server-attempt%d.log); launching again on port %d",
+                    number,
+                    attempt,
+                    port,
+                )
+                argv = trial_argv(cfg, params, port=port, baseline=baseline)
+                shown_argv = tuple(mask_argv(argv, ctx.secrets))
+            assert server is not None and launch is not None  # the loop launched or raised
+            async with stack:
                 if launch.engine_version:
                     ctx.engine_version = launch.engine_version
                 for i, rp in enumerate(replays):
@@ -757,7 +784,7 @@ async def _run_server(
         if server is not None:
             common["stop_s"] = server.stop_s or 0.0
             common["survivors"] = float(len(server.survivors))
-            _mask_file(tdir / "server.log", ctx.secrets)
+            _mask_server_logs(tdir, ctx.secrets)
     run = info()
     results = []
     # a failure carries to every replay; a prune ends the replays after it without results
@@ -967,6 +994,16 @@ def _write_artifacts(tdir: Path, result: TrialResult, records: list[RequestRecor
             for r in records:
                 f.write(to_json(r) + "\n")
     (tdir / "result.json").write_text(to_json(result, indent=2) + "\n")
+
+
+def _keep_attempt_log(tdir: Path, attempt: int) -> None:
+    """The log of a launch that is retried, kept beside the next one's ``server.log``."""
+    (tdir / "server.log").replace(tdir / f"server-attempt{attempt}.log")
+
+
+def _mask_server_logs(tdir: Path, secrets: list[str]) -> None:
+    for path in (tdir / "server.log", *sorted(tdir.glob("server-attempt*.log"))):
+        _mask_file(path, secrets)
 
 
 def _mask_file(path: Path, secrets: list[str]) -> None:

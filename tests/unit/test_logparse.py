@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.engine.logparse import classify, is_fatal, parse_facts, strip_prefix
+from tuner.engine.logparse import classify, is_fatal, parse_facts, port_clash, strip_prefix
 from tuner.errors import FailureReason
 
 LOG = """\
@@ -116,3 +116,24 @@ def test_validation_error_detail_includes_field() -> None:
     reason, detail = classify(lines)
     assert reason is FailureReason.INVALID_CONFIG
     assert "gpu_memory_utilization" in detail and "less than or equal to 1" in detail
+
+
+@pytest.mark.parametrize(
+    ("lines", "clash"),
+    [
+        (["OSError: [Errno 98] Address already in use"], True),  # vLLM's HTTP socket
+        (
+            [
+                "(EngineCore pid=7) ERROR 11-30 14:02:11 [core.py:1] torch.distributed."
+                "DistNetworkError: The server socket has failed to listen on any local network "
+                "address. port: 41234, useIPv6: false, code: -98, name: EADDRINUSE, message: "
+                "address already in use"
+            ],
+            True,
+        ),  # torch's TCPStore on the distributed init port
+        (["torch.OutOfMemoryError: CUDA out of memory."], False),
+        ([], False),
+    ],
+)
+def test_port_clash(lines: list[str], clash: bool) -> None:
+    assert port_clash(lines) is clash

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 
 from tuner.errors import FailureReason
 
-__all__ = ["FATAL", "LogFacts", "classify", "is_fatal", "parse_facts", "strip_prefix"]
+__all__ = [
+    "FATAL",
+    "LogFacts",
+    "classify",
+    "is_fatal",
+    "parse_facts",
+    "port_clash",
+    "strip_prefix",
+]
 
 _PREFIX = re.compile(
     r"^(?:\x1b\[[0-9;]*m)*(?:\([A-Za-z_]+\d* pid=\d+\)\s*)?"
@@ -150,6 +158,17 @@ FATAL = re.compile(
 
 def is_fatal(line: str) -> bool:
     return bool(FATAL.search(line))
+
+
+# Python's socket error ("[Errno 98] Address already in use", vLLM's HTTP socket) and torch's
+# TCPStore ("... name: EADDRINUSE, message: address already in use", the distributed init port)
+_PORT_CLASH = re.compile(r"[Aa]ddress already in use|EADDRINUSE")
+
+
+def port_clash(lines: Sequence[str]) -> bool:
+    """A start-up that failed because a port the server binds was taken in the meantime (by a
+    server starting beside it, or another program): the config is not at fault, launch again."""
+    return any(_PORT_CLASH.search(line) for line in lines)
 
 
 def _detail(lines: Sequence[str], i: int) -> str:
