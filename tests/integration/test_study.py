@@ -410,6 +410,25 @@ def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Pat
     assert state.state == optuna.trial.TrialState.FAIL  # the trial itself did not finish
 
 
+def test_a_study_of_the_full_space_continues_in_the_default_space(tmp_path: Path) -> None:
+    """The default space stopped searching enforce_eager (space=full still does): a study whose
+    stored trials have it, eager ones included, must continue there with TPE past its start-up."""
+    common = ["+workload=chat", "study.name=s", "tracking=none", "study.n_startup_trials=1", *FAST]
+    first = tuner(
+        tmp_path, *common, "space=full", "study.n_trials=2", "study.enqueue=[{enforce_eager: true}]"
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    stored = optuna.load_study(study_name="s", storage=storage(tmp_path)).trials
+    assert [t.params.get("enforce_eager") for t in stored] == [False, True]  # baseline, enqueued
+    p = tuner(tmp_path, *common, "study.n_trials=3")
+    assert p.returncode == 0, p.stderr[-3000:]
+    trials = optuna.load_study(study_name="s", storage=storage(tmp_path)).trials
+    assert len(trials) == 5
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert all("enforce_eager" not in t.params for t in trials[2:])
+    assert all("cudagraph_mode" in t.params for t in trials[2:])  # graphs are searched instead
+
+
 def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
     first = tuner(
         tmp_path, "+workload=chat", "study.n_trials=3", "study.name=src", "tracking=none", *FAST

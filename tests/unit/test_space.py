@@ -14,7 +14,9 @@ def test_default_space_distributions(make_cfg) -> None:
     assert isinstance(d["gpu_memory_utilization"], optuna.distributions.FloatDistribution)
     assert isinstance(d["max_num_seqs"], optuna.distributions.IntDistribution)
     assert d["max_num_seqs"].log
-    assert d["enforce_eager"].choices == (False, True)
+    assert "enforce_eager" not in d  # off by default (graphs won every H200 measurement)
+    full = distributions(make_cfg("+workload=chat", "space=full").space)
+    assert full["enforce_eager"].choices == (False, True)
     assert 40960 in d["max_model_len"].choices  # the model's own length, by interpolation
     base = defaults(cfg.space)
     assert base["gpu_memory_utilization"] == 0.92 and base["max_model_len"] == 40960
@@ -75,7 +77,11 @@ def test_grid_values(make_cfg) -> None:
     cfg = make_cfg("+workload=chat", "study=grid")
     g = grid(cfg.space)
     assert g["gpu_memory_utilization"] == [0.5, 0.7, 0.85, 0.92, 0.95]
-    assert g["enforce_eager"] == [False, True]
+    assert "enforce_eager" not in g
+    assert grid(make_cfg("+workload=chat", "study=grid", "space=full").space)["enforce_eager"] == [
+        False,
+        True,
+    ]
     assert g["block_size"] == [16, 32, 64]
     with pytest.raises(ConfigError, match="gpu_memory_utilization.grid"):
         grid(make_cfg("+workload=chat", "space.params.gpu_memory_utilization.grid=null").space)
