@@ -221,7 +221,6 @@ class ServerPool:
     def __init__(self, n: int, cores: Sequence[int]) -> None:
         self._reserved = _reserve_port()
         self.port = int(self._reserved.getsockname()[1])
-        self.n = n
         self.control_ports: list[int] = []
         self.cores = [cores[k % len(cores)] for k in range(n)] if cores else [None] * n
         self.procs: list[Any] = []

@@ -9,12 +9,9 @@
 # finish, `timeout -s INT` is the backstop. T: seconds this call may use (from the script's start).
 # If the machine went cold between calls, the state comes back from .gpu-restore/ (the previous
 # call's d<K>.tgz.part-* files, carried), or LONG_DB / VL_DB name stored Optuna files to continue.
-# Next session (docs/results.md "Still to do"): the long_docs confirm stage on its stored study, in
-# two calls (LONG_EXTRA='confirm.picks=[goodput]' first, then without: the stored verdict is
-# reused), and image_heavy continued beside it (its interrupted baseline first):
-#   T=580 CALL=3 NO_BENCH=1 LONG_TRIALS=7 VL_TRIALS=6 LONG_EXTRA='confirm.picks=[goodput]' \
-#     LONG_DB=docs/gpu-runs/2026-11-30-h200x2-long-vl/long_docs32-optuna.db \
-#     VL_DB=docs/gpu-runs/2026-11-30-h200x2-long-vl/image_heavy-optuna.db bash scripts/gpu/d_long_vl.sh
+# The calls as run (exact commands): docs/gpu-runs/2026-11-30-h200x2-long-vl.md,
+# ...-confirm-bench.md and ...-long-more.md (long_docs on both GPUs: LONG_EXTRA='engine.gpus=[0,1]
+# study.n_workers=2 engine.cpu_pinning=true engine.cpu_reserve=16' with NO_VL=1).
 # BENCH=1 runs the client comparison in any call (BENCH_CONC, default "8 64"; BENCH_REPS, default
 # 3; BENCH_LIMIT seconds, default 380); NO_VL=1 skips the image_heavy study in this call;
 # LONG_CONF / VL_CONF=true|false decide per study whether this call runs its confirm stage.
