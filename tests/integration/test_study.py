@@ -532,6 +532,9 @@ def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
         "engine.cpu_reserve=0",  # this machine's cores, one per GPU's server
         "tracking=none",
         "confirm.enabled=false",
+        # every trial launches (vLLM's defaults): sampled configs that the precheck rejects in
+        # no time could leave one worker launching alone (seen once on a loaded machine)
+        "space=none",
         *FAST[:-1],
         "engine.env.TUNER_SIM_SPEEDUP=5",
     )
@@ -543,6 +546,7 @@ def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
     ]
     assert len(results) == 6
     launched = [r for r in results if r["launched"]]
+    assert len(launched) == 6
     assert all(len(r["gpus"]) == 1 for r in launched)
     spans = [(r["started_at"], r["started_at"] + r["duration_s"], r["gpus"]) for r in launched]
     overlapping = 0
