@@ -206,14 +206,20 @@ async def test_duration_bound_stops_new_sends(server: tuple[str, FakeVLLM]) -> N
     assert all(r.status == "ok" for r in recs)
 
 
-async def test_cancel_stops_the_children(server: tuple[str, FakeVLLM]) -> None:
-    """A pruned replay (its task cancelled) leaves no client process behind."""
+async def stalled_replay(server: tuple[str, FakeVLLM]) -> asyncio.Task[list[RequestRecord]]:
+    """A 2-process replay whose requests never finish, once both processes have one in flight."""
     base, fake = server
     specs = [spec(i, x_ttft=30.0) for i in range(6)]
     task = asyncio.create_task(
         run(base, specs, ArrivalConfig(kind="concurrency", concurrency=2), processes=2)
     )
     await until(lambda: fake.in_flight >= 2 or task.done())
+    return task
+
+
+async def test_cancel_stops_the_children(server: tuple[str, FakeVLLM]) -> None:
+    """A pruned replay (its task cancelled) leaves no client process behind."""
+    task = await stalled_replay(server)
     pids = [p.pid for p in replay_children()]
     assert len(pids) == 2
     task.cancel()
@@ -224,12 +230,7 @@ async def test_cancel_stops_the_children(server: tuple[str, FakeVLLM]) -> None:
 
 
 async def test_dead_child_is_an_error(server: tuple[str, FakeVLLM]) -> None:
-    base, fake = server
-    specs = [spec(i, x_ttft=30.0) for i in range(6)]
-    task = asyncio.create_task(
-        run(base, specs, ArrivalConfig(kind="concurrency", concurrency=2), processes=2)
-    )
-    await until(lambda: fake.in_flight >= 2 or task.done())
+    task = await stalled_replay(server)
     victim, other = replay_children()
     assert victim.pid is not None and other.pid is not None
     os.kill(victim.pid, signal.SIGKILL)

@@ -6,13 +6,13 @@ import asyncio
 import socket
 import time
 import types
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from tuner.errors import EngineError
 from tuner.telemetry import gpu
@@ -123,16 +123,14 @@ class MetricsServer:
 
 
 @pytest.fixture
-async def metrics_server() -> AsyncIterator[tuple[str, MetricsServer]]:
+async def metrics_server(
+    serve_app: Callable[[web.Application], AbstractAsyncContextManager[str]],
+) -> AsyncIterator[tuple[str, MetricsServer]]:
     ms = MetricsServer()
     app = web.Application()
     app.router.add_get("/metrics", ms.handle)
-    srv = TestServer(app, host="127.0.0.1", port=0)
-    await srv.start_server()
-    try:
-        yield str(srv.make_url("")).rstrip("/"), ms
-    finally:
-        await srv.close()
+    async with serve_app(app) as base:
+        yield base, ms
 
 
 async def wait_calls(ms: MetricsServer, n: int) -> None:
