@@ -38,3 +38,19 @@ pack() {  # pack NAME DIR...: folders under $W (study outputs, MLflow store, log
   tar czf - -C "$W" --exclude='vllm_cache' "$@" 2>/dev/null | split -b 15m - "$OUT/$name.tgz.part-"
   ls -la "$OUT"
 }
+# client_capacity: issue #4's benchmark once per count in CAP_PROCESSES (largest first, a JSON
+# each under $W/capacity, so a time limit loses only the last), on cores CAP_CORES (if set),
+# stopping 40 s before this call's T
+client_capacity() {
+  mkdir -p "$W/capacity"
+  nproc > "$W/capacity/nproc.txt"
+  local pin=()
+  [ -n "${CAP_CORES:-}" ] && pin=(taskset -c "$CAP_CORES")
+  for p in ${CAP_PROCESSES:-8 4 2 1}; do
+    [ $(( T - SECONDS )) -lt 120 ] && { echo "no time left for P=$p"; break; }
+    timeout -s INT -k 10 "$(( T - SECONDS - 40 ))" "${pin[@]}" \
+      python3 benchmarks/client_capacity.py --processes "$p" --server-processes 8 \
+      --out "$W/capacity/client_capacity-h200host-p$p.json"
+    echo "client_capacity P=$p rc=$?"
+  done
+}

@@ -73,17 +73,8 @@ study() {
 # one run per process count (largest first, each its own JSON, so a time limit loses only the last)
 if [ -n "${CAP:-}" ]; then
   mkdir -p "$W/capacity"
-  (
-    cd "$ROOT"
-    nproc > "$W/capacity/nproc.txt"
-    for p in ${CAP_PROCESSES:-8 4 2 1}; do
-      [ "$(left)" -lt 120 ] && { echo "no time left for P=$p"; break; }
-      timeout -s INT -k 10 "$(( $(left) - 40 ))" taskset -c "${CAP_CORES:-0-15}" \
-        python3 benchmarks/client_capacity.py --processes "$p" --server-processes 8 \
-        --out "$W/capacity/client_capacity-h200host-p$p.json"
-      echo "client_capacity P=$p rc=$?"
-    done
-  ) > "$W/capacity/client_capacity.log" 2>&1 &
+  ( cd "$ROOT" && CAP_CORES="${CAP_CORES:-0-15}" client_capacity ) \
+    > "$W/capacity/client_capacity.log" 2>&1 &
   CAPPID=$!
 fi
 study long_docs32-qwen3-8b long "${LONG_TRIALS:-12}" "$LONG_TRIAL_S" "$LONG_CONFIRM_S" \

@@ -9,12 +9,6 @@ set -u
 T="${T:-560}"
 source "$(dirname "$0")/common.sh"
 mkdir -p "$W/capacity"
-nproc > "$W/capacity/nproc.txt"
-for p in ${CAP_PROCESSES:-8 4 2 1}; do  # one JSON per count: a time limit loses only the last
-  [ $(( T - SECONDS )) -lt 120 ] && { echo "no time left for P=$p"; break; }
-  timeout -s INT -k 10 "$(( T - SECONDS - 40 ))" python3 benchmarks/client_capacity.py \
-    --processes "$p" --server-processes 8 --out "$W/capacity/client_capacity-h200host-p$p.json"
-  echo "client_capacity P=$p rc=$?"
-done > "$W/capacity/client_capacity.log" 2>&1
+client_capacity > "$W/capacity/client_capacity.log" 2>&1
 pack cap capacity
 tail -n 30 "$W/capacity/client_capacity.log"
