@@ -26,6 +26,7 @@ __all__ = [
     "ObjectiveSpec",
     "ParamSpec",
     "PathsConfig",
+    "PrescreenConfig",
     "SLOConfig",
     "SpaceConfig",
     "StudyConfig",
@@ -225,6 +226,17 @@ class WorkloadConfig:
 
 
 @dataclass
+class PrescreenConfig:
+    """Search the simulator's landscape before the real trials (:mod:`tuner.prescreen`)."""
+
+    trials: int = 0
+    """Configs the prescreen evaluates on the simulator (0: off); a few hundred take seconds to
+    a minute on a CPU."""
+    top: int = 3
+    """How many of its best configs (worse of two request streams) are enqueued."""
+
+
+@dataclass
 class StudyConfig:
     name: str | None = None
     """Default: ``<workload>-<model>``, so the same command continues the same study."""
@@ -246,6 +258,9 @@ class StudyConfig:
     precheck: bool = True
     """Reject before launch what vLLM's validation or the memory model says certainly fails
     (false: launch everything and let vLLM refuse; TP/lease limits are always checked)."""
+    prescreen: PrescreenConfig = field(default_factory=PrescreenConfig)
+    """Run once per study, before its first sampled trial: the simulator's best configs for this
+    workload are enqueued (after the baseline and ``enqueue``) with their predicted metrics."""
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     """Configs to try before the sampler's own (e.g. your current flags): each entry names some
     params; the others take vLLM's defaults. An entry already tried is not enqueued again."""
@@ -450,6 +465,9 @@ def validate(c: TunerConfig) -> None:
         )
     if c.study.n_trials < 0:
         raise ConfigError(f"study.n_trials is {c.study.n_trials}; allowed: an integer >= 0")
+    from tuner.prescreen import check as check_prescreen  # it owns what the landscape models
+
+    check_prescreen(c)
     if not c.objective.objectives:
         raise ConfigError("objective.objectives is empty; name at least one metric")
     from tuner.score import METRICS

@@ -45,7 +45,7 @@ from tuner.vllm_rules import (
     backend_refusal,
 )
 
-__all__ = ["MARGIN_FRACTION", "MARGIN_GIB", "Verdict", "precheck"]
+__all__ = ["MARGIN_FRACTION", "MARGIN_GIB", "Verdict", "passed_params", "precheck"]
 
 MARGIN_GIB = 0.5
 MARGIN_FRACTION = 0.02
@@ -131,7 +131,7 @@ def _tuner_limits(
             )
 
 
-def _passed(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
+def passed_params(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
     """The params a trial passes as flags (:func:`tuner.engine.argv.build_argv`): the searched ones
     whose ``when`` holds. The rest stay at vLLM's default, and vLLM's defaulting (e.g. clamping an
     unset ``max_num_seqs`` to ``max_num_batched_tokens``) depends on what was passed."""
@@ -156,7 +156,7 @@ def _vllm_validation(cfg: TunerConfig, shape: ModelShape, params: Mapping[str, A
     a profile, vLLM's defaults are unknown: a config is vetoed only if it fails with both the
     big-GPU and the small-GPU defaults.
     """
-    passed = _passed(cfg.space, params)
+    passed = passed_params(cfg.space, params)
     gpu = GPU_PROFILES.get(cfg.engine.gpu)
     profiles = [gpu] if gpu is not None else [GpuProfile("big", 80.0), GpuProfile("small", 40.0)]
     found: list[Violation] = []

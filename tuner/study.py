@@ -49,6 +49,7 @@ from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
 from tuner.memory import ModelShape
 from tuner.precheck import precheck
+from tuner.prescreen import prescreen
 from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, to_json
 from tuner.recovery import LEASE_ENV, Lease, recover, worker_id
 from tuner.replay import replay
@@ -225,6 +226,8 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     for entry in cfg.study.enqueue:
         _enqueue_once(study, {**defaults(cfg.space), **entry})
     requests = build_requests(cfg.workload, Path(cfg.model.path))
+    if cfg.study.prescreen.trials and "prescreen" not in study.user_attrs:
+        _prescreen(study, cfg, requests)
     # study.repeats: the other request streams, built here, not while trials replay
     repeat_requests = [
         build_requests(replace(cfg.workload, seed=cfg.workload.seed + k), Path(cfg.model.path))
@@ -492,15 +495,31 @@ def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
-def _enqueue_once(study: optuna.Study, params: dict[str, Any]) -> bool:
+def _enqueue_once(
+    study: optuna.Study, params: dict[str, Any], user_attrs: dict[str, Any] | None = None
+) -> bool:
     """Enqueue ``params`` unless a trial with them has run, runs or waits. Unlike Optuna's
     ``skip_if_exists``, a FAIL trial (one a killed or interrupted tuner left) does not count, so
     the same command runs an interrupted enqueued config again."""
     for t in study.get_trials(deepcopy=False, states=_LIVE):
         if _same_params(params, t.system_attrs.get("fixed_params", t.params)):
             return False
-    study.enqueue_trial(params)
+    study.enqueue_trial(params, user_attrs=user_attrs)
     return True
+
+
+def _prescreen(study: optuna.Study, cfg: TunerConfig, requests: list[RequestSpec]) -> None:
+    """Enqueue the simulator's best configs (:mod:`tuner.prescreen`), once per study: the study
+    records that it ran, so a resumed study does not repeat it."""
+    picks, summary = prescreen(cfg, ModelShape.from_dir(cfg.model.path), requests)
+    added = 0
+    for choice in picks:
+        added += _enqueue_once(
+            study,
+            {**defaults(cfg.space), **choice.params},
+            user_attrs={"prescreen": choice.predicted},
+        )
+    study.set_user_attr("prescreen", {**summary, "enqueued": added})
 
 
 def _has_baseline(study: optuna.Study) -> bool:
