@@ -17,8 +17,8 @@ Sources (all vLLM 0.24.0, Qwen3-8B dummy weights, one H200):
 - ``random256``: the "Measured there" table of the device README (``vllm bench serve`` random 512
   in / 256 out, 1000 prompts, 256 concurrent); skipped when that file is absent.
 - ``long_docs32``: the Optuna study ``long_docs32-qwen3-8b`` (long_docs profile, one 4k-32k-token
-  document per request, at 32 in flight, 96 requests; its storage as the fifth session left it,
-  trials 0-20, the later ones two at a time on two GPUs): every COMPLETE launched trial without a
+  document per request, at 32 in flight, 96 requests; its storage as the sixth session left it,
+  trials 0-24, the later ones two at a time on two GPUs): every COMPLETE launched trial without a
   failure, its ``metrics`` and the KV tokens vLLM logged (trial user attrs); the confirm stage's
   runs (seeds 1, 2) of trial 4 from their ``result.json`` in ``runs.tgz`` (the defaults' confirm
   runs never wrote one).
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STUDIES = Path("docs/gpu-runs/2026-11-30-h200x2-studies")
 FIRST = Path("docs/gpu-runs/2026-11-30-h200")
 LONG = Path("docs/gpu-runs/2026-11-30-h200x2-long-vl")
-LONG_MORE = Path("docs/gpu-runs/2026-11-30-h200x2-long-more")  # the same study, trials 0-20
+LONG_MORE = Path("docs/gpu-runs/2026-11-30-h200x2-prescreen")  # the same study, trials 0-24
 DEFAULT_OUT = Path("benchmarks/calibration/h200-qwen3-8b.json")
 DEFAULT_README = Path("../shared/device/README.md")
 
