@@ -230,8 +230,8 @@ class PrescreenConfig:
     """Search the simulator's landscape before the real trials (:mod:`tuner.prescreen`)."""
 
     trials: int = 0
-    """Configs the prescreen evaluates on the simulator (0: off); a few hundred take seconds to
-    a minute on a CPU."""
+    """Configs the prescreen evaluates on the simulator (0: off); 200 took 92 s (long_docs, 32 in
+    flight) and 138 s (chat, 256 in flight) on a 2-core CPU."""
     top: int = 3
     """How many of its best configs (worse of two request streams) are enqueued."""
 

@@ -33,6 +33,12 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
         "argv with vLLM defaults: "
         + " ".join(mask_argv(argv, secret_values(cfg.engine, model=cfg.model)))
     )
+    ps = cfg.study.prescreen
+    if ps.trials:
+        console.print(
+            f"first: prescreen {ps.trials} configs on the simulator's landscape, then launch its "
+            f"best {ps.top} (once per study)"
+        )
     cc = cfg.confirm
     if cc.enabled and cc.picks:
         console.print(

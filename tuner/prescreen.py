@@ -19,7 +19,9 @@ from measurements as usual; the prescreen only chooses where the search starts.
 Limits: the landscape replays closed loop (``workload.arrival.kind=concurrency``); it knows the
 metrics of :data:`METRICS` (not E2E or ITL); its speed model was fitted on Qwen3-8B on one H200 and
 is scaled for other shapes, GPUs and TP (``tuner.sim.engine.SpeedModel``), so elsewhere its ranking
-is a guess to be checked by the real trials, which is what they do.
+is a guess to be checked by the real trials, which is what they do. Known blind spot: it overstates
+what an fp8 KV cache saves at short contexts (on chat at 256 in flight it picked fp8 configs that
+measured no better than the defaults; docs/sim-calibration.md).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import math
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +76,6 @@ class Pick:
     """The searched params (the sampler's values; vLLM's defaults fill in the rest)."""
     predicted: dict[str, float]
     """Per objective metric the worse of the two streams, and each stream's (``_stream1``, ...)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _metrics(r: LandscapeResult) -> dict[str, float]:

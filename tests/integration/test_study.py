@@ -577,3 +577,12 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert "then confirm goodput, latency, knee at 2x load, 3x duration, seeds [1, 2]" in out
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()
     assert not list(tmp_path.glob("outputs/runs/*/trial_*"))
+    assert "prescreen" not in out  # off by default
+
+
+def test_dry_run_names_the_prescreen(tmp_path: Path) -> None:
+    p = tuner(tmp_path, "+workload=chat", "dry_run=true", "study.prescreen.trials=50", timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = " ".join(p.stdout.split())
+    assert "first: prescreen 50 configs on the simulator's landscape, then launch its best 3" in out
+    assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()
