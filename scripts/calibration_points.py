@@ -22,6 +22,9 @@ Sources (all vLLM 0.24.0, Qwen3-8B dummy weights, one H200):
   failure, its ``metrics`` and the KV tokens vLLM logged (trial user attrs); the confirm stage's
   runs (seeds 1, 2) of trial 4 from their ``result.json`` in ``runs.tgz`` (the defaults' confirm
   runs never wrote one).
+- ``chat256-prescreen``: the sixth session's chat runs at 256 in flight (the chat256 workload),
+  vLLM's defaults and the prescreen's two fp8-KV picks, one point per replay (seeds 0-2 for
+  trials 0 and 1, seed 0 for trial 2) from ``runs-chat.tgz``; not in any fit.
 - ``chat64``: the first 8-trial study (chat profile, 300 requests, 64 in flight; raw logs under
   ``docs/gpu-runs/2026-11-30-h200/``): output tok/s, TTFT p95 and KV tokens per started trial.
 """
@@ -41,6 +44,7 @@ STUDIES = Path("docs/gpu-runs/2026-11-30-h200x2-studies")
 FIRST = Path("docs/gpu-runs/2026-11-30-h200")
 LONG = Path("docs/gpu-runs/2026-11-30-h200x2-long-vl")
 LONG_MORE = Path("docs/gpu-runs/2026-11-30-h200x2-prescreen")  # the same study, trials 0-24
+PRESCREEN = LONG_MORE  # also the chat runs of the prescreen's picks
 DEFAULT_OUT = Path("benchmarks/calibration/h200-qwen3-8b.json")
 DEFAULT_README = Path("../shared/device/README.md")
 
@@ -209,6 +213,56 @@ def long_docs_points(root: Path) -> list[dict[str, Any]]:
     return points
 
 
+def chat256_prescreen_points(root: Path) -> list[dict[str, Any]]:
+    """The sixth session's chat runs (the prescreen's fp8 picks beside the defaults): one point per
+    replay, from each trial folder's ``repeats.json`` (``study.repeats=3``: seeds 0, 1, 2) or, for
+    a single replay, its ``result.json``."""
+    import tarfile
+
+    tgz = PRESCREEN / "runs-chat.tgz"
+    pat = re.compile(r"^runs/[^/]+/trial_(\d+)/(repeats|result)\.json$")
+    found: dict[int, dict[str, Any]] = {}
+    with tarfile.open(root / tgz) as tar:
+        for ti in tar.getmembers():
+            m = pat.search(ti.name)
+            if not m:
+                continue
+            f = tar.extractfile(ti)
+            assert f is not None
+            found.setdefault(int(m[1]), {})[m[2]] = (ti.name, json.loads(f.read()))
+    points: list[dict[str, Any]] = []
+    for trial in sorted(found):
+        name, res = found[trial]["result"]
+        if res.get("failure_reason") or not res.get("launched"):
+            continue
+        if "repeats" in found[trial]:
+            name, runs = found[trial]["repeats"]
+            per_seed = [(int(r["repeat"]) - 1, r) for r in runs]
+        else:
+            per_seed = [(0, res["metrics"])]
+        for seed, run in per_seed:
+            points.append(
+                {
+                    "id": f"chat256ps-t{trial}-seed{seed}",
+                    "group": "chat256-prescreen",
+                    "source": f"{tgz}:{name}",
+                    "workload": {"kind": "tuner", "overrides": [*CHAT256, f"workload.seed={seed}"]},
+                    "params": {} if res.get("baseline") else dict(res["params"]),
+                    "baseline": bool(res.get("baseline")),
+                    "co_running_gpus": int(run.get("co_running_gpus", 0)),
+                    "runs": 1,
+                    "measured": _round(
+                        {k: run.get(k) for k in METRICS}
+                        | {
+                            "kv_tokens": res["launch"].get("kv_cache_tokens"),
+                            "preemptions": run.get("preemptions"),
+                        }
+                    ),
+                }
+            )
+    return points
+
+
 def interference_point(root: Path) -> dict[str, Any]:
     path = STUDIES / "interference-h200x2.json"
     data = json.loads((root / path).read_text())
@@ -356,6 +410,7 @@ def build(root: Path = ROOT, readme: Path | None = None) -> dict[str, Any]:
         points += readme_points(readme)
     points += first_study_points(root)
     points += long_docs_points(root)
+    points += chat256_prescreen_points(root)
     return {
         "description": (
             "Real vLLM 0.24.0 measurements (Qwen3-8B dummy weights, one H200) the simulator's "
