@@ -187,30 +187,46 @@ def long_docs_points(root: Path) -> list[dict[str, Any]]:
             res = json.loads(f.read())
             if res.get("failure_reason"):
                 continue
-            run = res["metrics"]
             points.append(
-                {
-                    "id": f"long_docs32-t{trial}-seed{seed}",
-                    "group": "long_docs32-confirm",
-                    "source": f"{tgz}:{ti.name}",
-                    "workload": {
-                        "kind": "tuner",
-                        "overrides": [*LONG_DOCS32, f"workload.seed={seed}"],
-                    },
-                    "params": {} if res.get("baseline") else dict(res["params"]),
-                    "baseline": bool(res.get("baseline")),
-                    "co_running_gpus": int(run.get("co_running_gpus", 0)),
-                    "runs": 1,
-                    "measured": _round(
-                        {k: run.get(k) for k in METRICS}
-                        | {
-                            "kv_tokens": res["launch"].get("kv_cache_tokens"),
-                            "preemptions": run.get("preemptions"),
-                        }
-                    ),
-                }
+                _result_point(
+                    f"long_docs32-t{trial}-seed{seed}",
+                    "long_docs32-confirm",
+                    f"{tgz}:{ti.name}",
+                    [*LONG_DOCS32, f"workload.seed={seed}"],
+                    res,
+                    res["metrics"],
+                )
             )
     return points
+
+
+def _result_point(
+    pid: str,
+    group: str,
+    source: str,
+    overrides: list[str],
+    res: Mapping[str, Any],
+    run: Mapping[str, Any],
+) -> dict[str, Any]:
+    """A calibration point from a trial folder's ``result.json`` (``res``) and one replay's
+    metrics (``run``: the result's own, or one entry of ``repeats.json``)."""
+    return {
+        "id": pid,
+        "group": group,
+        "source": source,
+        "workload": {"kind": "tuner", "overrides": overrides},
+        "params": {} if res.get("baseline") else dict(res["params"]),
+        "baseline": bool(res.get("baseline")),
+        "co_running_gpus": int(run.get("co_running_gpus", 0)),
+        "runs": 1,
+        "measured": _round(
+            {k: run.get(k) for k in METRICS}
+            | {
+                "kv_tokens": res["launch"].get("kv_cache_tokens"),
+                "preemptions": run.get("preemptions"),
+            }
+        ),
+    }
 
 
 def chat256_prescreen_points(root: Path) -> list[dict[str, Any]]:
@@ -242,23 +258,14 @@ def chat256_prescreen_points(root: Path) -> list[dict[str, Any]]:
             per_seed = [(0, res["metrics"])]
         for seed, run in per_seed:
             points.append(
-                {
-                    "id": f"chat256ps-t{trial}-seed{seed}",
-                    "group": "chat256-prescreen",
-                    "source": f"{tgz}:{name}",
-                    "workload": {"kind": "tuner", "overrides": [*CHAT256, f"workload.seed={seed}"]},
-                    "params": {} if res.get("baseline") else dict(res["params"]),
-                    "baseline": bool(res.get("baseline")),
-                    "co_running_gpus": int(run.get("co_running_gpus", 0)),
-                    "runs": 1,
-                    "measured": _round(
-                        {k: run.get(k) for k in METRICS}
-                        | {
-                            "kv_tokens": res["launch"].get("kv_cache_tokens"),
-                            "preemptions": run.get("preemptions"),
-                        }
-                    ),
-                }
+                _result_point(
+                    f"chat256ps-t{trial}-seed{seed}",
+                    "chat256-prescreen",
+                    f"{tgz}:{name}",
+                    [*CHAT256, f"workload.seed={seed}"],
+                    res,
+                    run,
+                )
             )
     return points
 
