@@ -43,8 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STUDIES = Path("docs/gpu-runs/2026-11-30-h200x2-studies")
 FIRST = Path("docs/gpu-runs/2026-11-30-h200")
 LONG = Path("docs/gpu-runs/2026-11-30-h200x2-long-vl")
-LONG_MORE = Path("docs/gpu-runs/2026-11-30-h200x2-prescreen")  # the same study, trials 0-24
-PRESCREEN = LONG_MORE  # also the chat runs of the prescreen's picks
+PRESCREEN = Path("docs/gpu-runs/2026-11-30-h200x2-prescreen")  # long_docs 0-24, the chat picks
 DEFAULT_OUT = Path("benchmarks/calibration/h200-qwen3-8b.json")
 DEFAULT_README = Path("../shared/device/README.md")
 
@@ -166,7 +165,7 @@ def long_docs_points(root: Path) -> list[dict[str, Any]]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    db = LONG_MORE / "long_docs32-optuna.db"
+    db = PRESCREEN / "long_docs32-optuna.db"
     study = optuna.load_study(study_name="long_docs32-qwen3-8b", storage=f"sqlite:///{root / db}")
     points: list[dict[str, Any]] = []
     for t in study.trials:

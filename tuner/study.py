@@ -226,8 +226,9 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     for entry in cfg.study.enqueue:
         _enqueue_once(study, {**defaults(cfg.space), **entry})
     requests = build_requests(cfg.workload, Path(cfg.model.path))
+    shape = ModelShape.from_dir(cfg.model.path)
     if cfg.study.prescreen.trials and "prescreen" not in study.user_attrs:
-        _prescreen(study, cfg, requests)
+        _prescreen(study, cfg, shape, requests)
     # study.repeats: the other request streams, built here, not while trials replay
     repeat_requests = [
         build_requests(replace(cfg.workload, seed=cfg.workload.seed + k), Path(cfg.model.path))
@@ -250,7 +251,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     )
     ctx = _Ctx(
         cfg,
-        ModelShape.from_dir(cfg.model.path),
+        shape,
         requests,
         secrets,
         run_dir,
@@ -508,10 +509,12 @@ def _enqueue_once(
     return True
 
 
-def _prescreen(study: optuna.Study, cfg: TunerConfig, requests: list[RequestSpec]) -> None:
+def _prescreen(
+    study: optuna.Study, cfg: TunerConfig, shape: ModelShape, requests: list[RequestSpec]
+) -> None:
     """Enqueue the simulator's best configs (:mod:`tuner.prescreen`), once per study: the study
     records that it ran, so a resumed study does not repeat it."""
-    picks, summary = prescreen(cfg, ModelShape.from_dir(cfg.model.path), requests)
+    picks, summary = prescreen(cfg, shape, requests)
     added = 0
     for choice in picks:
         added += _enqueue_once(
