@@ -6,6 +6,7 @@ turns the composed ``DictConfig`` into these dataclasses and checks what types c
 choices); nothing below the entry point sees a ``DictConfig``.
 """
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,10 @@ class WorkloadConfig:
     """Replay client processes (``tuner.replay_procs``): the requests in flight are split over
     them. One process adds latency from about 1,000 streams on (20,000 chunks/s at a 50 ms engine
     step, docs/replay-accuracy.md); never more than the in-flight bound or the cores usable."""
+    client_loop: str = "asyncio"
+    """The event loop of the replay client (and of the tuner's process, which runs it when
+    ``client_processes`` is 1): ``asyncio`` (the standard library's) or ``uvloop`` (libuv's,
+    ``pip install 'tuner[fast]'``; less CPU per chunk)."""
     seed: int = 0
     system_prompt_tokens: int = 0
     """A system prompt shared by every request (so prefix caching matters)."""
@@ -396,6 +401,11 @@ SAMPLERS = ("tpe", "random", "gp", "nsga2", "grid")
 DIRECTIONS = ("maximize", "minimize")
 PARAM_TYPES = ("float", "int", "categorical", "bool")
 ENDPOINTS = ("chat", "completions")
+CLIENT_LOOPS = ("asyncio", "uvloop")
+UVLOOP_MISSING = (
+    "workload.client_loop is uvloop, which is not installed; "
+    "pip install 'tuner[fast]' (or uvloop), or use workload.client_loop=asyncio"
+)
 ARRIVALS = ("concurrency", "poisson", "gamma", "constant", "ramp")
 TRACE_FORMATS = ("auto", "csv", "jsonl")
 TIMESTAMP_FORMATS = ("seconds", "datetime")
@@ -495,6 +505,9 @@ def validate(c: TunerConfig) -> None:
         raise ConfigError("confirm.seeds is empty; give at least one seed or confirm.enabled=false")
     w = c.workload
     _one_of("workload.endpoint", w.endpoint, ENDPOINTS)
+    _one_of("workload.client_loop", w.client_loop, CLIENT_LOOPS)
+    if w.client_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise ConfigError(UVLOOP_MISSING)
     _one_of("workload.arrival.kind", w.arrival.kind, ARRIVALS)
     for name, d in (("input_tokens", w.input_tokens), ("output_tokens", w.output_tokens)):
         _one_of(f"workload.{name}.kind", d.kind, DISTS)

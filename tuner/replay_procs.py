@@ -39,6 +39,7 @@ import array
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import math
 import multiprocessing as mp
@@ -63,6 +64,8 @@ from tuner.replay import (
     _record_order,
     _Runner,
     _session,
+    gc_paused,
+    loop_factory,
 )
 
 __all__ = ["replay_in_processes", "split_slots"]
@@ -187,11 +190,20 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _child_main(sock: socket.socket, blob: Any, claims: _Claims, parent_pid: int) -> None:
+def _child_main(
+    sock: socket.socket,
+    blob: Any,
+    claims: _Claims,
+    parent_pid: int,
+    client_loop: str,
+    pause_gc: bool,
+) -> None:
     """Entry point of a client process (spawned: nothing of the parent's loop is inherited)."""
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops us
-    asyncio.run(_child(sock, blob, claims))
+    paused = gc_paused() if pause_gc else contextlib.nullcontext()
+    with paused, asyncio.Runner(loop_factory=loop_factory(client_loop)) as runner:
+        runner.run(_child(sock, blob, claims))
 
 
 class _Outbox:
@@ -243,7 +255,9 @@ async def _child(sock: socket.socket, blob: Any, claims: _Claims) -> None:
                 session, plan.base_url, plan.model, plan.request_timeout_s, plan.headers, out.record
             )
             body = memoryview(blob).cast("B")
-            out.send("ready")
+            # what this process runs on, for the parent's debug log
+            loop = type(asyncio.get_running_loop())
+            out.send("ready", f"{loop.__module__}.{loop.__qualname__}", gc.get_threshold())
             while (msg := await inbox.get())[0] == "run":
                 _, phase, t_start = msg
                 await _run_phase(runner, plan, body, claims, phase, t_start)
@@ -356,15 +370,26 @@ class _Pool:
         self.pumps: list[asyncio.Task[None]] = []
         self.inbox: asyncio.Queue[tuple[int, tuple[Any, ...]]] = asyncio.Queue()
         self.records: list[RequestRecord] = []
+        self.extra: dict[int, tuple[Any, ...]] = {}
+        """What each process sent after the awaited message (``ready``: its loop and the
+        collector's thresholds)."""
         self.on_record = _Guarded(on_record)
 
-    async def start(self, ctx: Any, n: int, blob: Any, claims: _Claims) -> None:
+    async def start(
+        self,
+        ctx: Any,
+        n: int,
+        blob: Any,
+        claims: _Claims,
+        client_loop: str = "asyncio",
+        pause_gc: bool = True,
+    ) -> None:
         for k in range(n):
             mine, theirs = socket.socketpair()
             try:
                 proc = ctx.Process(
                     target=_child_main,
-                    args=(theirs, blob, claims, os.getpid()),
+                    args=(theirs, blob, claims, os.getpid(), client_loop, pause_gc),
                     name=f"tuner-replay-{k}",
                     daemon=True,
                 )
@@ -400,8 +425,9 @@ class _Pool:
                 for r in msg[1]:
                     self.records.append(r)
                     self.on_record(r)
-            elif msg == what:
+            elif msg[: len(what)] == what:
                 pending.discard(k)
+                self.extra[k] = msg[len(what) :]
             elif msg[0] == "error":
                 if msg[2]:
                     log.error("replay client process %d failed:\n%s", k, msg[2])
@@ -459,6 +485,8 @@ async def replay_in_processes(
     headers: dict[str, str],
     on_record: Callable[[RequestRecord], None] | None,
     on_start: Callable[[float], None] | None,
+    client_loop: str = "asyncio",
+    pause_gc: bool = True,
 ) -> list[RequestRecord]:
     """:func:`tuner.replay.replay` over ``processes`` client processes (see the module doc).
 
@@ -496,7 +524,7 @@ async def replay_in_processes(
     log.debug("replay over %d client processes, slots %s", processes, slots)
     pool = _Pool(on_record)
     try:
-        await pool.start(ctx, processes, blob, claims)
+        await pool.start(ctx, processes, blob, claims, client_loop, pause_gc)
         for k, plan in enumerate(plans):
             pool.send(k, "plan", plan)
         try:
@@ -506,6 +534,10 @@ async def replay_in_processes(
             raise ReplayClientError(
                 f"the replay client processes did not start in {_READY_TIMEOUT_S:.0f} s"
             ) from None
+        for k in range(processes):
+            log.debug(
+                "replay client process %d: event loop %s, GC thresholds %s", k, *pool.extra[k]
+            )
         if warm:
             t_warm = time.perf_counter() + _START_MARGIN_S
             for k in range(processes):

@@ -52,7 +52,7 @@ from tuner.precheck import precheck
 from tuner.prescreen import prescreen
 from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, to_json
 from tuner.recovery import LEASE_ENV, Lease, recover, worker_id
-from tuner.replay import replay
+from tuner.replay import loop_factory, replay
 from tuner.report import changed_params, gpu_time, live_best, print_summary, progress_line
 from tuner.score import constraints, failure_values, objective_values, prune_reason, summarize
 from tuner.space import defaults, defaults_outside, distributions, grid, resolved
@@ -281,7 +281,8 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     )
     status = "FINISHED"
     try:
-        asyncio.run(_trials(study, dists, ctx, tracker, outcome))
+        with asyncio.Runner(loop_factory=loop_factory(cfg.workload.client_loop)) as runner:
+            runner.run(_trials(study, dists, ctx, tracker, outcome))
         print_summary(outcome, cfg)
         _after_search(study, ctx, tracker, outcome)
     except KeyboardInterrupt:
@@ -438,7 +439,10 @@ def _after_search(
         todo = [c for c in candidates if c.trial not in done]
         if done and len(todo) < len(candidates):
             log.info("confirm: reusing the stored verdicts of trials %s", sorted(set(done)))
-        fresh = asyncio.run(_confirm(ctx, todo)) if todo else []
+        fresh = []
+        if todo:
+            with asyncio.Runner(loop_factory=loop_factory(cfg.workload.client_loop)) as runner:
+                fresh = runner.run(_confirm(ctx, todo))
         results = [done[c.trial] if c.trial in done else fresh.pop(0) for c in candidates]
         results = [replace(r, picks=c.picks) for r, c in zip(results, candidates, strict=True)]
         store_confirm(study, candidates, results, cfg)
@@ -958,6 +962,7 @@ async def _measure(
                     api_key=api_key(cfg.engine, cfg.model),
                     on_record=on_record,
                     processes=w.client_processes,
+                    client_loop=w.client_loop,
                 )
             )
             watch = asyncio.create_task(lost.wait())

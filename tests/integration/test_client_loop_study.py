@@ -1,0 +1,52 @@
+"""A simulator study with ``workload.client_loop=uvloop``: the tuner's own event loop (the trials,
+the launcher, the replay with one process) and the client processes run on uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+import pytest
+
+import tuner.study as study_mod
+from tuner.config import TunerConfig
+
+from .test_study import FAST
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_study_on_uvloop(
+    make_cfg: Callable[..., TunerConfig], monkeypatch: pytest.MonkeyPatch, processes: int
+) -> None:
+    cfg = make_cfg(
+        "+workload=chat",
+        "engine=sim",
+        "tracking=none",
+        "confirm.enabled=false",
+        "study.n_trials=1",
+        "workload.client_loop=uvloop",
+        f"workload.client_processes={processes}",
+        *FAST,
+    )
+    loops: list[str] = []
+    real = study_mod.replay
+
+    async def replay(*args: Any, **kw: Any) -> Any:
+        loops.append(type(asyncio.get_running_loop()).__module__)
+        assert kw["client_loop"] == "uvloop" and kw["processes"] == processes
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(study_mod, "replay", replay)
+    study_mod.run(cfg)
+    assert loops and all(m.startswith("uvloop") for m in loops)
+    study = optuna.load_study(
+        study_name=study_mod.study_name(cfg), storage=study_mod.storage_url(cfg)
+    )
+    (trial,) = study.trials
+    assert trial.state == optuna.trial.TrialState.COMPLETE
+    assert trial.user_attrs["failure_reason"] is None, trial.user_attrs.get("failure_detail")
+    assert trial.user_attrs["metrics"]["completed"] == 12

@@ -1,0 +1,150 @@
+"""The replay's garbage-collector pause (``tuner.replay.gc_paused``) and its event loop
+(``workload.client_loop``), in one process and in client processes."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from test_replay import FakeVLLM, run, spec
+
+from tuner.config import ArrivalConfig, TunerConfig
+from tuner.errors import ConfigError
+from tuner.records import RequestRecord
+from tuner.replay import gc_paused, loop_factory
+
+OUT_OF_REACH = 1 << 30
+INCREMENTAL = sys.version_info >= (3, 14)  # only the freeze applies there
+
+
+def paused(thresholds: tuple[int, int, int], before: tuple[int, int, int]) -> bool:
+    if INCREMENTAL:
+        return thresholds == before
+    return thresholds == (before[0], OUT_OF_REACH, OUT_OF_REACH)
+
+
+def test_gc_paused_nests_and_restores() -> None:
+    before = gc.get_threshold()
+    assert gc.get_freeze_count() == 0
+    with gc_paused():
+        inside = gc.get_threshold()
+        assert paused(inside, before)
+        assert gc.get_freeze_count() > 0  # what was alive on entry is out of the collector's sight
+        with gc_paused():  # a second worker's replay
+            assert gc.get_threshold() == inside
+        assert gc.get_threshold() == inside  # the inner exit restores nothing
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+
+
+def test_gc_paused_restores_on_error_and_leaves_foreign_freezes() -> None:
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("a replay failed")
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # the process froze its own objects: gc_paused must not thaw them
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            assert paused(gc.get_threshold(), before)
+        assert gc.get_freeze_count() == frozen
+        assert gc.get_threshold() == before
+    finally:
+        gc.unfreeze()
+
+
+async def test_replay_pauses_the_collector_while_it_runs(server: tuple[str, FakeVLLM]) -> None:
+    base, _ = server
+    before = gc.get_threshold()
+    seen: list[tuple[int, int, int]] = []
+
+    def on_record(_: RequestRecord) -> None:
+        seen.append(gc.get_threshold())
+
+    recs = await run(base, [spec(i) for i in range(3)], on_record=on_record)
+    assert [r.status for r in recs] == ["ok"] * 3
+    assert len(seen) == 3 and all(paused(t, before) for t in seen)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    seen.clear()
+    await run(base, [spec(0)], on_record=on_record, pause_gc=False)
+    assert seen == [before]
+
+
+@pytest.mark.parametrize(
+    ("client_loop", "pause_gc", "loop_module"),
+    [("asyncio", True, "asyncio."), ("uvloop", True, "uvloop."), ("uvloop", False, "uvloop.")],
+)
+async def test_client_processes_run_the_chosen_loop_and_pause_the_collector(
+    server: tuple[str, FakeVLLM],
+    caplog: pytest.LogCaptureFixture,
+    client_loop: str,
+    pause_gc: bool,
+    loop_module: str,
+) -> None:
+    base, _ = server
+    caplog.set_level(logging.DEBUG, logger="tuner.replay_procs")
+    recs = await run(
+        base,
+        [spec(i, max_tokens=3) for i in range(8)],
+        ArrivalConfig(kind="concurrency", concurrency=2),
+        processes=2,
+        client_loop=client_loop,
+        pause_gc=pause_gc,
+    )
+    assert [r.status for r in recs] == ["ok"] * 8
+    lines = [r.getMessage() for r in caplog.records if "replay client process" in r.getMessage()]
+    assert len(lines) == 2
+    for line in lines:
+        assert f"event loop {loop_module}" in line
+        # a fresh interpreter's thresholds are the defaults; paused, the older two are out of reach
+        assert (f", {OUT_OF_REACH}, {OUT_OF_REACH})" in line) == (pause_gc and not INCREMENTAL)
+
+
+def test_loop_factory() -> None:
+    assert loop_factory("asyncio") is None
+    factory = loop_factory("uvloop")
+    assert factory is not None
+    loop = factory()
+    try:
+        assert type(loop).__module__.startswith("uvloop")
+    finally:
+        loop.close()
+    with pytest.raises(
+        ConfigError, match=r"^workload.client_loop is 'trio'; allowed: asyncio, uvloop$"
+    ):
+        loop_factory("trio")
+
+
+def test_loop_factory_without_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    with pytest.raises(ConfigError, match=r"uvloop, which is not installed; pip install"):
+        loop_factory("uvloop")
+
+
+def test_config_client_loop(
+    make_cfg: Callable[..., TunerConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert make_cfg("+workload=chat").workload.client_loop == "asyncio"
+    cfg = make_cfg("+workload=chat", "workload.client_loop=uvloop")
+    assert cfg.workload.client_loop == "uvloop"
+    with pytest.raises(
+        ConfigError, match=r"^workload.client_loop is 'trio'; allowed: asyncio, uvloop$"
+    ):
+        make_cfg("+workload=chat", "workload.client_loop=trio")
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "uvloop" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(ConfigError) as err:
+        make_cfg("+workload=chat", "workload.client_loop=uvloop")
+    assert str(err.value).startswith("workload.client_loop is uvloop, which is not installed")
+    assert "\n" not in str(err.value)
