@@ -27,13 +27,23 @@ the first P cores, the servers on the next ones.
 * **IPC**: what taking the next request from the processes' shared counter costs, alone and
   with all P processes taking at once (``ipc`` in the JSON).
 
-Each ``--processes`` value P runs every scenario (zero-delay request counts x P). With P = 1 the
-current client is also measured beside the client as it was before the per-chunk loop was
-optimised (``baseline``: the previous ``_Runner._stream``, kept below verbatim), so that ratio is
-not confounded by the machine. ``client_cpu`` counts all client processes (1.0 = one core busy),
-``parent_cpu`` the replaying process alone (with P > 1 it only collects records).
+Each ``--processes`` value P runs every scenario (zero-delay request counts x P) for every client
+variant of ``--clients``, interleaved, so their ratios are not confounded by the machine:
 
-``python benchmarks/client_capacity.py [--processes 1 4 8] [--tokens N] [--quick] [--out PATH]``;
+* ``current``: the tuner's client as it runs by default (only young objects are
+  garbage-collected during the replay, :func:`tuner.replay.gc_paused`);
+* ``baseline`` (P = 1 only): the client as it was before the per-chunk loop was optimised (the
+  previous ``_Runner._stream``, kept below verbatim), without the GC pause;
+* ``gc-on``: the current client with the garbage collector left alone (before the GC pause);
+* ``uvloop``: the current client on libuv's event loop (``workload.client_loop=uvloop``).
+
+Every replay runs on a fresh event loop of its variant's kind, in a worker thread (the main
+loop, which only reads the server's stamps afterwards, is idle meanwhile). ``client_cpu`` counts
+all client processes (1.0 = one core busy), ``parent_cpu`` the replaying process alone (with
+P > 1 it only collects records).
+
+``python benchmarks/client_capacity.py [--processes 1 4 8] [--clients current gc-on uvloop]
+[--tokens N] [--quick] [--out PATH]``;
 prints a table and writes ``--out`` (default ``benchmarks/results/client_capacity.json``). P = 1
 takes about 2 minutes (``--quick``: ~20 s), each further P about as long. For the 1 ms target at
 1,000 streams, on a 16-core machine (as measured on the GPU host: one run per P)::
@@ -46,6 +56,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -360,17 +372,31 @@ class BaselineRunner(replay_mod._Runner):
             )
 
 
-CLIENTS: dict[str, type[replay_mod._Runner]] = {
-    "baseline": BaselineRunner,
-    "current": replay_mod._Runner,
+@dataclasses.dataclass(frozen=True)
+class Client:
+    runner: type[replay_mod._Runner]
+    pause_gc: bool
+    loop: str
+    about: str
+
+
+CLIENTS: dict[str, Client] = {
+    "baseline": Client(
+        BaselineRunner, False, "asyncio", "before the per-chunk loop was optimised (P = 1 only)"
+    ),
+    "gc-on": Client(
+        replay_mod._Runner, False, "asyncio", "the current client without the GC pause"
+    ),
+    "current": Client(replay_mod._Runner, True, "asyncio", "the tuner's client, defaults"),
+    "uvloop": Client(replay_mod._Runner, True, "uvloop", "workload.client_loop=uvloop"),
 }
 
 
 class _use_client:  # noqa: N801 - a context manager used like a function
-    """Make :func:`tuner.replay.replay` use one of :data:`CLIENTS` inside the block."""
+    """Make :func:`tuner.replay.replay` use one of :data:`CLIENTS`' runners inside the block."""
 
     def __init__(self, name: str) -> None:
-        self.cls = CLIENTS[name]
+        self.cls = CLIENTS[name].runner
         self.saved = replay_mod._Runner
 
     def __enter__(self) -> None:
@@ -381,6 +407,29 @@ class _use_client:  # noqa: N801 - a context manager used like a function
 
 
 # --- measurements ------------------------------------------------------------------------------
+
+
+class _GcWatch:
+    """Durations of this process's collections of generation 1 or 2 inside the block."""
+
+    def __init__(self) -> None:
+        self.pauses: list[float] = []
+        self._t = 0.0
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] < 1:
+            return
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.pauses.append(time.perf_counter() - self._t)
+
+    def __enter__(self) -> _GcWatch:
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
 
 
 def _specs(
@@ -424,18 +473,30 @@ async def _run(
     processes: int,
 ) -> dict[str, Any]:
     starts: list[float] = []
+    variant = CLIENTS[client]
+
+    def run_in_own_loop() -> list[RequestRecord]:
+        # a fresh event loop of the variant's kind (as the tuner's process runs the replay on
+        # the loop of workload.client_loop); this thread's loop is idle meanwhile
+        with asyncio.Runner(loop_factory=replay_mod.loop_factory(variant.loop)) as runner:
+            return runner.run(
+                replay(
+                    servers.base,
+                    "m",
+                    specs,
+                    arrival,
+                    duration_s=600.0,
+                    request_timeout_s=120.0,
+                    on_start=starts.append,
+                    processes=processes,
+                    client_loop=variant.loop,
+                    pause_gc=variant.pause_gc,
+                )
+            )
+
     cpu0, kids0, wall0 = time.process_time(), _children_cpu(), time.perf_counter()
-    with _use_client(client):
-        records = await replay(
-            servers.base,
-            "m",
-            specs,
-            arrival,
-            duration_s=600.0,
-            request_timeout_s=120.0,
-            on_start=starts.append,
-            processes=processes,
-        )
+    with _use_client(client), _GcWatch() as gcw:
+        records = await asyncio.to_thread(run_in_own_loop)
     wall = time.perf_counter() - wall0
     parent_cpu = time.process_time() - cpu0
     client_cpu = parent_cpu + _children_cpu() - kids0
@@ -464,6 +525,10 @@ async def _run(
         "parent_cpu": parent_cpu / wall,
         "server_cpu": server_cpu,
         "server_cpu_max": server_cpu_max,
+        # collections of the older generations in this process during the replay (the client
+        # processes' are not seen): how many, and the longest stall
+        "gc_older_collections": len(gcw.pauses),
+        "gc_older_max_ms": max(gcw.pauses, default=0.0) * 1e3,
     }
 
 
@@ -610,7 +675,9 @@ async def main_async(args: argparse.Namespace, servers: ServerPool) -> dict[str,
         cores = _client_cores(args.client_pool, procs)
         if cores:
             os.sched_setaffinity(0, cores)  # the client processes inherit the mask
-        clients = ["baseline", "current"] if procs == 1 and not args.no_baseline else ["current"]
+        clients = [c for c in args.clients if procs == 1 or c != "baseline"]
+        if args.no_baseline:
+            clients = [c for c in clients if c != "baseline"]
         log(f"--- {procs} client process{'es' if procs > 1 else ''} on cores {cores}")
         # warm up the code paths (connections, imports, process start) before measuring
         for client in clients:
@@ -661,14 +728,15 @@ async def main_async(args: argparse.Namespace, servers: ServerPool) -> dict[str,
 def table(result: dict[str, Any]) -> str:
     lines = [
         "| scenario | client | processes | added p50 ms | added p99 ms | req/s | client CPU "
-        "| server CPU (busiest) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| server CPU (busiest) | older-gen GCs (longest ms) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['scenario']} | {r['client']} | {r.get('processes', 1)} | "
             f"{r['added_p50_ms']:.3f} | {r['added_p99_ms']:.3f} | {r['req_per_s']:.0f} | "
-            f"{r['client_cpu']:.0%} | {r['server_cpu']:.0%} ({r.get('server_cpu_max', 0.0):.0%}) |"
+            f"{r['client_cpu']:.0%} | {r['server_cpu']:.0%} ({r.get('server_cpu_max', 0.0):.0%}) | "
+            f"{r.get('gc_older_collections', 0)} ({r.get('gc_older_max_ms', 0.0):.1f}) |"
         )
     caps = result["capacity_req_per_s"]
     lines.append("")
@@ -729,7 +797,23 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=2.0, help="seconds per capacity step")
     ap.add_argument("--quick", action="store_true", help="fewer requests, 1 s capacity steps")
     ap.add_argument(
+        "--clients",
+        nargs="+",
+        choices=list(CLIENTS),
+        default=["baseline", "current"],
+        help="client variants, measured side by side (interleaved) at every process count: "
+        + "; ".join(f"{k}: {v.about}" for k, v in CLIENTS.items())
+        + " (default: baseline current)",
+    )
+    ap.add_argument(
         "--no-baseline", action="store_true", help="skip the pre-optimisation client (P = 1)"
+    )
+    ap.add_argument(
+        "--tuner-heap",
+        action="store_true",
+        help="import the tuner's whole stack first (tuner.study: Optuna, MLflow, SQLAlchemy, "
+        "plotly), so the replaying process holds the objects the tuner's process does (with one "
+        "client process the replay runs inside the tuner's process)",
     )
     ap.add_argument(
         "--out",
@@ -740,6 +824,13 @@ def main() -> None:
     args = ap.parse_args()
     if min(args.processes) < 1:
         ap.error("--processes: counts must be >= 1")
+    if args.tuner_heap:
+        import tuner.study  # noqa: F401
+
+        gc.collect()
+        print(f"tuner heap: {len(gc.get_objects())} objects tracked by the collector", flush=True)
+    if "current" not in args.clients:  # the open-loop row runs at half its capacity
+        args.clients.append("current")
     if args.quick:
         args.step_s = min(args.step_s, 1.0)
 
@@ -766,6 +857,8 @@ def main() -> None:
         "tokens_per_response": args.tokens,
         "step_s": args.step_s,
         "processes": args.processes,
+        "tuner_heap": args.tuner_heap,
+        "clients": {k: CLIENTS[k].about for k in args.clients},
         "client_core": args.client_pool[0] if args.client_pool else None,
         "client_cores": args.client_pool,
         "server_core": server_cores[0] if server_cores else None,
@@ -786,11 +879,18 @@ def main() -> None:
     print(table(result))
     verdicts = {}
     for r in result["rows"]:
-        if r.get("concurrency") == 1000 and r["client"] == "current":
+        if r.get("concurrency") == 1000 and r["client"] in ("current", "uvloop"):
             ok = r["added_p99_ms"] < 1.0
             procs = r["processes"]
             key = r["scenario"] + ("" if procs == 1 else f", {procs} processes")
-            verdicts[key] = {"holds": ok, "added_p99_ms": r["added_p99_ms"], "processes": procs}
+            if r["client"] != "current":  # the JSON keys of earlier runs are the current client's
+                key += f", {r['client']}"
+            verdicts[key] = {
+                "holds": ok,
+                "added_p99_ms": r["added_p99_ms"],
+                "processes": procs,
+                "client": r["client"],
+            }
             print(
                 f"target < 1 ms p99 added at 1000 streams ({key}): "
                 f"{'holds' if ok else 'does not hold'} ({r['added_p99_ms']:.2f} ms)"
