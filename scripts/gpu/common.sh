@@ -2,7 +2,13 @@
 # installs the staged vLLM and the tuner's wheels once, then the environment.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-if [ -z "${LOCAL_TEST:-}" ]; then  # LOCAL_TEST=1: try these scripts here on the simulator
+if [ -n "${CPU_ONLY:-}" ]; then  # CPU_ONLY=1: no vLLM (no stage): the tuner's wheels alone
+  if [ ! -f /tmp/site/.tuner-ok ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+    touch /tmp/site/.tuner-ok
+  fi
+  export PYTHONPATH="/tmp/site:$ROOT"
+elif [ -z "${LOCAL_TEST:-}" ]; then  # LOCAL_TEST=1: try these scripts here on the simulator
   bash scripts/gpu_setup.sh > /tmp/gpu_setup.log 2>&1 || { tail -20 /tmp/gpu_setup.log; exit 1; }
   source scripts/gpu_env.sh
 fi
@@ -40,17 +46,20 @@ pack() {  # pack NAME DIR...: folders under $W (study outputs, MLflow store, log
 }
 # client_capacity: issue #4's benchmark once per count in CAP_PROCESSES (largest first, a JSON
 # each under $W/capacity, so a time limit loses only the last), on cores CAP_CORES (if set),
-# stopping 40 s before this call's T
+# with CAP_SERVERS server processes (default 8) and the client variants CAP_CLIENTS (default
+# the benchmark's), stopping 40 s before this call's T
 client_capacity() {
   mkdir -p "$W/capacity"
   nproc > "$W/capacity/nproc.txt"
-  local pin=()
+  lscpu > "$W/capacity/lscpu.txt" 2>&1
+  local pin=() clients=()
   [ -n "${CAP_CORES:-}" ] && pin=(taskset -c "$CAP_CORES")
+  [ -n "${CAP_CLIENTS:-}" ] && clients=(--clients $CAP_CLIENTS)
   for p in ${CAP_PROCESSES:-8 4 2 1}; do
     [ $(( T - SECONDS )) -lt 120 ] && { echo "no time left for P=$p"; break; }
     timeout -s INT -k 10 "$(( T - SECONDS - 40 ))" "${pin[@]}" \
-      python3 benchmarks/client_capacity.py --processes "$p" --server-processes 8 \
-      --out "$W/capacity/client_capacity-h200host-p$p.json"
+      python3 benchmarks/client_capacity.py --processes "$p" --server-processes "${CAP_SERVERS:-8}" \
+      "${clients[@]}" --out "$W/capacity/client_capacity-h200host-${CAP_TAG:-}p$p.json"
     echo "client_capacity P=$p rc=$?"
   done
 }
