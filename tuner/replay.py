@@ -33,15 +33,18 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Literal
 
 import aiohttp
+import numpy as np
 
 from tuner.config import CLIENT_LOOPS, UVLOOP_MISSING, ArrivalConfig
 from tuner.errors import ConfigError
 from tuner.records import RequestRecord, RequestSpec
 
-__all__ = ["gc_paused", "loop_factory", "replay"]
+__all__ = ["ClientStats", "gc_paused", "loop_factory", "replay"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,76 @@ _raw_decode = json.JSONDecoder().raw_decode
 _OUT_OF_REACH = 1 << 30
 """The older generations' collection thresholds while replays run: never reached."""
 _gc_state: dict[str, Any] = {"depth": 0, "saved": None, "froze": False}
+
+
+LAG_INTERVAL_S = 0.01
+"""How often the lag probe wakes while measured requests run."""
+
+
+@dataclass
+class ClientStats:
+    """What the replay client itself cost during the measured requests; ``replay(stats=...)``
+    fills it.
+
+    ``lag_s``: how late the lag probe's timer fired, every :data:`LAG_INTERVAL_S`, in every
+    client process: a chunk that arrived while the loop was busy waited about that long before
+    the client read it and stamped its time. (Timers fire on the loop's poll, whose timeout is
+    rounded to milliseconds: an idle loop shows up to ~1 ms.) ``cpu_s``: CPU seconds of each
+    client process over ``wall_s`` (with one process, that is the tuner's whole process).
+    """
+
+    lag_s: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def summary(self) -> dict[str, float]:
+        """``client_lag_p99_ms``, ``client_lag_max_ms``, ``client_cpu_max`` (the busiest client
+        process's share of one core); keys absent without samples."""
+        out: dict[str, float] = {}
+        if self.lag_s:
+            out["client_lag_p99_ms"] = float(np.percentile(self.lag_s, 99)) * 1e3
+            out["client_lag_max_ms"] = max(self.lag_s) * 1e3
+        if self.cpu_s and self.wall_s > 0:
+            out["client_cpu_max"] = max(self.cpu_s) / self.wall_s
+        return out
+
+
+class _LagProbe:
+    """``async with _LagProbe() as probe``: how late a timer fires, every ``interval_s``, on
+    this event loop, and this process's CPU seconds, inside the block."""
+
+    def __init__(self, interval_s: float = LAG_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self.lag_s: list[float] = []
+        self.cpu_s = 0.0
+        self.wall_s = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._cpu0 = self._t0 = 0.0
+
+    async def _run(self) -> None:
+        clock = asyncio.get_running_loop().time
+        while True:
+            due = clock() + self.interval_s
+            await asyncio.sleep(self.interval_s)
+            self.lag_s.append(max(0.0, clock() - due))
+
+    async def __aenter__(self) -> _LagProbe:
+        self._cpu0, self._t0 = time.process_time(), time.perf_counter()
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self.cpu_s = time.process_time() - self._cpu0
+        self.wall_s = time.perf_counter() - self._t0
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -430,6 +503,7 @@ async def replay(
     processes: int = 1,
     client_loop: str = "asyncio",
     pause_gc: bool = True,
+    stats: ClientStats | None = None,
 ) -> list[RequestRecord]:
     """Send ``requests`` to ``base_url`` (``http://host:port``) and measure each one.
 
@@ -461,6 +535,10 @@ async def replay(
     Only young objects are garbage-collected in this process, and in the client processes, while
     it replays (:func:`gc_paused`; ``pause_gc=False`` leaves the collector alone, for
     ``benchmarks/client_capacity.py`` to measure the difference).
+
+    ``stats``, if given, receives what the client itself cost while the measured requests ran
+    (:class:`ClientStats`: its event-loop lag and CPU, per client process); with one process
+    also when the replay is cancelled, with several only when it ends.
     """
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise ValueError(f"processes is {processes!r}; allowed: an integer >= 1")
@@ -479,6 +557,7 @@ async def replay(
             processes,
             client_loop,
             pause_gc,
+            stats,
         )
 
 
@@ -495,6 +574,7 @@ async def _replay(
     processes: int,
     client_loop: str,
     pause_gc: bool,
+    stats: ClientStats | None,
 ) -> list[RequestRecord]:
     measured = [s for s in requests if not s.warmup]
     closed = arrival.kind == "concurrency" and all(s.arrival_s is None for s in measured)
@@ -521,6 +601,7 @@ async def _replay(
             on_start=on_start,
             client_loop=client_loop,
             pause_gc=pause_gc,
+            stats=stats,
         )
 
     async with _session(limit, request_timeout_s) as session:
@@ -534,8 +615,16 @@ async def _replay(
         deadline = t0 + duration_s
         if on_start is not None:
             on_start(t0)
-        if closed:
-            await _closed_loop(runner, measured, arrival.concurrency, t0, deadline)
-        else:
-            await _open_loop(runner, measured, arrival.max_concurrency, t0, deadline)
+        probe = _LagProbe()
+        try:
+            async with probe:
+                if closed:
+                    await _closed_loop(runner, measured, arrival.concurrency, t0, deadline)
+                else:
+                    await _open_loop(runner, measured, arrival.max_concurrency, t0, deadline)
+        finally:
+            if stats is not None:
+                stats.lag_s.extend(probe.lag_s)
+                stats.cpu_s.append(probe.cpu_s)
+                stats.wall_s = probe.wall_s
     return sorted(runner.records, key=_record_order)

@@ -58,9 +58,11 @@ from typing import Any
 from tuner.errors import ReplayClientError
 from tuner.records import RequestRecord, RequestSpec
 from tuner.replay import (
+    ClientStats,
     _arrival_order,
     _encode,
     _Guarded,
+    _LagProbe,
     _record_order,
     _Runner,
     _session,
@@ -260,8 +262,13 @@ async def _child(sock: socket.socket, blob: Any, claims: _Claims) -> None:
             out.send("ready", f"{loop.__module__}.{loop.__qualname__}", gc.get_threshold())
             while (msg := await inbox.get())[0] == "run":
                 _, phase, t_start = msg
-                await _run_phase(runner, plan, body, claims, phase, t_start)
-                out.send("done", phase)
+                if phase == _MEASURED:  # what this process costs while measured requests run
+                    async with _LagProbe() as probe:
+                        await _run_phase(runner, plan, body, claims, phase, t_start)
+                    out.send("done", phase, probe.lag_s, probe.cpu_s, probe.wall_s)
+                else:
+                    await _run_phase(runner, plan, body, claims, phase, t_start)
+                    out.send("done", phase)
                 await writer.drain()
     except Exception as exc:
         out.send("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
@@ -487,6 +494,7 @@ async def replay_in_processes(
     on_start: Callable[[float], None] | None,
     client_loop: str = "asyncio",
     pause_gc: bool = True,
+    stats: ClientStats | None = None,
 ) -> list[RequestRecord]:
     """:func:`tuner.replay.replay` over ``processes`` client processes (see the module doc).
 
@@ -549,6 +557,12 @@ async def replay_in_processes(
         for k in range(processes):
             pool.send(k, "run", _MEASURED, t0)
         await pool.expect("done", _MEASURED)
+        if stats is not None:
+            for k in range(processes):
+                lag_s, cpu_s, wall_s = pool.extra[k]
+                stats.lag_s.extend(lag_s)
+                stats.cpu_s.append(cpu_s)
+                stats.wall_s = max(stats.wall_s, wall_s)
         await pool.finish()
     finally:
         pool.stop()

@@ -52,7 +52,7 @@ from tuner.precheck import precheck
 from tuner.prescreen import prescreen
 from tuner.records import LaunchInfo, RequestRecord, RequestSpec, TrialResult, to_json
 from tuner.recovery import LEASE_ENV, Lease, recover, worker_id
-from tuner.replay import loop_factory, replay
+from tuner.replay import ClientStats, loop_factory, replay
 from tuner.report import changed_params, gpu_time, live_best, print_summary, progress_line
 from tuner.score import constraints, failure_values, objective_values, prune_reason, summarize
 from tuner.space import defaults, defaults_outside, distributions, grid, resolved
@@ -949,6 +949,7 @@ async def _measure(
                 why.append(reason)
                 lost.set()
 
+    client = ClientStats()
     with GpuSampler(gpus if cfg.engine.kind == "vllm" else [], 0.5) as gpu:
         async with MetricsScraper(server.base_url, interval_s=1.0) as prom:
             task = asyncio.create_task(
@@ -963,6 +964,7 @@ async def _measure(
                     on_record=on_record,
                     processes=w.client_processes,
                     client_loop=w.client_loop,
+                    stats=client,
                 )
             )
             watch = asyncio.create_task(lost.wait())
@@ -980,7 +982,32 @@ async def _measure(
                 log.info("  pruned after %d requests: %s", len(records), pruned)
     _write_jsonl(tdir / "metrics.jsonl", prom.samples)
     _write_jsonl(tdir / "gpu.jsonl", gpu.samples)
-    return records, {**prom.summary(), **gpu.summary()}, pruned
+    own = client.summary()
+    _warn_client_lag(own, w.client_processes, w.client_loop)
+    return records, {**prom.summary(), **gpu.summary(), **own}, pruned
+
+
+CLIENT_LAG_WARN_MS = 5.0
+"""A replay whose client event loop ran later than this at p99 gets a warning: the latencies it
+measured include that much of the client's own queueing (docs/replay-accuracy.md)."""
+
+
+def _warn_client_lag(own: dict[str, float], processes: int, client_loop: str) -> None:
+    lag = own.get("client_lag_p99_ms")
+    if lag is None or lag <= CLIENT_LAG_WARN_MS:
+        return
+    hint = f"raise workload.client_processes (now {processes})"
+    if client_loop == "asyncio":
+        hint += " or try workload.client_loop=uvloop"
+    log.warning(
+        "  the replay client was busy: its event loop ran %.1f ms late at p99 (max %.1f ms, "
+        "busiest client process at %.0f%% CPU), so TTFT/ITL include up to that much of the "
+        "client's own delay; %s",
+        lag,
+        own.get("client_lag_max_ms", lag),
+        100 * own.get("client_cpu_max", 0.0),
+        hint,
+    )
 
 
 def _ranges(cpus: list[int]) -> str:

@@ -4,6 +4,7 @@ the launcher, the replay with one process) and the client processes run on uvloo
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_study_on_uvloop(
-    make_cfg: Callable[..., TunerConfig], monkeypatch: pytest.MonkeyPatch, processes: int
+    make_cfg: Callable[..., TunerConfig],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    processes: int,
 ) -> None:
     cfg = make_cfg(
         "+workload=chat",
@@ -41,6 +45,8 @@ def test_a_study_on_uvloop(
         return await real(*args, **kw)
 
     monkeypatch.setattr(study_mod, "replay", replay)
+    monkeypatch.setattr(study_mod, "CLIENT_LAG_WARN_MS", -1.0)  # any lag warns
+    caplog.set_level(logging.WARNING, logger="tuner.study")
     study_mod.run(cfg)
     assert loops and all(m.startswith("uvloop") for m in loops)
     study = optuna.load_study(
@@ -49,4 +55,13 @@ def test_a_study_on_uvloop(
     (trial,) = study.trials
     assert trial.state == optuna.trial.TrialState.COMPLETE
     assert trial.user_attrs["failure_reason"] is None, trial.user_attrs.get("failure_detail")
-    assert trial.user_attrs["metrics"]["completed"] == 12
+    metrics = trial.user_attrs["metrics"]
+    assert metrics["completed"] == 12
+    # what the client itself cost, recorded beside the measurement
+    assert 0.0 <= metrics["client_lag_p99_ms"] <= metrics["client_lag_max_ms"]
+    assert metrics["client_cpu_max"] >= 0.0
+    (warning,) = [
+        r.getMessage() for r in caplog.records if "replay client was busy" in r.getMessage()
+    ]
+    assert f"raise workload.client_processes (now {processes})" in warning
+    assert "uvloop" not in warning  # it already runs on uvloop

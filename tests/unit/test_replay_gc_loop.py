@@ -1,5 +1,7 @@
-"""The replay's garbage-collector pause (``tuner.replay.gc_paused``) and its event loop
-(``workload.client_loop``), in one process and in client processes."""
+"""The replay client's own cost and how it keeps it down: the garbage-collector pause
+(``tuner.replay.gc_paused``), its event loop (``workload.client_loop``), and the lag probe that
+measures what it still adds (``replay(stats=ClientStats())``), in one process and in client
+processes."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import gc
 import importlib.util
 import logging
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +19,7 @@ from test_replay import FakeVLLM, run, spec
 from tuner.config import ArrivalConfig, TunerConfig
 from tuner.errors import ConfigError
 from tuner.records import RequestRecord
-from tuner.replay import gc_paused, loop_factory
+from tuner.replay import ClientStats, gc_paused, loop_factory
 
 OUT_OF_REACH = 1 << 30
 INCREMENTAL = sys.version_info >= (3, 14)  # only the freeze applies there
@@ -148,3 +151,41 @@ def test_config_client_loop(
         make_cfg("+workload=chat", "workload.client_loop=uvloop")
     assert str(err.value).startswith("workload.client_loop is uvloop, which is not installed")
     assert "\n" not in str(err.value)
+
+
+async def test_stats_catch_a_stalled_client(server: tuple[str, FakeVLLM]) -> None:
+    """The lag probe sees the client's loop stall: a 60 ms block in ``on_record`` shows as a
+    timer >= 50 ms late; without it the probe's lag stays small."""
+    base, _ = server
+    specs = [spec(i, max_tokens=4, x_ttft=0.05, x_itl=0.01) for i in range(6)]
+    calm = ClientStats()
+    recs = await run(base, specs, stats=calm)
+    assert [r.status for r in recs] == ["ok"] * 6
+    assert calm.lag_s and len(calm.cpu_s) == 1 and calm.wall_s > 0.05
+    out = calm.summary()
+    assert out["client_lag_max_ms"] < 40.0
+    assert 0.0 <= out["client_cpu_max"] <= 1.5
+    stalled = ClientStats()
+
+    def block(r: RequestRecord) -> None:
+        if r.index == 0:
+            time.sleep(0.06)  # the client's loop does nothing else meanwhile
+
+    await run(base, specs, stats=stalled, on_record=block)
+    assert stalled.summary()["client_lag_max_ms"] >= 50.0
+
+
+async def test_stats_from_client_processes(server: tuple[str, FakeVLLM]) -> None:
+    base, _ = server
+    stats = ClientStats()
+    recs = await run(
+        base,
+        [spec(i, max_tokens=4, x_ttft=0.05) for i in range(8)],
+        ArrivalConfig(kind="concurrency", concurrency=2),
+        processes=2,
+        stats=stats,
+    )
+    assert [r.status for r in recs] == ["ok"] * 8
+    assert len(stats.cpu_s) == 2  # one per client process
+    assert stats.lag_s and stats.wall_s > 0.05
+    assert set(stats.summary()) == {"client_lag_p99_ms", "client_lag_max_ms", "client_cpu_max"}
