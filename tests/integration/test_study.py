@@ -578,6 +578,17 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()
     assert not list(tmp_path.glob("outputs/runs/*/trial_*"))
     assert "prescreen" not in out  # off by default
+    assert "replay client: 1 process on asyncio, 64 requests in flight (64 per process)" in out
+    assert "note: over 100 streams per client process" not in out
+
+
+def test_dry_run_notes_a_client_with_too_many_streams(tmp_path: Path) -> None:
+    args = ["+workload=chat", "dry_run=true", "workload.arrival.concurrency=1000"]
+    out = " ".join(tuner(tmp_path, *args, timeout=60).stdout.split())
+    assert "1000 requests in flight (1000 per process)" in out
+    assert "note: over 100 streams per client process the client adds latency" in out
+    out = " ".join(tuner(tmp_path, *args, "workload.client_processes=2", timeout=60).stdout.split())
+    assert "replay client: 2 processes on asyncio, 1000 requests in flight (500 per process)" in out
 
 
 def test_dry_run_names_the_prescreen(tmp_path: Path) -> None:
