@@ -474,6 +474,7 @@ async def _run(
 ) -> dict[str, Any]:
     starts: list[float] = []
     variant = CLIENTS[client]
+    own = replay_mod.ClientStats()
 
     def run_in_own_loop() -> list[RequestRecord]:
         # a fresh event loop of the variant's kind (as the tuner's process runs the replay on
@@ -491,6 +492,7 @@ async def _run(
                     processes=processes,
                     client_loop=variant.loop,
                     pause_gc=variant.pause_gc,
+                    stats=own,
                 )
             )
 
@@ -529,6 +531,10 @@ async def _run(
         # processes' are not seen): how many, and the longest stall
         "gc_older_collections": len(gcw.pauses),
         "gc_older_max_ms": max(gcw.pauses, default=0.0) * 1e3,
+        # the tuner's own lag probe (what a study records as client_lag_*), to hold against
+        # the added latency measured from the server's stamps
+        "probe_lag_p99_ms": own.summary().get("client_lag_p99_ms"),
+        "probe_lag_max_ms": own.summary().get("client_lag_max_ms"),
     }
 
 
@@ -728,15 +734,16 @@ async def main_async(args: argparse.Namespace, servers: ServerPool) -> dict[str,
 def table(result: dict[str, Any]) -> str:
     lines = [
         "| scenario | client | processes | added p50 ms | added p99 ms | req/s | client CPU "
-        "| server CPU (busiest) | older-gen GCs (longest ms) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| server CPU (busiest) | older-gen GCs (longest ms) | probe lag p99 ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {r['scenario']} | {r['client']} | {r.get('processes', 1)} | "
             f"{r['added_p50_ms']:.3f} | {r['added_p99_ms']:.3f} | {r['req_per_s']:.0f} | "
             f"{r['client_cpu']:.0%} | {r['server_cpu']:.0%} ({r.get('server_cpu_max', 0.0):.0%}) | "
-            f"{r.get('gc_older_collections', 0)} ({r.get('gc_older_max_ms', 0.0):.1f}) |"
+            f"{r.get('gc_older_collections', 0)} ({r.get('gc_older_max_ms', 0.0):.1f}) | "
+            f"{r.get('probe_lag_p99_ms') or float('nan'):.2f} |"
         )
     caps = result["capacity_req_per_s"]
     lines.append("")
