@@ -544,87 +544,55 @@ async def replay(
         raise ValueError(f"processes is {processes!r}; allowed: an integer >= 1")
     loop_factory(client_loop)  # fail before any process starts
     with gc_paused() if pause_gc else contextlib.nullcontext():
-        return await _replay(
-            base_url,
-            model,
-            requests,
-            arrival,
-            duration_s,
-            request_timeout_s,
-            api_key,
-            on_record,
-            on_start,
-            processes,
-            client_loop,
-            pause_gc,
-            stats,
-        )
+        measured = [s for s in requests if not s.warmup]
+        closed = arrival.kind == "concurrency" and all(s.arrival_s is None for s in measured)
+        # the connection pool is the in-flight bound; 0 means no limit (open loop without a cap)
+        limit = max(1, arrival.concurrency) if closed else max(0, arrival.max_concurrency or 0)
+        headers = _headers(api_key)
+        warm = [s for s in requests if s.warmup]
+        n_proc = min(processes, max(1, len(measured)), limit or processes)
+        if n_proc > 1:
+            from tuner.replay_procs import replay_in_processes
 
-
-async def _replay(
-    base_url: str,
-    model: str,
-    requests: Sequence[RequestSpec],
-    arrival: ArrivalConfig,
-    duration_s: float,
-    request_timeout_s: float,
-    api_key: str | None,
-    on_record: Callable[[RequestRecord], None] | None,
-    on_start: Callable[[float], None] | None,
-    processes: int,
-    client_loop: str,
-    pause_gc: bool,
-    stats: ClientStats | None,
-) -> list[RequestRecord]:
-    measured = [s for s in requests if not s.warmup]
-    closed = arrival.kind == "concurrency" and all(s.arrival_s is None for s in measured)
-    # the connection pool is the in-flight bound; 0 means no limit (open loop without a cap)
-    limit = max(1, arrival.concurrency) if closed else max(0, arrival.max_concurrency or 0)
-    headers = _headers(api_key)
-    warm = [s for s in requests if s.warmup]
-    n_proc = min(processes, max(1, len(measured)), limit or processes)
-    if n_proc > 1:
-        from tuner.replay_procs import replay_in_processes
-
-        return await replay_in_processes(
-            base_url,
-            model,
-            warm,
-            measured,
-            processes=n_proc,
-            closed=closed,
-            limit=limit,
-            duration_s=duration_s,
-            request_timeout_s=request_timeout_s,
-            headers=headers,
-            on_record=on_record,
-            on_start=on_start,
-            client_loop=client_loop,
-            pause_gc=pause_gc,
-            stats=stats,
-        )
-
-    async with _session(limit, request_timeout_s) as session:
-        runner = _Runner(session, base_url, model, request_timeout_s, headers, on_record)
-        if warm:
-            t_warm = time.perf_counter()
-            await _closed_loop(
-                runner, warm, arrival.concurrency if closed else 1, t_warm, float("inf")
+            return await replay_in_processes(
+                base_url,
+                model,
+                warm,
+                measured,
+                processes=n_proc,
+                closed=closed,
+                limit=limit,
+                duration_s=duration_s,
+                request_timeout_s=request_timeout_s,
+                headers=headers,
+                on_record=on_record,
+                on_start=on_start,
+                client_loop=client_loop,
+                pause_gc=pause_gc,
+                stats=stats,
             )
-        t0 = time.perf_counter()
-        deadline = t0 + duration_s
-        if on_start is not None:
-            on_start(t0)
-        probe = _LagProbe()
-        try:
-            async with probe:
-                if closed:
-                    await _closed_loop(runner, measured, arrival.concurrency, t0, deadline)
-                else:
-                    await _open_loop(runner, measured, arrival.max_concurrency, t0, deadline)
-        finally:
-            if stats is not None:
-                stats.lag_s.extend(probe.lag_s)
-                stats.cpu_s.append(probe.cpu_s)
-                stats.wall_s = probe.wall_s
-    return sorted(runner.records, key=_record_order)
+
+        async with _session(limit, request_timeout_s) as session:
+            runner = _Runner(session, base_url, model, request_timeout_s, headers, on_record)
+            if warm:
+                t_warm = time.perf_counter()
+                await _closed_loop(
+                    runner, warm, arrival.concurrency if closed else 1, t_warm, float("inf")
+                )
+            t0 = time.perf_counter()
+            deadline = t0 + duration_s
+            if on_start is not None:
+                on_start(t0)
+            probe = _LagProbe()
+            try:
+                async with probe:
+                    if closed:
+                        await _closed_loop(runner, measured, arrival.concurrency, t0, deadline)
+                    else:
+                        await _open_loop(runner, measured, arrival.max_concurrency, t0, deadline)
+            finally:
+                if stats is not None:
+                    stats.lag_s.extend(probe.lag_s)
+                    stats.cpu_s.append(probe.cpu_s)
+                    stats.wall_s = probe.wall_s
+        return sorted(runner.records, key=_record_order)
