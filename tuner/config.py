@@ -204,8 +204,9 @@ class WorkloadConfig:
     request_timeout_s: float = 300.0
     client_processes: int = 1
     """Replay client processes (``tuner.replay_procs``): the requests in flight are split over
-    them. One process adds latency from about 1,000 streams on (20,000 chunks/s at a 50 ms engine
-    step, docs/replay-accuracy.md); never more than the in-flight bound or the cores usable."""
+    them. One process adds tens of ms at p99 at 1,000 streams (20,000 chunks/s at a 50 ms engine
+    step); 24 kept it under 1 ms on the H200 host (docs/replay-accuracy.md). Never more than the
+    in-flight bound or the cores usable."""
     client_loop: str = "asyncio"
     """The event loop of the replay client (and of the tuner's process, which runs it when
     ``client_processes`` is 1): ``asyncio`` (the standard library's) or ``uvloop`` (libuv's,

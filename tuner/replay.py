@@ -19,7 +19,7 @@ engine step); ``replay(processes=P)`` spreads the requests over P client process
 
 While a replay runs, Python's garbage collector collects only its youngest generation
 (:func:`gc_paused`): a full collection walks every object of the process (the tuner's holds
-Optuna, MLflow and SQLAlchemy) and stalls the event loop for 50-100 ms, which lands on whatever
+Optuna, MLflow and SQLAlchemy) and stalls the event loop for 50-150 ms, which lands on whatever
 chunks were arriving: the tail of TTFT and ITL.
 """
 

@@ -379,7 +379,8 @@ class _Pool:
         self.records: list[RequestRecord] = []
         self.extra: dict[int, tuple[Any, ...]] = {}
         """What each process sent after the awaited message (``ready``: its loop and the
-        collector's thresholds)."""
+        collector's thresholds; ``done`` of the measured phase: its lag samples, CPU seconds and
+        wall seconds)."""
         self.on_record = _Guarded(on_record)
 
     async def start(
