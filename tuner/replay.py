@@ -44,7 +44,7 @@ from tuner.config import CLIENT_LOOPS, UVLOOP_MISSING, ArrivalConfig
 from tuner.errors import ConfigError
 from tuner.records import RequestRecord, RequestSpec
 
-__all__ = ["ClientStats", "gc_paused", "loop_factory", "replay"]
+__all__ = ["CLIENT_LAG_WARN_MS", "ClientStats", "gc_paused", "loop_factory", "replay"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,10 @@ _gc_state: dict[str, Any] = {"depth": 0, "saved": None, "froze": False}
 
 LAG_INTERVAL_S = 0.01
 """How often the lag probe wakes while measured requests run."""
+CLIENT_LAG_WARN_MS = 5.0
+"""A replay whose client event loop ran later than this at p99 is reported (a warning per
+trial, a line in the study's summary): the latencies it measured include that much of the
+client's own queueing (docs/replay-accuracy.md)."""
 
 
 @dataclass

@@ -174,7 +174,31 @@ def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | No
         f"{g['gpu_s_failed_launches']:,.1f} s ({g['gpu_s_failed_share']:.1%}) on launches that "
         f"failed; {g['trials_not_launched']:.0f} trial(s) rejected before launch by the precheck."
     )
+    _print_client_lag(outcome.results, console)
     print_pareto(outcome.study, cfg, console)
+
+
+def _print_client_lag(results: Sequence[TrialResult], console: Console) -> None:
+    """The replay client's worst lag over the run's trials, and the trials it may have skewed."""
+    from tuner import replay
+
+    lags = [
+        (r.number, r.metrics["client_lag_p99_ms"])
+        for r in results
+        if "client_lag_p99_ms" in r.metrics
+    ]
+    if not lags:
+        return
+    worst_n, worst = max(lags, key=lambda x: x[1])
+    limit = replay.CLIENT_LAG_WARN_MS
+    line = f"Replay client: its event loop ran at most {worst:.1f} ms late at p99 (trial {worst_n})"
+    busy = sorted({n for n, v in lags if v > limit})
+    if busy:
+        line += (
+            f"; over {limit:g} ms in trial(s) {', '.join(map(str, busy))}, whose latencies "
+            "include the client's own delay: raise workload.client_processes"
+        )
+    console.print(line)
 
 
 def print_pareto(study: Any, cfg: TunerConfig, console: Console) -> None:

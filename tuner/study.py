@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import aiohttp
 import optuna
 
+import tuner.replay as replay_mod
 from tuner import __version__
 from tuner.config import TunerConfig, WorkloadConfig
 from tuner.confirm import Candidate, ConfirmResult, judge, pick, stressed
@@ -987,14 +988,9 @@ async def _measure(
     return records, {**prom.summary(), **gpu.summary(), **own}, pruned
 
 
-CLIENT_LAG_WARN_MS = 5.0
-"""A replay whose client event loop ran later than this at p99 gets a warning: the latencies it
-measured include that much of the client's own queueing (docs/replay-accuracy.md)."""
-
-
 def _warn_client_lag(own: dict[str, float], processes: int, client_loop: str) -> None:
     lag = own.get("client_lag_p99_ms")
-    if lag is None or lag <= CLIENT_LAG_WARN_MS:
+    if lag is None or lag <= replay_mod.CLIENT_LAG_WARN_MS:
         return
     hint = f"raise workload.client_processes (now {processes})"
     if client_loop == "asyncio":

@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 import pytest
 
+import tuner.replay as replay_mod
 import tuner.study as study_mod
 from tuner.config import TunerConfig
 
@@ -24,6 +25,7 @@ def test_a_study_on_uvloop(
     make_cfg: Callable[..., TunerConfig],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
     processes: int,
 ) -> None:
     cfg = make_cfg(
@@ -45,9 +47,12 @@ def test_a_study_on_uvloop(
         return await real(*args, **kw)
 
     monkeypatch.setattr(study_mod, "replay", replay)
-    monkeypatch.setattr(study_mod, "CLIENT_LAG_WARN_MS", -1.0)  # any lag warns
+    monkeypatch.setattr(replay_mod, "CLIENT_LAG_WARN_MS", -1.0)  # any lag warns
     caplog.set_level(logging.WARNING, logger="tuner.study")
     study_mod.run(cfg)
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "Replay client: its event loop ran at most" in out
+    assert "ms late at p99 (trial 0); over -1 ms in trial(s) 0, whose latencies include" in out
     assert loops and all(m.startswith("uvloop") for m in loops)
     study = optuna.load_study(
         study_name=study_mod.study_name(cfg), storage=study_mod.storage_url(cfg)
