@@ -189,3 +189,33 @@ async def test_stats_from_client_processes(server: tuple[str, FakeVLLM]) -> None
     assert len(stats.cpu_s) == 2  # one per client process
     assert stats.lag_s and stats.wall_s > 0.05
     assert set(stats.summary()) == {"client_lag_p99_ms", "client_lag_max_ms", "client_cpu_max"}
+
+
+def test_the_summary_names_the_worst_client_lag() -> None:
+    """The run's summary line: the worst trial, and the trials over the limit only if any."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from tuner.report import _print_client_lag
+
+    def trials(*lags: float | None) -> list[Any]:
+        return [
+            SimpleNamespace(number=n, metrics={} if v is None else {"client_lag_p99_ms": v})
+            for n, v in enumerate(lags)
+        ]
+
+    def said(results: list[Any]) -> str:
+        console = Console(record=True, width=300)
+        _print_client_lag(results, console)
+        return console.export_text().strip()
+
+    assert said(trials(None, None)) == ""  # no replay ran (every trial rejected before launch)
+    assert said(trials(1.2, None, 3.4)) == (
+        "Replay client: its event loop ran at most 3.4 ms late at p99 (trial 2)"
+    )
+    assert said(trials(7.5, 1.0, 12.0)) == (
+        "Replay client: its event loop ran at most 12.0 ms late at p99 (trial 2); over 5 ms in "
+        "trial(s) 0, 2, whose latencies include the client's own delay: raise "
+        "workload.client_processes"
+    )
