@@ -6,7 +6,6 @@ turns the composed ``DictConfig`` into these dataclasses and checks what types c
 choices); nothing below the entry point sees a ``DictConfig``.
 """
 
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -402,11 +401,6 @@ SAMPLERS = ("tpe", "random", "gp", "nsga2", "grid")
 DIRECTIONS = ("maximize", "minimize")
 PARAM_TYPES = ("float", "int", "categorical", "bool")
 ENDPOINTS = ("chat", "completions")
-CLIENT_LOOPS = ("asyncio", "uvloop")
-UVLOOP_MISSING = (
-    "workload.client_loop is uvloop, which is not installed; "
-    "pip install 'tuner[fast]' (or uvloop), or use workload.client_loop=asyncio"
-)
 ARRIVALS = ("concurrency", "poisson", "gamma", "constant", "ramp")
 TRACE_FORMATS = ("auto", "csv", "jsonl")
 TIMESTAMP_FORMATS = ("seconds", "datetime")
@@ -506,9 +500,9 @@ def validate(c: TunerConfig) -> None:
         raise ConfigError("confirm.seeds is empty; give at least one seed or confirm.enabled=false")
     w = c.workload
     _one_of("workload.endpoint", w.endpoint, ENDPOINTS)
-    _one_of("workload.client_loop", w.client_loop, CLIENT_LOOPS)
-    if w.client_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
-        raise ConfigError(UVLOOP_MISSING)
+    from tuner.replay import loop_factory  # it owns the event loops (and imports uvloop)
+
+    loop_factory(w.client_loop)
     _one_of("workload.arrival.kind", w.arrival.kind, ARRIVALS)
     for name, d in (("input_tokens", w.input_tokens), ("output_tokens", w.output_tokens)):
         _one_of(f"workload.{name}.kind", d.kind, DISTS)

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
-from tuner.config import CLIENT_LOOPS, UVLOOP_MISSING, ArrivalConfig
+from tuner.config import ArrivalConfig
 from tuner.errors import ConfigError
 from tuner.records import RequestRecord, RequestSpec
 
@@ -131,9 +131,17 @@ class _LagProbe:
         self.wall_s = time.perf_counter() - self._t0
 
 
+CLIENT_LOOPS = ("asyncio", "uvloop")
+UVLOOP_MISSING = (
+    "workload.client_loop is uvloop, which is not installed; "
+    "pip install 'tuner[fast]' (or uvloop), or use workload.client_loop=asyncio"
+)
+
+
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event-loop factory for ``workload.client_loop`` (None: asyncio's default), for
-    ``asyncio.Runner(loop_factory=...)``. Raises ConfigError for uvloop when it is missing."""
+    ``asyncio.Runner(loop_factory=...)``; the config's validation calls it too. Raises
+    ConfigError for a name not in :data:`CLIENT_LOOPS`, and for uvloop when it is missing."""
     if name == "asyncio":
         return None
     if name == "uvloop":

@@ -22,7 +22,7 @@ import statistics
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -282,8 +282,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     )
     status = "FINISHED"
     try:
-        with asyncio.Runner(loop_factory=loop_factory(cfg.workload.client_loop)) as runner:
-            runner.run(_trials(study, dists, ctx, tracker, outcome))
+        _run_on_loop(cfg, _trials(study, dists, ctx, tracker, outcome))
         print_summary(outcome, cfg)
         _after_search(study, ctx, tracker, outcome)
     except KeyboardInterrupt:
@@ -440,10 +439,7 @@ def _after_search(
         todo = [c for c in candidates if c.trial not in done]
         if done and len(todo) < len(candidates):
             log.info("confirm: reusing the stored verdicts of trials %s", sorted(set(done)))
-        fresh = []
-        if todo:
-            with asyncio.Runner(loop_factory=loop_factory(cfg.workload.client_loop)) as runner:
-                fresh = runner.run(_confirm(ctx, todo))
+        fresh = _run_on_loop(cfg, _confirm(ctx, todo)) if todo else []
         results = [done[c.trial] if c.trial in done else fresh.pop(0) for c in candidates]
         results = [replace(r, picks=c.picks) for r, c in zip(results, candidates, strict=True)]
         store_confirm(study, candidates, results, cfg)
@@ -499,6 +495,12 @@ def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
         elif not isinstance(w, int | float) or not math.isclose(float(v), float(w), rel_tol=1e-9):
             return False
     return True
+
+
+def _run_on_loop(cfg: TunerConfig, coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on the event loop of ``workload.client_loop``."""
+    with asyncio.Runner(loop_factory=loop_factory(cfg.workload.client_loop)) as runner:
+        return runner.run(coro)
 
 
 def _enqueue_once(

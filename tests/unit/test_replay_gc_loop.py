@@ -6,7 +6,6 @@ processes."""
 from __future__ import annotations
 
 import gc
-import importlib.util
 import logging
 import sys
 import time
@@ -141,12 +140,7 @@ def test_config_client_loop(
         ConfigError, match=r"^workload.client_loop is 'trio'; allowed: asyncio, uvloop$"
     ):
         make_cfg("+workload=chat", "workload.client_loop=trio")
-    real = importlib.util.find_spec
-
-    def find_spec(name: str, *args: Any) -> Any:
-        return None if name == "uvloop" else real(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
     with pytest.raises(ConfigError) as err:
         make_cfg("+workload=chat", "workload.client_loop=uvloop")
     assert str(err.value).startswith("workload.client_loop is uvloop, which is not installed")
