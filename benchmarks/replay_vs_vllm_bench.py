@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -149,6 +150,60 @@ def write_sharegpt(path: Path, prompts: Sequence[str], output_lens: Sequence[int
     path.write_text(json.dumps(rows))
 
 
+def vllm_schedule(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """The send times (s after the benchmark's start) that ``vllm bench serve --request-rate
+    RATE --burstiness B --seed SEED`` gives ``n`` requests (vLLM 0.24's ``get_request``):
+    gaps gamma(shape B, scale 1 / (RATE B)) drawn from ``np.random`` seeded with SEED (B = 1:
+    Poisson; B = inf: every gap 1 / RATE), summed, then scaled so the last send is at n / RATE.
+    The first request goes after one gap, not at 0. Checked per run against the times vllm
+    recorded (``send_lag_*``)."""
+    if not rate > 0 or not burstiness > 0:
+        raise ValueError(f"rate {rate} and burstiness {burstiness} must be > 0")
+    if burstiness == float("inf"):
+        gaps = np.full(n, 1.0 / rate)
+    else:
+        legacy = np.random.RandomState(seed)  # what np.random.seed(seed) gives np.random
+        gaps = np.array([legacy.gamma(burstiness, 1.0 / (rate * burstiness)) for _ in range(n)])
+    times = np.cumsum(gaps)
+    if times[-1] != 0:
+        times *= (n / rate) / times[-1]
+    return [float(t) for t in times]
+
+
+def send_lags(sent: Sequence[float], schedule: Sequence[float]) -> dict[str, float]:
+    """How late each request was sent against the schedule, both relative to the first request
+    (the clients' clocks start at different moments): p50/p99/max in ms, and the mean."""
+    if not sent or len(sent) != len(schedule):
+        return {}
+    lags = [(t - sent[0]) - (s - schedule[0]) for t, s in zip(sent, schedule, strict=True)]
+    return {
+        **_ms_stats(lags, "send_lag"),
+        "send_lag_mean_ms": round(1e3 * statistics.fmean(lags), 3),
+    }
+
+
+def burstiness_json(b: float) -> float | str:
+    """JSON has no infinity: ``"inf"`` (constant gaps) as a string."""
+    return "inf" if b == float("inf") else b
+
+
+class Load:
+    """One load the clients are compared under: a closed loop of ``concurrency`` requests in
+    flight, or an open loop at ``rate`` requests/s on vllm's schedule (:func:`vllm_schedule`)."""
+
+    def __init__(self, concurrency: int | None = None, rate: float | None = None) -> None:
+        if (concurrency is None) == (rate is None):
+            raise ValueError("a load is a concurrency or a rate")
+        self.concurrency, self.rate = concurrency, rate
+
+    @property
+    def label(self) -> str:
+        return f"c{self.concurrency}" if self.rate is None else f"r{self.rate:g}"
+
+    def __repr__(self) -> str:
+        return self.label
+
+
 def _body(prompt: str, output_len: int) -> dict[str, Any]:
     """What ``vllm bench serve`` (backend ``openai``) sends, less model and stream (which
     :func:`~tuner.replay.replay` adds)."""
@@ -182,8 +237,23 @@ def build_specs(
 
 
 async def run_ours(
-    url: str, model: str, specs: Sequence[RequestSpec], concurrency: int
+    url: str,
+    model: str,
+    specs: Sequence[RequestSpec],
+    concurrency: int | None,
+    schedule: Sequence[float] | None = None,
 ) -> dict[str, Any]:
+    """The tuner's client: a closed loop of ``concurrency``, or (``schedule``) each measured
+    spec sent at its time in the schedule, open loop."""
+    if schedule is not None:
+        measured_specs = [s for s in specs if not s.warmup]
+        timed = iter(schedule)
+        specs = [s if s.warmup else dataclasses.replace(s, arrival_s=next(timed)) for s in specs]
+        assert len(measured_specs) == len(schedule)
+        arrival = ArrivalConfig(kind="constant", rate=len(schedule) / schedule[-1])
+    else:
+        assert concurrency is not None
+        arrival = ArrivalConfig(kind="concurrency", concurrency=concurrency)
     done_at: dict[int, float] = {}  # index -> when the client finished reading the stream
     starts: list[float] = []
 
@@ -195,7 +265,7 @@ async def run_ours(
         url,
         model,
         specs,
-        ArrivalConfig(kind="concurrency", concurrency=concurrency),
+        arrival,
         duration_s=1e9,
         request_timeout_s=REQUEST_TIMEOUT_S,
         on_record=on_record,
@@ -204,6 +274,11 @@ async def run_ours(
     m = summarize(records, SLOConfig())
     measured = [r for r in records if not r.warmup]
     errors = sorted({r.error or r.status for r in measured if r.status != "ok"})
+    if schedule is not None:
+        extra = send_lags([r.t_sent_s for r in measured], schedule)
+    else:
+        assert concurrency is not None
+        extra = client_gaps(measured, done_at, starts[0] if starts else 0.0, concurrency)
     return {
         "completed": int(m["completed"]),
         "failed": int(m["failed"]),
@@ -217,7 +292,7 @@ async def run_ours(
         "input_lens": [r.prompt_tokens or 0 for r in measured],
         "output_lens": [(r.output_tokens or 0) if r.status == "ok" else 0 for r in measured],
         "errors": errors[:5],
-        **client_gaps(measured, done_at, starts[0] if starts else 0.0, concurrency),
+        **extra,
     }
 
 
@@ -268,11 +343,13 @@ async def _scrape_main(url: str, out: Path, interval_s: float) -> None:
 
 
 @contextlib.asynccontextmanager
-async def server_queue(url: str, path: Path, concurrency: int) -> AsyncIterator[dict[str, Any]]:
+async def server_queue(
+    url: str, path: Path, concurrency: int | None
+) -> AsyncIterator[dict[str, Any]]:
     """Samples ``vllm:num_requests_running`` / ``_waiting`` every 0.25 s in a child process (so
     neither client shares its event loop or its core with the scraper); on exit the yielded dict
     gets, over the middle 80 % of the span with requests running: mean running, the share of
-    samples with all ``concurrency`` requests running, mean waiting."""
+    samples with all ``concurrency`` requests running (closed loop only), mean waiting."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--scrape", url, str(path), "0.25"
     )
@@ -297,9 +374,10 @@ async def server_queue(url: str, path: Path, concurrency: int) -> AsyncIterator[
             wait = [x.get(SCRAPED[1], 0.0) for x in mid]
             if run:
                 stats["server_running_mean"] = round(statistics.fmean(run), 2)
-                stats["server_running_full_share"] = round(
-                    sum(v >= concurrency for v in run) / len(run), 3
-                )
+                if concurrency is not None:
+                    stats["server_running_full_share"] = round(
+                        sum(v >= concurrency for v in run) / len(run), 3
+                    )
                 stats["server_waiting_mean"] = round(statistics.fmean(wait), 2)
                 stats["server_queue_samples"] = len(run)
 
@@ -312,12 +390,18 @@ def vllm_argv(
     dataset: Path,
     n: int,
     output_len: int | None,
-    concurrency: int,
+    load: Load,
     warmups: int,
     result: Path,
+    burstiness: float = 1.0,
+    seed: int = 0,
 ) -> list[str]:
     """The ``vllm bench serve`` command line; ``output_len`` None: each reply's token count."""
     fixed = [] if output_len is None else ["--sharegpt-output-len", str(output_len)]
+    if load.rate is None:
+        pace = ["--request-rate", "inf", "--max-concurrency", str(load.concurrency)]
+    else:
+        pace = ["--request-rate", repr(load.rate), "--burstiness", repr(burstiness)]
     return [
         cli, "bench", "serve",
         "--backend", "openai",
@@ -331,8 +415,8 @@ def vllm_argv(
         "--no-oversample",
         *fixed,
         "--num-prompts", str(n),
-        "--request-rate", "inf",
-        "--max-concurrency", str(concurrency),
+        *pace,
+        "--seed", str(seed),
         "--num-warmups", str(warmups),
         "--ignore-eos",
         "--disable-tqdm",
@@ -345,7 +429,9 @@ def vllm_argv(
     ]  # fmt: skip
 
 
-async def run_vllm(argv: Sequence[str], result: Path, log_path: Path) -> dict[str, Any]:
+async def run_vllm(
+    argv: Sequence[str], result: Path, log_path: Path, schedule: Sequence[float] | None = None
+) -> dict[str, Any]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("OPENAI_API_KEY", None)  # it would become an Authorization header
     with _fresh_log(result, log_path) as logf:
@@ -353,7 +439,11 @@ async def run_vllm(argv: Sequence[str], result: Path, log_path: Path) -> dict[st
             *argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env
         )
         rc = await proc.wait()
-    return parse_vllm_result(rc, result, log_path)
+    res = parse_vllm_result(rc, result, log_path)
+    starts = res.pop("start_times")
+    if schedule is not None:
+        res.update(send_lags(starts, schedule))
+    return res
 
 
 def _fresh_log(result: Path, log_path: Path) -> BinaryIO:
@@ -380,6 +470,7 @@ def parse_vllm_result(rc: int, result: Path, log_path: Path) -> dict[str, Any]:
         "e2e_p50_ms": d["median_e2el_ms"],
         "input_lens": list(d.get("input_lens", [])),
         "output_lens": list(d.get("output_lens", [])),
+        "start_times": list(d.get("start_times", [])),
         "errors": [str(e)[:300] for e in errors[:5]],
     }
 
@@ -533,8 +624,15 @@ async def measure(
     prompts_by_n: dict[int, list[str]] = {}
     target = Target(args, workdir)
     try:
-        for conc in args.concurrency:
-            n = args.requests or max(args.min_requests, args.waves * conc)
+        for load in args.loads:
+            conc, tag = load.concurrency, load.label
+            if load.rate is None:
+                assert conc is not None
+                n = args.requests or max(args.min_requests, args.waves * conc)
+                schedule = None
+            else:
+                n = args.requests or max(args.min_requests, round(load.rate * args.rate_duration_s))
+                schedule = vllm_schedule(n, load.rate, args.burstiness, args.seed)
             if n not in prompts_by_n:
                 prompts_by_n[n] = build_prompts(
                     args.model_dir, args.corpus, n, args.input_len, args.seed
@@ -550,22 +648,22 @@ async def measure(
                 # allocations: 0.81x the later runs' tok/s on the simulator), and the ABBA order
                 # gives that run to the tuner's client: warm the server first, unmeasured
                 async with target.server() as url:
-                    await run_ours(url, args.served_model_name, specs, conc)
-                print(f"conc {conc:3d} server warm-up run done (not measured)", flush=True)
+                    await run_ours(url, args.served_model_name, specs, conc, schedule)
+                print(f"{tag} server warm-up run done (not measured)", flush=True)
             for rep in range(args.reps):
                 for pos, client in enumerate(_order(rep)):
                     async with (
                         target.server() as url,
                         server_queue(
-                            url, workdir / f"queue-c{conc}-r{rep}-{client}.json", conc
+                            url, workdir / f"queue-{tag}-r{rep}-{client}.json", conc
                         ) as queue,
                     ):
                         before = await server_metrics(url)
                         t0 = time.time()
                         if client == "ours":
-                            res = await run_ours(url, args.served_model_name, specs, conc)
+                            res = await run_ours(url, args.served_model_name, specs, conc, schedule)
                         else:
-                            result = workdir / f"vllm-c{conc}-r{rep}.json"
+                            result = workdir / f"vllm-{tag}-r{rep}.json"
                             argv = vllm_argv(
                                 args.vllm,
                                 url,
@@ -574,15 +672,22 @@ async def measure(
                                 dataset,
                                 n,
                                 args.output_len if args.output_range_ratio == 0 else None,
-                                conc,
+                                load,
                                 args.warmups,
                                 result,
+                                args.burstiness,
+                                args.seed,
                             )
-                            log_path = workdir / f"vllm-c{conc}-r{rep}.log"
-                            res = await run_vllm(argv, result, log_path)
+                            log_path = workdir / f"vllm-{tag}-r{rep}.log"
+                            res = await run_vllm(argv, result, log_path, schedule)
                         after = await server_metrics(url)
                     row = {
+                        "load": tag,
                         "concurrency": conc,
+                        "rate": load.rate,
+                        "burstiness": None
+                        if load.rate is None
+                        else burstiness_json(args.burstiness),
                         "requests": n,
                         "rep": rep,
                         "position": pos,
@@ -615,15 +720,24 @@ def _fmt(v: float | None, digits: int = 1) -> str:
     return "—" if v is None else f"{v:,.{digits}f}"
 
 
+def _load_of(r: dict[str, Any]) -> str:
+    """A run's load label (rows written before open-loop loads have only ``concurrency``)."""
+    return str(r.get("load") or f"c{r['concurrency']}")
+
+
 def _line(r: dict[str, Any]) -> str:
+    full = (
+        f" (all {r['concurrency']}: {_fmt(r.get('server_running_full_share'), 2)})"
+        if r.get("concurrency") is not None
+        else ""
+    )
     return (
-        f"conc {r['concurrency']:3d} rep {r['rep']} {r['client']:4s}: "
+        f"{_load_of(r):>5s} rep {r['rep']} {r['client']:4s}: "
         f"{r['completed']}/{r['completed'] + r['failed']} ok, "
         f"{_fmt(r['output_throughput'])} tok/s, TTFT p50 {_fmt(r['ttft_p50_ms'])} ms, "
         f"TPOT p50 {_fmt(r['tpot_p50_ms'], 2)} ms, "
         f"server TTFT mean {_fmt(r.get('server_ttft_mean_ms'))} ms, "
-        f"running {_fmt(r.get('server_running_mean'))} "
-        f"(all {r['concurrency']}: {_fmt(r.get('server_running_full_share'), 2)}), "
+        f"running {_fmt(r.get('server_running_mean'))}{full}, "
         f"waiting {_fmt(r.get('server_waiting_mean'))}"
         + (
             f", stream end p50/p99 {_fmt(r['stream_end_p50_ms'], 2)}/"
@@ -632,17 +746,25 @@ def _line(r: dict[str, Any]) -> str:
             if "stream_end_p50_ms" in r
             else ""
         )
+        + (
+            f", sent late p50/p99/max {_fmt(r['send_lag_p50_ms'], 2)}/"
+            f"{_fmt(r['send_lag_p99_ms'], 2)}/{_fmt(r['send_lag_max_ms'], 2)} ms"
+            if "send_lag_p50_ms" in r
+            else ""
+        )
     )
 
 
 def summarise(runs: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str, Any]]:
-    """Per concurrency: per-pair ratios ours/vllm, their mean, and the verdict."""
+    """Per load: per-pair ratios ours/vllm, their mean and standard error, and the verdict."""
     out = []
-    for conc in sorted({r["concurrency"] for r in runs}):
-        reps = sorted({r["rep"] for r in runs if r["concurrency"] == conc})
+    loads = list(dict.fromkeys(_load_of(r) for r in runs))
+    for load in loads:
+        mine = [r for r in runs if _load_of(r) == load]
+        reps = sorted({r["rep"] for r in mine})
         pairs = []
         for rep in reps:
-            by = {r["client"]: r for r in runs if r["concurrency"] == conc and r["rep"] == rep}
+            by = {r["client"]: r for r in mine if r["rep"] == rep}
             if set(by) == set(CLIENTS):
                 pairs.append((by["ours"], by["vllm"]))
         ratios: dict[str, Any] = {}
@@ -653,6 +775,7 @@ def summarise(runs: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str
             ratios[key] = {
                 "per_pair": values,
                 "mean": statistics.fmean(values) if values else None,
+                "sem": statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else None,
                 "min": min(values, default=None),
                 "max": max(values, default=None),
                 "ours_mean": statistics.fmean(ours) if ours else None,
@@ -677,14 +800,23 @@ def summarise(runs: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str
         for i, client in enumerate(CLIENTS):  # the server's mean running requests, per client
             xs = [p[i]["server_running_mean"] for p in pairs if "server_running_mean" in p[i]]
             running[client] = statistics.fmean(xs) if xs else None
+        lags: dict[str, float | None] = {}
+        for i, client in enumerate(CLIENTS):  # the worst send lag over the runs, per client
+            xs = [p[i]["send_lag_max_ms"] for p in pairs if "send_lag_max_ms" in p[i]]
+            lags[client] = max(xs) if xs else None
+        first = mine[0]
         out.append(
             {
-                "concurrency": conc,
+                "load": load,
+                "concurrency": first.get("concurrency"),
+                "rate": first.get("rate"),
+                "burstiness": first.get("burstiness"),
                 "pairs": len(pairs),
                 "ratios": ratios,
                 "identical_token_counts": same,
                 "client_ttft_overhead_ms": overhead,
                 "server_running_mean": running,
+                "send_lag_max_ms": lags,
                 "all_requests_ok": all_ok,
                 "within_tolerance": within,
                 "holds": all(within.values()) and same and all_ok,
@@ -695,15 +827,15 @@ def summarise(runs: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str
 
 def _complete_pairs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The runs whose pair (same concurrency and rep, both clients) finished."""
-    have: dict[tuple[int, int], set[str]] = {}
+    have: dict[tuple[str, int], set[str]] = {}
     for r in runs:
-        have.setdefault((r["concurrency"], r["rep"]), set()).add(r["client"])
-    return [r for r in runs if have[(r["concurrency"], r["rep"])] == {"ours", "vllm"}]
+        have.setdefault((_load_of(r), r["rep"]), set()).add(r["client"])
+    return [r for r in runs if have[(_load_of(r), r["rep"])] == {"ours", "vllm"}]
 
 
 def table(runs: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| conc | run | client | output tok/s | TTFT p50 ms | TPOT p50 ms | TTFT mean ms "
+        "| load | run | client | output tok/s | TTFT p50 ms | TPOT p50 ms | TTFT mean ms "
         "| server TTFT mean ms | ratio tok/s | ratio TTFT p50 | ratio TPOT p50 |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -714,9 +846,7 @@ def table(runs: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]]) -> 
                 (
                     x
                     for x in runs
-                    if x["client"] == "vllm"
-                    and x["concurrency"] == r["concurrency"]
-                    and x["rep"] == r["rep"]
+                    if x["client"] == "vllm" and _load_of(x) == _load_of(r) and x["rep"] == r["rep"]
                 ),
                 None,
             )
@@ -726,7 +856,7 @@ def table(runs: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]]) -> 
                 ]
         who = "tuner" if r["client"] == "ours" else "vllm"
         lines.append(
-            f"| {r['concurrency']} | {r['rep'] + 1} | {who}"
+            f"| {_load_of(r)} | {r['rep'] + 1} | {who}"
             f" | {_fmt(r['output_throughput'])} | {_fmt(r['ttft_p50_ms'])} "
             f"| {_fmt(r['tpot_p50_ms'], 2)} | {_fmt(r.get('ttft_mean_ms'))} "
             f"| {_fmt(r.get('server_ttft_mean_ms'))} | " + " | ".join(ratio) + " |"
@@ -734,7 +864,7 @@ def table(runs: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]]) -> 
     for s in summary:
         mean = [s["ratios"][k]["mean"] for k in COMPARED]
         lines.append(
-            f"| {s['concurrency']} | mean | tuner/vllm | | | | | | "
+            f"| {s['load']} | mean | tuner/vllm | | | | | | "
             + " | ".join("—" if m is None else f"**{m:.3f}**" for m in mean)
             + " |"
         )
@@ -746,7 +876,31 @@ def main() -> None:
         asyncio.run(_scrape_main(sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])))
         return
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 64])
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        help="closed loops to compare under (default: 8 64 unless --rate is given)",
+    )
+    ap.add_argument(
+        "--rate",
+        type=float,
+        nargs="+",
+        default=[],
+        help="open loops at these requests/s, on vllm's own schedule (after the closed loops)",
+    )
+    ap.add_argument(
+        "--burstiness",
+        type=float,
+        default=float("inf"),
+        help="--rate's gaps: gamma shape (1: Poisson); inf (default): constant gaps",
+    )
+    ap.add_argument(
+        "--rate-duration-s",
+        type=float,
+        default=30.0,
+        help="with --rate and --requests 0: rate x this many requests per run",
+    )
     ap.add_argument("--reps", type=int, default=3, help="pairs (ours + vllm) per concurrency")
     ap.add_argument(
         "--requests", type=int, default=0, help="measured requests per run (0: waves x conc)"
@@ -801,10 +955,19 @@ def main() -> None:
     args.model_dir = args.model_dir.resolve()
     if args.quick:
         args.concurrency, args.reps, args.requests = [4], 1, 16
+        args.rate = []
         args.input_len, args.output_len = min(args.input_len, 64), min(args.output_len, 16)
     hi = round(args.output_len * (1 + args.output_range_ratio))
     if not 4 <= args.input_len <= 1024 or args.input_len + hi > 2048:
         raise SystemExit("vllm's ShareGPT loader takes 4..1024 prompt and <= 2048 total tokens")
+    if args.concurrency is None:
+        args.concurrency = [] if args.rate else [8, 64]
+    bad = [x for x in [*args.concurrency, *args.rate] if not x > 0]
+    if bad or not args.burstiness > 0:
+        raise SystemExit(
+            f"--concurrency, --rate and --burstiness must be > 0 (got {bad or args.burstiness})"
+        )
+    args.loads = [Load(concurrency=c) for c in args.concurrency] + [Load(rate=r) for r in args.rate]
     if args.out is None:
         name = "replay_vs_vllm_bench-quick.json" if args.quick else "replay_vs_vllm_bench.json"
         args.out = ROOT / "benchmarks/results" / name
@@ -842,6 +1005,9 @@ def main() -> None:
             "server_args": args.server_arg,
             "endpoint": "/v1/completions",
             "concurrency": args.concurrency,
+            "rate": args.rate,
+            "burstiness": burstiness_json(args.burstiness) if args.rate else None,
+            "rate_duration_s": args.rate_duration_s if args.rate else None,
             "reps": args.reps,
             "input_len": args.input_len,
             "output_len": args.output_len,
@@ -851,7 +1017,7 @@ def main() -> None:
             "model_dir": str(args.model_dir),
             "vllm_cli": args.vllm,
             "vllm_version": vllm_version(args.vllm),
-            "order": "per concurrency, pairs alternate (ours, vllm), (vllm, ours), ...",
+            "order": "per load, pairs alternate (ours, vllm), (vllm, ours), ...",
             "tolerance": args.tolerance,
             "quick": args.quick,
             "interrupted": interrupted,
@@ -874,7 +1040,7 @@ def main() -> None:
         rt = s["ratios"]
         verdict = "holds" if s["holds"] else "does NOT hold"
         print(
-            f"concurrency {s['concurrency']}: mean ratio tuner/vllm output tok/s "
+            f"{s['load']}: {s['pairs']} pairs, mean ratio tuner/vllm output tok/s "
             f"{rt['output_throughput']['mean']:.4f}, TTFT p50 {rt['ttft_p50_ms']['mean']:.4f}, "
             f"TPOT p50 {rt['tpot_p50_ms']['mean']:.4f}; identical token counts "
             f"{s['identical_token_counts']}; ±{args.tolerance:.0%} {verdict}"
