@@ -21,6 +21,18 @@ null, streaming with usage). Both run a closed loop: ``vllm bench serve --reques
 measured. Each pair is checked to have got the same per-request prompt and output token counts
 from the server (``identical_token_counts``).
 
+Open loop (``--rate R [R ...]``, after the closed loops of ``--concurrency``, which then defaults
+to none): ``vllm bench serve --request-rate R --burstiness B --seed SEED`` and the tuner's client
+with each spec's ``arrival_s`` set to the same times, which :func:`vllm_schedule` computes the way
+vLLM 0.24 does (``--burstiness inf``, the default: constant gaps; 1: Poisson, from
+``np.random`` seeded with ``--seed``). Both clients then send the same requests at the same
+moments, so the server sees the same load whichever client drives it, and each run records how
+late every request was sent against the schedule (``send_lag_*``, from the records' send times
+and from vllm's ``start_times``): a check that the schedules match. ``R x --rate-duration-s``
+requests per run unless ``--requests``. Below saturation the output tok/s is set by the schedule
+(it tests the duration accounting: vllm's clock starts one gap before its first send, the
+tuner's at its first send, 1 / R apart); the median TTFT is the comparison.
+
 Server. By default a fresh simulator (``python -m tuner.sim serve MODEL_DIR ... --load-format
 dummy``, ``TUNER_SIM_SPEEDUP`` = ``--sim-speedup``, 1 = real time) for every run, started and
 stopped in its own process group by :class:`tuner.engine.process.Server`, so every run sees the
@@ -51,13 +63,22 @@ would show in both.
 
 Usage::
 
-    python benchmarks/replay_vs_vllm_bench.py [--concurrency 8 64] [--reps 3] [--requests N]
-        [--input-len 512] [--output-len 128] [--vllm PATH] [--url URL | --server-cmd CMD]
-        [--one-server] [--quick] [--out PATH]
+    python benchmarks/replay_vs_vllm_bench.py [--concurrency 8 64] [--rate R ...]
+        [--burstiness B] [--reps 3] [--requests N] [--input-len 512] [--output-len 128]
+        [--vllm PATH] [--url URL | --server-cmd CMD] [--one-server] [--quick] [--out PATH]
+    python benchmarks/replay_vs_vllm_bench.py --combine A.json B.json ... [--out PATH]
 
-``--quick``: one pair at concurrency 4 with 16 short requests (about a minute, mostly the
-``vllm`` CLI importing torch). Writes ``benchmarks/results/replay_vs_vllm_bench.json``
-(``replay_vs_vllm_bench-quick.json`` with ``--quick``).
+``--combine`` measures nothing: it pools the complete pairs of earlier result files per load
+(e.g. the same load on two GPUs) and prints the mean ratios with their standard errors.
+On a machine where the server and the clients can share cores, pin them apart (``--server-cmd
+'taskset -c 0-11 vllm serve ...'`` and the benchmark under ``taskset -c 12-15``): on the H200
+host the unpinned comparison measured the server, not the clients
+(``docs/replay-accuracy.md``).
+
+``--quick``: one pair of 16 short requests at concurrency 4 (or at the first ``--rate``; about
+a minute, mostly the ``vllm`` CLI importing torch). Writes
+``benchmarks/results/replay_vs_vllm_bench.json`` (``replay_vs_vllm_bench-quick.json`` with
+``--quick``).
 """
 
 from __future__ import annotations
@@ -187,18 +208,32 @@ def burstiness_json(b: float) -> float | str:
     return "inf" if b == float("inf") else b
 
 
+def load_label(concurrency: int | None, rate: float | None, burstiness: float | str | None) -> str:
+    """``c64`` (closed loop), ``r24`` (open loop, constant gaps), ``r24-b1`` (gamma gaps)."""
+    if rate is None:
+        return f"c{concurrency}"
+    b = float(burstiness if burstiness is not None else "inf")
+    return f"r{rate:g}" + ("" if b == float("inf") else f"-b{b:g}")
+
+
 class Load:
     """One load the clients are compared under: a closed loop of ``concurrency`` requests in
-    flight, or an open loop at ``rate`` requests/s on vllm's schedule (:func:`vllm_schedule`)."""
+    flight, or an open loop at ``rate`` requests/s on vllm's schedule (:func:`vllm_schedule`)
+    with gaps of ``burstiness``."""
 
-    def __init__(self, concurrency: int | None = None, rate: float | None = None) -> None:
+    def __init__(
+        self,
+        concurrency: int | None = None,
+        rate: float | None = None,
+        burstiness: float = float("inf"),
+    ) -> None:
         if (concurrency is None) == (rate is None):
             raise ValueError("a load is a concurrency or a rate")
-        self.concurrency, self.rate = concurrency, rate
+        self.concurrency, self.rate, self.burstiness = concurrency, rate, burstiness
 
     @property
     def label(self) -> str:
-        return f"c{self.concurrency}" if self.rate is None else f"r{self.rate:g}"
+        return load_label(self.concurrency, self.rate, self.burstiness)
 
     def __repr__(self) -> str:
         return self.label
@@ -632,7 +667,7 @@ async def measure(
                 schedule = None
             else:
                 n = args.requests or max(args.min_requests, round(load.rate * args.rate_duration_s))
-                schedule = vllm_schedule(n, load.rate, args.burstiness, args.seed)
+                schedule = vllm_schedule(n, load.rate, load.burstiness, args.seed)
             if n not in prompts_by_n:
                 prompts_by_n[n] = build_prompts(
                     args.model_dir, args.corpus, n, args.input_len, args.seed
@@ -675,7 +710,7 @@ async def measure(
                                 load,
                                 args.warmups,
                                 result,
-                                args.burstiness,
+                                load.burstiness,
                                 args.seed,
                             )
                             log_path = workdir / f"vllm-{tag}-r{rep}.log"
@@ -687,7 +722,7 @@ async def measure(
                         "rate": load.rate,
                         "burstiness": None
                         if load.rate is None
-                        else burstiness_json(args.burstiness),
+                        else burstiness_json(load.burstiness),
                         "requests": n,
                         "rep": rep,
                         "position": pos,
@@ -721,8 +756,9 @@ def _fmt(v: float | None, digits: int = 1) -> str:
 
 
 def _load_of(r: dict[str, Any]) -> str:
-    """A run's load label (rows written before open-loop loads have only ``concurrency``)."""
-    return str(r.get("load") or f"c{r['concurrency']}")
+    """A run's load label, from its fields (rows written before open-loop loads have only
+    ``concurrency``)."""
+    return load_label(r.get("concurrency"), r.get("rate"), r.get("burstiness"))
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -755,6 +791,14 @@ def _line(r: dict[str, Any]) -> str:
     )
 
 
+def _same_tokens(o: dict[str, Any], v: dict[str, Any]) -> bool:
+    """Did the server count the same tokens per request for both runs of a pair? (Pooled runs
+    from saved files no longer hold the counts; they carry their file's verdict.)"""
+    if "input_lens" in o and "input_lens" in v:
+        return bool(o["input_lens"] == v["input_lens"] and o["output_lens"] == v["output_lens"])
+    return bool(o.get("identical_token_counts")) and bool(v.get("identical_token_counts"))
+
+
 def summarise(runs: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str, Any]]:
     """Per load: per-pair ratios ours/vllm, their mean and standard error, and the verdict."""
     out = []
@@ -781,10 +825,7 @@ def summarise(runs: Sequence[dict[str, Any]], tolerance: float) -> list[dict[str
                 "ours_mean": statistics.fmean(ours) if ours else None,
                 "vllm_mean": statistics.fmean(theirs) if theirs else None,
             }
-        same = all(
-            o["input_lens"] == v["input_lens"] and o["output_lens"] == v["output_lens"]
-            for o, v in pairs
-        )
+        same = all(_same_tokens(o, v) for o, v in pairs)
         within = {
             k: ratios[k]["mean"] is not None and abs(ratios[k]["mean"] - 1.0) <= tolerance
             for k in TARGETED
@@ -871,6 +912,53 @@ def table(runs: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]]) -> 
     return "\n".join(lines)
 
 
+def combine(paths: Sequence[Path], tolerance: float) -> dict[str, Any]:
+    """The complete pairs of several result files pooled per load (a pair stays within its
+    file: reps are renumbered file after file), summarised as one run would be."""
+    runs: list[dict[str, Any]] = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        offset = 1 + max((r["rep"] for r in runs), default=-1)
+        same = {
+            load_label(s.get("concurrency"), s.get("rate"), s.get("burstiness")): s[
+                "identical_token_counts"
+            ]
+            for s in data["summary"]
+        }
+        for r in _complete_pairs(list(data["runs"])):
+            verdict = bool(same.get(_load_of(r), False))
+            runs.append(
+                {
+                    **r,
+                    "rep": r["rep"] + offset,
+                    "file": path.name,
+                    "identical_token_counts": verdict,
+                }
+            )
+    summary = summarise(runs, tolerance)
+    return {
+        "setup": {"combined": [str(p) for p in paths], "tolerance": tolerance},
+        "runs": runs,
+        "summary": summary,
+        "holds": bool(summary) and all(s["holds"] for s in summary),
+    }
+
+
+def print_verdicts(summary: Sequence[dict[str, Any]], tolerance: float) -> None:
+    def ratio(s: dict[str, Any], key: str) -> str:
+        m, e = s["ratios"][key]["mean"], s["ratios"][key].get("sem")
+        return "—" if m is None else f"{m:.4f}" + ("" if e is None else f" ± {e:.4f}")
+
+    for s in summary:
+        verdict = "holds" if s["holds"] else "does NOT hold"
+        print(
+            f"{s['load']}: {s['pairs']} pairs, mean ratio tuner/vllm (± standard error) output "
+            f"tok/s {ratio(s, 'output_throughput')}, TTFT p50 {ratio(s, 'ttft_p50_ms')}, TPOT p50 "
+            f"{ratio(s, 'tpot_p50_ms')}; identical token counts {s['identical_token_counts']}; "
+            f"±{tolerance:.0%} {verdict}"
+        )
+
+
 def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--scrape":
         asyncio.run(_scrape_main(sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])))
@@ -947,15 +1035,36 @@ def main() -> None:
     ap.add_argument("--startup-timeout-s", type=float, default=900.0)
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--workdir", type=Path, help="keep prompts, logs and vllm's JSON here")
-    ap.add_argument("--quick", action="store_true", help="one pair, concurrency 4, 16 requests")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="one pair of 16 short requests, at concurrency 4 (or the first --rate)",
+    )
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--combine",
+        type=Path,
+        nargs="+",
+        help="measure nothing: pool the pairs of these result files per load (--out: where to)",
+    )
     args = ap.parse_args()
+    if args.combine:
+        pooled = combine(args.combine, args.tolerance)
+        print(table(pooled["runs"], pooled["summary"]))
+        print()
+        print_verdicts(pooled["summary"], args.tolerance)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(pooled, indent=1) + "\n")
+            print(f"wrote {args.out}")
+        return
     if not args.vllm:
         raise SystemExit("no vllm CLI: pass --vllm PATH or set TUNER_VLLM_CLI")
     args.model_dir = args.model_dir.resolve()
     if args.quick:
-        args.concurrency, args.reps, args.requests = [4], 1, 16
-        args.rate = []
+        args.reps, args.requests = 1, 16
+        args.concurrency = [] if args.rate else [4]
+        args.rate = args.rate[:1]
         args.input_len, args.output_len = min(args.input_len, 64), min(args.output_len, 16)
     hi = round(args.output_len * (1 + args.output_range_ratio))
     if not 4 <= args.input_len <= 1024 or args.input_len + hi > 2048:
@@ -967,7 +1076,9 @@ def main() -> None:
         raise SystemExit(
             f"--concurrency, --rate and --burstiness must be > 0 (got {bad or args.burstiness})"
         )
-    args.loads = [Load(concurrency=c) for c in args.concurrency] + [Load(rate=r) for r in args.rate]
+    args.loads = [Load(concurrency=c) for c in args.concurrency] + [
+        Load(rate=r, burstiness=args.burstiness) for r in args.rate
+    ]
     if args.out is None:
         name = "replay_vs_vllm_bench-quick.json" if args.quick else "replay_vs_vllm_bench.json"
         args.out = ROOT / "benchmarks/results" / name
@@ -1036,15 +1147,7 @@ def main() -> None:
     print()
     print(table(runs, summary))
     print()
-    for s in summary:
-        rt = s["ratios"]
-        verdict = "holds" if s["holds"] else "does NOT hold"
-        print(
-            f"{s['load']}: {s['pairs']} pairs, mean ratio tuner/vllm output tok/s "
-            f"{rt['output_throughput']['mean']:.4f}, TTFT p50 {rt['ttft_p50_ms']['mean']:.4f}, "
-            f"TPOT p50 {rt['tpot_p50_ms']['mean']:.4f}; identical token counts "
-            f"{s['identical_token_counts']}; ±{args.tolerance:.0%} {verdict}"
-        )
+    print_verdicts(summary, args.tolerance)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

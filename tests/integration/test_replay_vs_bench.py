@@ -1,6 +1,7 @@
 """``benchmarks/replay_vs_vllm_bench.py --quick``: the tuner's client and ``vllm bench serve``
 against the simulator, one pair. Skipped where vLLM's CLI is not installed (``$TUNER_VLLM_CLI`` or
-``vllm`` on ``PATH``). Timing is not asserted (a 16-request run is noise); the plumbing is: both
+``vllm`` on ``PATH``). Closed loop at 4 in flight, and open loop on vllm's Poisson schedule at 8
+requests/s. Timing is not asserted (a 16-request run is noise); the plumbing is: both
 clients complete every request, the server saw the same token counts from both, the JSON and the
 table are written."""
 
@@ -22,7 +23,8 @@ VLLM = os.environ.get("TUNER_VLLM_CLI") or shutil.which("vllm")
 
 
 @pytest.mark.skipif(VLLM is None, reason="vllm CLI not installed (set TUNER_VLLM_CLI)")
-def test_quick_pair_against_the_simulator(tmp_path: Path) -> None:
+@pytest.mark.parametrize("load", [[], ["--rate", "8", "--burstiness", "1"]], ids=["c4", "r8-b1"])
+def test_quick_pair_against_the_simulator(tmp_path: Path, load: list[str]) -> None:
     assert VLLM is not None
     out = tmp_path / "rvb.json"
     proc = subprocess.run(
@@ -30,6 +32,7 @@ def test_quick_pair_against_the_simulator(tmp_path: Path) -> None:
             sys.executable,
             str(ROOT / "benchmarks" / "replay_vs_vllm_bench.py"),
             "--quick",
+            *load,
             "--sim-speedup",
             "5",
             "--vllm",
@@ -57,3 +60,10 @@ def test_quick_pair_against_the_simulator(tmp_path: Path) -> None:
         assert summary["ratios"][key]["mean"] > 0
     assert isinstance(data["holds"], bool)
     assert "| tuner/vllm |" in proc.stdout
+    if load:  # open loop: both clients sent on vllm's Poisson schedule (2-core machine: loose)
+        assert summary["load"] == "r8-b1" and summary["rate"] == 8.0
+        for r in runs:
+            assert r["concurrency"] is None and r["rate"] == 8.0 and r["burstiness"] == 1.0
+            assert 0.0 <= r["send_lag_max_ms"] < 100.0, r
+    else:
+        assert summary["load"] == "c4" and summary["concurrency"] == 4
