@@ -66,9 +66,11 @@ class EngineConfig:
     """GPU profile for the memory model's KV prediction (tuner.memory.GPU_PROFILES)."""
     cpu_pinning: bool = False
     """Pin each server's process tree to CPU cores of its own (a fixed share per GPU of
-    ``engine.gpus``), so parallel trials (``study.n_workers`` > 1) do not compete for cores."""
+    ``engine.gpus``), so parallel trials (``study.n_workers`` > 1) do not compete for cores, and
+    the tuner (its replay client processes, telemetry) to the ``cpu_reserve`` cores left out."""
     cpu_reserve: int = 2
-    """With ``cpu_pinning``: cores left to the tuner itself (replay client, telemetry)."""
+    """With ``cpu_pinning``: the first this many cores run the tuner and its replay client (0:
+    the tuner stays unpinned); give ``workload.client_processes`` + 1."""
 
 
 @dataclass

@@ -45,7 +45,7 @@ from tuner.engine.argv import (
     trial_argv,
 )
 from tuner.engine.logparse import port_clash
-from tuner.engine.pool import GpuPool, cpu_plan
+from tuner.engine.pool import GpuPool, cpu_plan, on_cores, reserved_cores
 from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
 from tuner.memory import ModelShape
@@ -268,6 +268,11 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         ),
     )
     outcome = StudyOutcome(study)
+    own = (
+        reserved_cores(sorted(os.sched_getaffinity(0)), cfg.engine.cpu_reserve)
+        if cfg.engine.cpu_pinning
+        else []
+    )
     log.info(
         "study %s: %d trials stored, running %d more (%s engine, model %s, workload %s, %d "
         "requests/trial); run dir %s",
@@ -282,9 +287,12 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     )
     status = "FINISHED"
     try:
-        _run_on_loop(cfg, _trials(study, dists, ctx, tracker, outcome))
-        print_summary(outcome, cfg)
-        _after_search(study, ctx, tracker, outcome)
+        with on_cores(own) as cores:
+            if own:
+                _note_own_cores(cfg, cores, ctx.cpu_sets or {})
+            _run_on_loop(cfg, _trials(study, dists, ctx, tracker, outcome))
+            print_summary(outcome, cfg)
+            _after_search(study, ctx, tracker, outcome)
     except KeyboardInterrupt:
         outcome.interrupted = True
         status = "KILLED"
@@ -293,6 +301,25 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     finally:
         tracker.finish(status, _parent_summary(outcome))
     return outcome
+
+
+def _note_own_cores(cfg: TunerConfig, cores: list[int], servers: dict[int, list[int]]) -> None:
+    """``engine.cpu_pinning``: say where the tuner and the servers run; warn when the replay
+    client has more processes than the cores kept for it."""
+    log.info(
+        "engine.cpu_pinning: the tuner and its replay client on CPUs %s; servers: %s",
+        _ranges(cores),
+        ", ".join(f"GPU {g} on CPUs {_ranges(c)}" for g, c in sorted(servers.items())),
+    )
+    procs = cfg.workload.client_processes
+    if procs > len(cores):
+        log.warning(
+            "workload.client_processes=%d shares engine.cpu_reserve=%d cores with the tuner: "
+            "raise engine.cpu_reserve to %d or more so each client process has a core",
+            procs,
+            len(cores),
+            procs + 1,
+        )
 
 
 async def _trials(
@@ -723,6 +750,7 @@ async def _run_server(
             cpus = sorted({c for g in gpus for c in ctx.cpu_sets[g]}) if ctx.cpu_sets else None
             if cpus:
                 common["cpus_pinned"] = float(len(cpus))
+                common["client_cpus"] = float(len(os.sched_getaffinity(0)))
             env = {**build_env(engine, cache_root=ctx.cache_root), LEASE_ENV: lease.id}
             log.info(
                 "trial %d: launching on GPU %s%s with %s",

@@ -563,6 +563,36 @@ def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
     assert sorted(t.number for t in study.trials) == list(range(6))
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(tmp_path: Path) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "study.n_trials=2",
+        "engine.cpu_pinning=true",
+        "engine.cpu_reserve=1",
+        "workload.client_processes=2",  # more client processes than reserved cores: a warning
+        "tracking=none",
+        "confirm.enabled=false",
+        "space=none",
+        *FAST,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = " ".join((p.stdout + p.stderr).split())
+    assert f"the tuner and its replay client on CPUs {cores[0]};" in out
+    assert "workload.client_processes=2 shares engine.cpu_reserve=1 cores" in out
+    results = [
+        json.loads(f.read_text())
+        for f in (tmp_path / "outputs" / "runs").glob("*/trial_*/result.json")
+    ]
+    launched = [r for r in results if r["launched"]]
+    assert launched
+    for r in launched:  # the server on the other cores, the client on the reserved one
+        assert r["metrics"]["cpus_pinned"] == len(cores) - 1
+        assert r["metrics"]["client_cpus"] == 1.0
+
+
 def test_more_workers_than_gpus_is_one_line(tmp_path: Path) -> None:
     p = tuner(tmp_path, "+workload=chat", "study.n_workers=3", "engine.gpus=[0,1]", timeout=60)
     assert p.returncode == 2 and "study.n_workers is 3; allowed: 1 to 2" in p.stderr

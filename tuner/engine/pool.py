@@ -7,10 +7,15 @@ granted first come, first served; a trial that needs more GPUs than are free wai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 
-__all__ = ["GpuPool", "cpu_plan"]
+__all__ = ["GpuPool", "cpu_plan", "on_cores", "reserved_cores"]
+
+log = logging.getLogger(__name__)
 
 
 class GpuPool:
@@ -70,3 +75,48 @@ def cpu_plan(gpus: Sequence[int], cpus: Sequence[int], reserve: int) -> dict[int
         plan[g] = rest[start : start + n]
         start += n
     return plan
+
+
+def reserved_cores(cpus: Sequence[int], reserve: int) -> list[int]:
+    """The cores :func:`cpu_plan` keeps for the tuner: the first ``reserve`` of ``cpus``."""
+    return sorted(cpus)[: max(0, reserve)]
+
+
+def _threads() -> list[int]:
+    """This process's thread ids (Linux ``/proc``); ``[0]`` (the calling thread) elsewhere."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+@contextlib.contextmanager
+def on_cores(cores: Sequence[int]) -> Iterator[list[int]]:
+    """Run this process on ``cores`` inside the block: every thread it has now, and so every
+    thread and process started from it later (client processes, the servers until they are
+    pinned to their own cores). The previous cores come back after the block. Yields the cores
+    now in use: ``cores``, or the old set if ``cores`` is empty or the kernel refused it
+    (logged)."""
+    before = sorted(os.sched_getaffinity(0))
+    if not cores:
+        yield before
+        return
+    moved: list[int] = []
+    try:
+        for tid in _threads():
+            with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+                os.sched_setaffinity(tid, cores)
+                moved.append(tid)
+    except OSError as exc:
+        log.warning("could not move the tuner to CPUs %s: %s; it stays unpinned", list(cores), exc)
+        for tid in moved:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, before)
+        yield before
+        return
+    try:
+        yield sorted(cores)
+    finally:
+        for tid in _threads():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, before)
