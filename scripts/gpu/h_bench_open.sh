@@ -6,7 +6,8 @@
 #   GPU 0: BENCH0 (default: open loop at 24 req/s, constant gaps)
 #   GPU 1: BENCH1 (default: open loop at 24 req/s, Poisson gaps on vllm's own seeded schedule)
 # PIN0 / PIN1 (e.g. "0-11 12-15"): cores for GPU K's server, then for its benchmark and clients.
-# SERVER, PY: the server command and the Python (to try it here: LOCAL_TEST=1 with the simulator).
+# SERVER, PY: the server command and the Python. Here, on the simulator: LOCAL_TEST=1 ENGINE=sim
+# TUNER_VLLM_CLI=<a CPU install's vllm> with the venv active.
 # T: seconds this call may use (from the script's start); TAG names this call's files.
 # Results: $OUT/bench-$TAG.tgz.part-* (both JSONs, logs, vllm's per-run JSON, queue samples).
 set -u
@@ -16,6 +17,7 @@ source "$(dirname "$0")/common.sh"
 BENCH0="${BENCH0:---rate 24 --burstiness inf}"
 BENCH1="${BENCH1:---rate 24 --burstiness 1}"
 VLLM_SERVE="vllm serve models/qwen3-8b-dummy --load-format dummy --served-model-name m --host {host} --port {port}"
+[ "$ENGINE" = sim ] && VLLM_SERVE="python3 -m tuner.sim serve models/qwen3-8b-dummy --load-format dummy --served-model-name m --host {host} --port {port}"
 SERVER="${SERVER:-$VLLM_SERVE}"
 run_bench() {  # run_bench GPU ARGS [SERVER_CORES CLIENT_CORES]: cores pin the server / the clients
   local gpu=$1 dir="$W/bench-$TAG-gpu$1" srv="$SERVER" pin=()
