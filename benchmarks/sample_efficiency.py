@@ -60,10 +60,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from tuner.config import load_config  # noqa: E402
+from tuner.config import SpaceConfig, load_config  # noqa: E402
 from tuner.memory import GPU_PROFILES, ModelShape  # noqa: E402
 from tuner.sim.landscape import LandscapeResult, evaluate, prepare_stream  # noqa: E402
-from tuner.space import defaults  # noqa: E402
+from tuner.space import resolved  # noqa: E402
 from tuner.workload import build_requests  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "sample_efficiency.json"
@@ -139,6 +139,12 @@ class Baseline:
     result: LandscapeResult
     enqueued: dict[str, Any]
     """The nearest grid point in the samplers' encoding (an index for ordinal dims)."""
+
+
+def vllm_default_params(space: SpaceConfig) -> dict[str, Any]:
+    """vLLM's default for every parameter of the tuner's space, searched or not: the grid has
+    dimensions the default space does not search (``enforce_eager``)."""
+    return resolved(space, {})
 
 
 def nearest_grid_params(space: Sequence[Dim], values: dict[str, Any]) -> tuple[Key, dict[str, Any]]:
@@ -331,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     # vLLM's defaults: the tuner's first trial (study.baseline_first)
-    vllm_defaults = defaults(cfg.space)
+    vllm_defaults = vllm_default_params(cfg.space)
     base_res = evaluate(shape, gpu, {}, stream, concurrency=concurrency, slo=w.slo)
     proxy_key, proxy_enc = nearest_grid_params(space, vllm_defaults)
     baseline = Baseline(result=base_res, enqueued=proxy_enc)

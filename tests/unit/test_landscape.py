@@ -311,3 +311,28 @@ def test_sample_efficiency_quick_writes_json(tmp_path: Path) -> None:
     if base["reaches_threshold"]:
         assert tuner["counts"] == [1, 1]
     assert "baseline alone" in base["note"] and "vLLM's defaults" in proc.stdout
+
+
+def test_sample_efficiency_full_grid_has_a_baseline_point(tmp_path: Path) -> None:
+    """Every dimension of the full grid has a vLLM default in the default space, searched or
+    not (enforce_eager is off there): the baseline maps to a grid point."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "sample_efficiency", ROOT / "benchmarks" / "sample_efficiency.py"
+    )
+    assert spec is not None and spec.loader is not None
+    se = importlib.util.module_from_spec(spec)
+    sys.modules["sample_efficiency"] = se  # its dataclasses look their module up
+    spec.loader.exec_module(se)
+    GlobalHydra.instance().clear()
+    cfg = load_config(
+        ["+workload=chat", f"paths.output_dir={tmp_path}", f"paths.state_dir={tmp_path}"]
+    )
+    GlobalHydra.instance().clear()
+    assert not cfg.space.params["enforce_eager"].enabled
+    key, encoded = se.nearest_grid_params(se.SPACE, se.vllm_default_params(cfg.space))
+    by_name = dict(zip((d.name for d in se.SPACE), key, strict=True))
+    assert by_name["enforce_eager"] is False and by_name["enable_prefix_caching"] is True
+    assert by_name["max_num_seqs"] == 256  # 1024, the nearest of the grid's values
+    assert set(encoded) == {d.name for d in se.SPACE}
