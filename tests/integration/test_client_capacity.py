@@ -1,0 +1,61 @@
+"""``benchmarks/client_capacity.py --quick``: the zero-delay server, the tuner's client at 100 and
+1,000 streams (zero delay and paced), the open-loop capacity ladder, the JSON and the table.
+Timing is not asserted (a 2-core CI machine says nothing about the target); the plumbing is:
+every request of every row completes, the percentiles are ordered, the verdicts are there."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_writes_rows_capacity_and_verdicts(tmp_path: Path) -> None:
+    out = tmp_path / "cc.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "client_capacity.py"),
+            "--quick",
+            "--clients",
+            "current",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    scenarios = {r["scenario"] for r in rows}
+    for s in (
+        "100 streams, zero delay",
+        "1000 streams, zero delay",
+        "100 streams, paced 50 ms steps",
+        "1000 streams, paced 50 ms steps",
+    ):
+        assert s in scenarios, scenarios
+    assert any(s.startswith("open ") for s in scenarios)  # a rate from the capacity ladder
+    for r in rows:
+        assert r["client"] == "current" and r["processes"] == 1
+        assert r["ok"] == r["requests"] > 0, r
+        assert 0 <= r["added_p50_ms"] <= r["added_p99_ms"] <= r["added_max_ms"], r
+        assert r["probe_lag_max_ms"] >= r["probe_lag_p99_ms"] >= 0, r
+    assert data["capacity_req_per_s"]["current"] > 0
+    for key in ("1000 streams, zero delay", "1000 streams, paced 50 ms steps"):
+        verdict = data["target_1ms_p99_at_1000"][key]
+        assert isinstance(verdict["holds"], bool)
+        assert verdict["holds"] == (verdict["added_p99_ms"] < 1.0)
+    assert not data["setup"]["cores_shared"] or data["setup"]["cpus"] < 2
+    assert "highest sustained open-loop rate" in proc.stdout
+    assert "target < 1 ms p99 added at 1000 streams" in proc.stdout
