@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from rich.console import Console
 
 from tuner.config import TunerConfig
 from tuner.engine.argv import build_argv, mask_argv, secret_values
+from tuner.engine.pool import core_ranges, cpu_plan, reserved_cores
 from tuner.space import defaults, distributions
 
 __all__ = ["print_plan"]
@@ -39,6 +41,7 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
         + " ".join(mask_argv(argv, secret_values(cfg.engine, model=cfg.model)))
     )
     _print_client(cfg, console)
+    _print_cores(cfg, console)
     ps = cfg.study.prescreen
     if ps.trials:
         console.print(
@@ -73,3 +76,21 @@ def _print_client(cfg: TunerConfig, console: Console) -> None:
             "1 ms with 24; docs/replay-accuracy.md); every trial records client_lag_p99_ms, and "
             "workload.client_processes spreads the load"
         )
+
+
+def _print_cores(cfg: TunerConfig, console: Console) -> None:
+    """Where the servers and the tuner (with its replay client) will run."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not cfg.engine.cpu_pinning:
+        console.print(
+            f"CPU cores: not pinned; servers, the tuner and its replay client share "
+            f"{len(cpus)} cores (engine.cpu_pinning=true gives each its own)"
+        )
+        return
+    plan = cpu_plan(cfg.engine.gpus, cpus, cfg.engine.cpu_reserve)  # validated at load
+    own = reserved_cores(cpus, cfg.engine.cpu_reserve)
+    servers = ", ".join(f"GPU {g} on {core_ranges(c)}" for g, c in sorted(plan.items()))
+    tuner = (
+        f"the tuner and its replay client on {core_ranges(own)}" if own else "the tuner unpinned"
+    )
+    console.print(f"CPU cores: {tuner}; servers: {servers}")

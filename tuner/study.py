@@ -45,7 +45,7 @@ from tuner.engine.argv import (
     trial_argv,
 )
 from tuner.engine.logparse import port_clash
-from tuner.engine.pool import GpuPool, cpu_plan, on_cores, reserved_cores
+from tuner.engine.pool import GpuPool, core_ranges, cpu_plan, on_cores, reserved_cores
 from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
 from tuner.memory import ModelShape
@@ -308,8 +308,8 @@ def _note_own_cores(cfg: TunerConfig, cores: list[int], servers: dict[int, list[
     client has more processes than the cores kept for it."""
     log.info(
         "engine.cpu_pinning: the tuner and its replay client on CPUs %s; servers: %s",
-        _ranges(cores),
-        ", ".join(f"GPU {g} on CPUs {_ranges(c)}" for g, c in sorted(servers.items())),
+        core_ranges(cores),
+        ", ".join(f"GPU {g} on CPUs {core_ranges(c)}" for g, c in sorted(servers.items())),
     )
     procs = cfg.workload.client_processes
     if procs > len(cores):
@@ -756,7 +756,7 @@ async def _run_server(
                 "trial %d: launching on GPU %s%s with %s",
                 number,
                 gpus,
-                f" (CPUs {_ranges(cpus)})" if cpus else "",
+                f" (CPUs {core_ranges(cpus)})" if cpus else "",
                 changed_params(params, cfg),
             )
             stack = contextlib.AsyncExitStack()
@@ -1034,17 +1034,6 @@ def _warn_client_lag(own: dict[str, float], processes: int, client_loop: str) ->
         100 * own.get("client_cpu_max", 0.0),
         hint,
     )
-
-
-def _ranges(cpus: list[int]) -> str:
-    """``[0, 1, 2, 5]`` → ``0-2,5``."""
-    groups: list[list[int]] = []
-    for c in cpus:
-        if groups and groups[-1][1] == c - 1:
-            groups[-1][1] = c
-        else:
-            groups.append([c, c])
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in groups)
 
 
 def _hms(seconds: float) -> str:

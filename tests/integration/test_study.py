@@ -582,6 +582,13 @@ def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(tmp_path: Path) -> No
     out = " ".join((p.stdout + p.stderr).split())
     assert f"the tuner and its replay client on CPUs {cores[0]};" in out
     assert "workload.client_processes=2 shares engine.cpu_reserve=1 cores" in out
+    plan = tuner(tmp_path, "+workload=chat", "dry_run=true", "engine.cpu_pinning=true",
+                 "engine.cpu_reserve=1", timeout=60)  # fmt: skip
+    rest = f"{cores[1]}-{cores[-1]}" if len(cores) > 2 else str(cores[1])
+    assert (
+        f"CPU cores: the tuner and its replay client on {cores[0]}; servers: GPU 0 on {rest}"
+        in " ".join(plan.stdout.split())
+    )
     results = [
         json.loads(f.read_text())
         for f in (tmp_path / "outputs" / "runs").glob("*/trial_*/result.json")
@@ -610,6 +617,8 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert "prescreen" not in out  # off by default
     assert "replay client: 1 process on asyncio, 64 requests in flight (64 per process)" in out
     assert "note: over 100 streams per client process" not in out
+    n = len(os.sched_getaffinity(0))
+    assert f"CPU cores: not pinned; servers, the tuner and its replay client share {n} cores" in out
 
 
 def test_dry_run_notes_a_client_with_too_many_streams(tmp_path: Path) -> None:

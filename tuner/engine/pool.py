@@ -13,7 +13,7 @@ import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 
-__all__ = ["GpuPool", "cpu_plan", "on_cores", "reserved_cores"]
+__all__ = ["GpuPool", "core_ranges", "cpu_plan", "on_cores", "reserved_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -120,3 +120,14 @@ def on_cores(cores: Sequence[int]) -> Iterator[list[int]]:
         for tid in _threads():
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(tid, before)
+
+
+def core_ranges(cpus: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``0-2,5``."""
+    groups: list[list[int]] = []
+    for c in cpus:
+        if groups and groups[-1][1] == c - 1:
+            groups[-1][1] = c
+        else:
+            groups.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in groups)
