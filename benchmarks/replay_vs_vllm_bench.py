@@ -428,7 +428,6 @@ def vllm_argv(
     load: Load,
     warmups: int,
     result: Path,
-    burstiness: float = 1.0,
     seed: int = 0,
 ) -> list[str]:
     """The ``vllm bench serve`` command line; ``output_len`` None: each reply's token count."""
@@ -436,7 +435,7 @@ def vllm_argv(
     if load.rate is None:
         pace = ["--request-rate", "inf", "--max-concurrency", str(load.concurrency)]
     else:
-        pace = ["--request-rate", repr(load.rate), "--burstiness", repr(burstiness)]
+        pace = ["--request-rate", repr(load.rate), "--burstiness", repr(load.burstiness)]
     return [
         cli, "bench", "serve",
         "--backend", "openai",
@@ -710,7 +709,6 @@ async def measure(
                                 load,
                                 args.warmups,
                                 result,
-                                load.burstiness,
                                 args.seed,
                             )
                             log_path = workdir / f"vllm-{tag}-r{rep}.log"

@@ -6,34 +6,19 @@ every request of every row completes, the percentiles are ordered, the verdicts 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+from .procs import run_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
 
 
 def test_quick_run_writes_rows_capacity_and_verdicts(tmp_path: Path) -> None:
     out = tmp_path / "cc.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "client_capacity.py"),
-            "--quick",
-            "--clients",
-            "current",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = run_benchmark("client_capacity", "--quick", "--clients", "current", "--out", str(out),
+                         cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]

@@ -7,19 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-from .procs import marked_pids
+from .procs import marked_pids, run_benchmark
 from .test_study import FAST
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_interference_benchmark_on_two_simulated_gpus(tmp_path: Path) -> None:
@@ -27,28 +23,11 @@ def test_interference_benchmark_on_two_simulated_gpus(tmp_path: Path) -> None:
     reserve = 1 if len(cores) >= 3 else 0  # keep a core for the client where there are enough
     marker = f"interference-{uuid.uuid4().hex}"
     out = tmp_path / "interference.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "interference.py"),
-            "--reps",
-            "1",
-            "--out",
-            str(out),
-            "--log-dir",
-            str(tmp_path / "logs"),
-            "--",
-            "+workload=chat",
-            *FAST,
-            "engine.gpus=[0,1]",
-            f"engine.cpu_reserve={reserve}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={**os.environ, "TUNER_TEST_MARKER": marker},
-    )
+    proc = run_benchmark(
+        "interference", "--reps", "1", "--out", str(out), "--log-dir", str(tmp_path / "logs"),
+        "--", "+workload=chat", *FAST, "engine.gpus=[0,1]", f"engine.cpu_reserve={reserve}",
+        cwd=tmp_path, timeout=120, env={**os.environ, "TUNER_TEST_MARKER": marker},
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert marked_pids(marker) == [], "a server process survived the benchmark"
     data = json.loads(out.read_text())

@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+from .procs import run_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
 VLLM = os.environ.get("TUNER_VLLM_CLI") or shutil.which("vllm")
 
 
@@ -27,24 +25,10 @@ VLLM = os.environ.get("TUNER_VLLM_CLI") or shutil.which("vllm")
 def test_quick_pair_against_the_simulator(tmp_path: Path, load: list[str]) -> None:
     assert VLLM is not None
     out = tmp_path / "rvb.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "replay_vs_vllm_bench.py"),
-            "--quick",
-            *load,
-            "--sim-speedup",
-            "5",
-            "--vllm",
-            VLLM,
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    proc = run_benchmark(
+        "replay_vs_vllm_bench", "--quick", *load, "--sim-speedup", "5", "--vllm", VLLM,
+        "--out", str(out), cwd=tmp_path, timeout=600,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["setup"]["quick"] is True and data["setup"]["fresh_server_per_run"] is True

@@ -164,11 +164,11 @@ def test_load_labels(rvb: Any) -> None:
 
 
 def test_vllm_argv_open_and_closed_loop(rvb: Any, tmp_path: Path) -> None:
-    def argv(load: Any, burstiness: float = float("inf")) -> list[str]:
+    def argv(load: Any) -> list[str]:
         return list(
             rvb.vllm_argv(
                 "vllm", "http://h", "m", tmp_path, tmp_path / "d.json", 10, None, load, 1,
-                tmp_path / "r.json", burstiness, 7,
+                tmp_path / "r.json", 7,
             )
         )  # fmt: skip
 
@@ -178,7 +178,7 @@ def test_vllm_argv_open_and_closed_loop(rvb: Any, tmp_path: Path) -> None:
     closed = argv(rvb.Load(concurrency=8))
     assert flag(closed, "--request-rate") == "inf" and flag(closed, "--max-concurrency") == "8"
     assert flag(closed, "--seed") == "7"
-    open_ = argv(rvb.Load(rate=24.0, burstiness=1.0), 1.0)
+    open_ = argv(rvb.Load(rate=24.0, burstiness=1.0))
     assert flag(open_, "--request-rate") == "24.0" and flag(open_, "--burstiness") == "1.0"
     assert "--max-concurrency" not in open_
     assert float(flag(argv(rvb.Load(rate=24.0)), "--burstiness") or 0) == float("inf")
