@@ -512,6 +512,7 @@ async def _run(
         if s.arrival_s is not None
     ]
     span = max((r.t_sent_s + (r.e2e_s or 0.0) for r in ok), default=wall)
+    probe = own.summary()
     return {
         "client": client,
         "processes": processes,
@@ -533,8 +534,8 @@ async def _run(
         "gc_older_max_ms": max(gcw.pauses, default=0.0) * 1e3,
         # the tuner's own lag probe (what a study records as client_lag_*), to hold against
         # the added latency measured from the server's stamps
-        "probe_lag_p99_ms": own.summary().get("client_lag_p99_ms"),
-        "probe_lag_max_ms": own.summary().get("client_lag_max_ms"),
+        "probe_lag_p99_ms": probe.get("client_lag_p99_ms"),
+        "probe_lag_max_ms": probe.get("client_lag_max_ms"),
     }
 
 

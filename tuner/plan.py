@@ -10,7 +10,7 @@ from rich.console import Console
 
 from tuner.config import TunerConfig
 from tuner.engine.argv import build_argv, mask_argv, secret_values
-from tuner.engine.pool import core_ranges, cpu_plan, reserved_cores
+from tuner.engine.pool import cpu_plan, describe_cores, reserved_cores
 from tuner.space import defaults, distributions
 
 __all__ = ["print_plan"]
@@ -89,8 +89,4 @@ def _print_cores(cfg: TunerConfig, console: Console) -> None:
         return
     plan = cpu_plan(cfg.engine.gpus, cpus, cfg.engine.cpu_reserve)  # validated at load
     own = reserved_cores(cpus, cfg.engine.cpu_reserve)
-    servers = ", ".join(f"GPU {g} on {core_ranges(c)}" for g, c in sorted(plan.items()))
-    tuner = (
-        f"the tuner and its replay client on {core_ranges(own)}" if own else "the tuner unpinned"
-    )
-    console.print(f"CPU cores: {tuner}; servers: {servers}")
+    console.print(f"CPU cores: {describe_cores(own, plan)}")

@@ -40,6 +40,7 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
+from tuner.aio import cancel_and_wait
 from tuner.config import ArrivalConfig
 from tuner.errors import ConfigError
 from tuner.records import RequestRecord, RequestSpec
@@ -80,6 +81,13 @@ class ClientStats:
     lag_s: list[float] = field(default_factory=list)
     cpu_s: list[float] = field(default_factory=list)
     wall_s: float = 0.0
+
+    def add(self, lag_s: Sequence[float], cpu_s: float, wall_s: float) -> None:
+        """One client process's probe: its lag samples, CPU seconds and wall seconds (the
+        longest process's wall time is kept)."""
+        self.lag_s.extend(lag_s)
+        self.cpu_s.append(cpu_s)
+        self.wall_s = max(self.wall_s, wall_s)
 
     def summary(self) -> dict[str, float]:
         """``client_lag_p99_ms``, ``client_lag_max_ms``, ``client_cpu_max`` (the busiest client
@@ -124,9 +132,7 @@ class _LagProbe:
         tb: TracebackType | None,
     ) -> None:
         assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         self.cpu_s = time.process_time() - self._cpu0
         self.wall_s = time.perf_counter() - self._t0
 
@@ -604,7 +610,5 @@ async def replay(
                         await _open_loop(runner, measured, arrival.max_concurrency, t0, deadline)
             finally:
                 if stats is not None:
-                    stats.lag_s.extend(probe.lag_s)
-                    stats.cpu_s.append(probe.cpu_s)
-                    stats.wall_s = probe.wall_s
+                    stats.add(probe.lag_s, probe.cpu_s, probe.wall_s)
         return sorted(runner.records, key=_record_order)

@@ -560,10 +560,7 @@ async def replay_in_processes(
         await pool.expect("done", _MEASURED)
         if stats is not None:
             for k in range(processes):
-                lag_s, cpu_s, wall_s = pool.extra[k]
-                stats.lag_s.extend(lag_s)
-                stats.cpu_s.append(cpu_s)
-                stats.wall_s = max(stats.wall_s, wall_s)
+                stats.add(*pool.extra[k])
         await pool.finish()
     finally:
         pool.stop()

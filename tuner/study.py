@@ -32,6 +32,7 @@ import optuna
 
 import tuner.replay as replay_mod
 from tuner import __version__
+from tuner.aio import cancel_and_wait
 from tuner.config import TunerConfig, WorkloadConfig
 from tuner.confirm import Candidate, ConfirmResult, judge, pick, stressed
 from tuner.engine.argv import (
@@ -45,7 +46,14 @@ from tuner.engine.argv import (
     trial_argv,
 )
 from tuner.engine.logparse import port_clash
-from tuner.engine.pool import GpuPool, core_ranges, cpu_plan, on_cores, reserved_cores
+from tuner.engine.pool import (
+    GpuPool,
+    core_ranges,
+    cpu_plan,
+    describe_cores,
+    on_cores,
+    reserved_cores,
+)
 from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
 from tuner.memory import ModelShape
@@ -306,11 +314,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
 def _note_own_cores(cfg: TunerConfig, cores: list[int], servers: dict[int, list[int]]) -> None:
     """``engine.cpu_pinning``: say where the tuner and the servers run; warn when the replay
     client has more processes than the cores kept for it."""
-    log.info(
-        "engine.cpu_pinning: the tuner and its replay client on CPUs %s; servers: %s",
-        core_ranges(cores),
-        ", ".join(f"GPU {g} on CPUs {core_ranges(c)}" for g, c in sorted(servers.items())),
-    )
+    log.info("engine.cpu_pinning: %s", describe_cores(cores, servers))
     procs = cfg.workload.client_processes
     if procs > len(cores):
         log.warning(
@@ -1005,9 +1009,7 @@ async def _measure(
                 records = task.result()
                 pruned = None
             else:  # pruned: keep what finished, drop what was in flight
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
                 records = list(done)
                 pruned = why[0]
                 log.info("  pruned after %d requests: %s", len(records), pruned)

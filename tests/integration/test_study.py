@@ -580,7 +580,7 @@ def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(tmp_path: Path) -> No
     )
     assert p.returncode == 0, p.stderr[-3000:]
     out = " ".join((p.stdout + p.stderr).split())
-    assert f"the tuner and its replay client on CPUs {cores[0]};" in out
+    assert f"engine.cpu_pinning: the tuner and its replay client on {cores[0]};" in out
     assert "workload.client_processes=2 shares engine.cpu_reserve=1 cores" in out
     plan = tuner(tmp_path, "+workload=chat", "dry_run=true", "engine.cpu_pinning=true",
                  "engine.cpu_reserve=1", timeout=60)  # fmt: skip

@@ -13,7 +13,7 @@ import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 
-__all__ = ["GpuPool", "core_ranges", "cpu_plan", "on_cores", "reserved_cores"]
+__all__ = ["GpuPool", "core_ranges", "cpu_plan", "describe_cores", "on_cores", "reserved_cores"]
 
 log = logging.getLogger(__name__)
 
@@ -131,3 +131,13 @@ def core_ranges(cpus: Sequence[int]) -> str:
         else:
             groups.append([c, c])
     return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in groups)
+
+
+def describe_cores(own: Sequence[int], servers: dict[int, list[int]]) -> str:
+    """``engine.cpu_pinning``'s layout in words: the tuner's cores (:func:`reserved_cores`) and
+    each GPU's server's (:func:`cpu_plan`)."""
+    tuner = "the tuner unpinned"
+    if own:
+        tuner = f"the tuner and its replay client on {core_ranges(own)}"
+    per_gpu = ", ".join(f"GPU {g} on {core_ranges(c)}" for g, c in sorted(servers.items()))
+    return f"{tuner}; servers: {per_gpu}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -13,6 +12,8 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+from tuner.aio import cancel_and_wait
 
 __all__ = ["DEFAULT_NAMES", "MetricsScraper", "parse_metrics"]
 
@@ -140,9 +141,7 @@ class MetricsScraper:
         tb: TracebackType | None,
     ) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         try:
             if exc_type is None:
