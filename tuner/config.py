@@ -248,7 +248,11 @@ class StudyConfig:
     name: str | None = None
     """Default: ``<workload>-<model>``, so the same command continues the same study."""
     n_trials: int = 12
-    """Trials to run in this invocation (added to those already stored)."""
+    """Trials to run in this invocation (added to those already stored). A config the precheck
+    rejects before launch costs no GPU time and does not count, up to ``max_rejected`` of them."""
+    max_rejected: int = 50
+    """Configs rejected before launch that do not count toward ``n_trials`` in one invocation;
+    past this many, each further one counts (so a mostly infeasible space still ends)."""
     sampler: str = "tpe"
     seed: int = 0
     storage: str | None = None
@@ -472,6 +476,8 @@ def validate(c: TunerConfig) -> None:
         )
     if c.study.n_trials < 0:
         raise ConfigError(f"study.n_trials is {c.study.n_trials}; allowed: an integer >= 0")
+    if c.study.max_rejected < 0:
+        raise ConfigError(f"study.max_rejected is {c.study.max_rejected}; allowed: an integer >= 0")
     from tuner.prescreen import check as check_prescreen  # it owns what the landscape models
 
     check_prescreen(c)

@@ -142,3 +142,9 @@ class TrialResult:
     @property
     def ok(self) -> bool:
         return self.failure_reason is None
+
+    @property
+    def rejected_before_launch(self) -> bool:
+        """The precheck (or a lease limit) refused the params before any GPU was leased: no GPU
+        time was spent on it."""
+        return self.failure_reason is not None and not self.launched and not self.gpus

@@ -63,8 +63,9 @@ def changed_params(params: Mapping[str, Any], cfg: TunerConfig) -> str:
     return " ".join(parts) or "(vLLM defaults)"
 
 
-def progress_line(r: TrialResult, i: int, n: int, cfg: TunerConfig) -> str:
-    head = f"[{i}/{n}] trial {r.number}"
+def progress_line(r: TrialResult, i: int | None, n: int, cfg: TunerConfig) -> str:
+    """``i`` is None for a config rejected before launch that does not count toward ``n``."""
+    head = f"[{i}/{n}] trial {r.number}" if i is not None else f"[not counted] trial {r.number}"
     if r.baseline:
         head += " (baseline)"
     params = changed_params(r.params, cfg)
@@ -121,7 +122,7 @@ def gpu_time(results: Sequence[TrialResult]) -> dict[str, float]:
         "gpu_s_total": total,
         "gpu_s_failed_launches": failed,
         "gpu_s_failed_share": failed / total if total else 0.0,
-        "trials_not_launched": float(sum(not r.launched for r in results)),
+        "trials_not_launched": float(sum(r.rejected_before_launch for r in results)),
     }
 
 

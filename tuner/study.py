@@ -337,16 +337,21 @@ async def _trials(
 
     A trial is asked for only when a worker is free, so the sampler sees the running ones
     (TPE's constant liar). Blocking tracking calls run in a thread so they do not stall the
-    replays of trials still measuring.
+    replays of trials still measuring. A config rejected before launch is told to Optuna like
+    any trial (the sampler learns the infeasible region from it) but, up to
+    ``study.max_rejected`` of them, does not count toward ``n_trials``: it cost no GPU time.
     """
     cfg = ctx.cfg
     n = cfg.study.n_trials
+    free_limit = cfg.study.max_rejected
     slots = asyncio.Semaphore(cfg.study.n_workers)
-    finished = 0
+    finished = 0  # counted trials finished
+    counted = 0  # trials asked for that count toward n (so far)
+    free = 0  # configs rejected before launch that did not count
     t_start = time.monotonic()
 
     async def one(trial: optuna.Trial) -> None:
-        nonlocal finished
+        nonlocal finished, counted, free
         baseline = bool(trial.user_attrs.get("baseline", False))
         try:
             result = await _run_trial(ctx, trial.number, dict(trial.params), baseline)
@@ -359,9 +364,25 @@ async def _trials(
             raise
         finally:
             slots.release()
+        # no await between the release above and this: the asking loop sees the new count
+        not_counted = result.rejected_before_launch and free < free_limit
+        if not_counted:
+            free += 1
+            counted -= 1
+        last_free = not_counted and free == free_limit
         _tell(study, trial, result, cfg)
         await asyncio.to_thread(_record, tracker, result, ctx)
         outcome.results.append(result)
+        if not_counted:
+            log.info(progress_line(result, None, n, cfg))
+            if last_free:
+                log.warning(
+                    "the precheck has rejected %d configs in this run (study.max_rejected); "
+                    "further rejections count toward study.n_trials. Most of the space cannot "
+                    "start: narrow space.params, or see the failure reasons above",
+                    free_limit,
+                )
+            return
         finished += 1
         elapsed = time.monotonic() - t_start
         eta = elapsed / finished * (n - finished)
@@ -370,10 +391,18 @@ async def _trials(
 
     tasks: list[asyncio.Task[None]] = []
     try:
-        for i in range(n):
+        while True:
             await slots.acquire()
             if any(t.done() and t.exception() for t in tasks):
                 break  # a trial hit a tuner bug: stop asking, report it below
+            if counted >= n:
+                # enough asked; a running one may still be rejected and hand its place back
+                slots.release()
+                running = [t for t in tasks if not t.done()]
+                if not running:
+                    break
+                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                continue
             budget = cfg.study.timeout_s
             if budget is not None and time.monotonic() - t_start >= budget:
                 slots.release()
@@ -381,12 +410,13 @@ async def _trials(
                     "study.timeout_s (%g s) has passed: no new trial after %d of %d; the "
                     "running ones finish, and the same command continues the study",
                     budget,
-                    i,
+                    counted,
                     n,
                 )
                 break
             trial = study.ask(dists)
             trial.set_user_attr("worker", worker_id())
+            counted += 1
             tasks.append(asyncio.create_task(one(trial)))
         await asyncio.gather(*tasks)
     except BaseException:

@@ -15,6 +15,7 @@ import optuna
 import pytest
 
 from .procs import marked_pids
+from .trials import counted
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +62,7 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Pareto-best trials" in p.stdout
     study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
-    assert len(study.trials) == 3
+    assert len(counted(study.trials)) == 3  # configs refused before launch do not count
     first = study.trials[0]
     assert first.user_attrs["baseline"] is True
     assert first.user_attrs["failure_reason"] is None
@@ -74,7 +75,7 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
     parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
-    assert len(parents) == 1 and len(children) == 3
+    assert len(parents) == 1 and len(children) == len(study.trials)
     for c in children:
         assert c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
         assert {"engine", "model", "workload", "tuner.version", "vllm.version"} <= set(c.data.tags)
@@ -106,7 +107,7 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     p2 = tuner(tmp_path, *args)  # the same command continues the same study
     assert p2.returncode == 0, p2.stderr[-3000:]
     study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
-    assert len(study.trials) == 6
+    assert len(counted(study.trials)) == 6
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
     assert (
         len(
@@ -132,7 +133,7 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
         "study.precheck=false",  # launch them: this test is about vLLM's refusal as data
         "study.enqueue=[{gpu_memory_utilization:0.10},{gpu_memory_utilization:0.11}]",
         "space.params.gpu_memory_utilization.low=0.10",
-        "space.params.gpu_memory_utilization.high=0.12",
+        "space.params.gpu_memory_utilization.high=0.11",
         *FAST,
     )
     assert p.returncode == 0, p.stderr[-3000:]
@@ -284,7 +285,7 @@ def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> 
     )
     assert p.returncode == 0, p.stderr[-3000:]
     study = optuna.load_study(study_name="pre", storage=storage(tmp_path))
-    base, low, chunk = study.trials
+    base, low, chunk = study.trials[:3]
     assert base.user_attrs["launched"] is True and base.user_attrs["failure_reason"] is None
     assert low.user_attrs["launched"] is False
     assert low.user_attrs["failure_reason"] == "no_kv_memory"
@@ -292,8 +293,36 @@ def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> 
     assert chunk.user_attrs["failure_reason"] == "invalid_config"
     assert chunk.user_attrs["launched"] is False
     assert not list(tmp_path.glob("outputs/runs/*/trial_0001/server.log"))
-    assert "2 trial(s) rejected before launch" in p.stdout
+    # the rejected configs cost no GPU time and do not count: 3 trials were launched
+    rejected = [t for t in study.trials if t.user_attrs["launched"] is False]
+    assert len(study.trials) - len(rejected) == 3
+    assert f"{len(rejected)} trial(s) rejected before launch" in p.stdout
+    assert "[not counted] trial 1: FAILED no_kv_memory" in p.stdout
+    assert "[not counted] trial 2: FAILED invalid_config" in p.stdout
     assert "(0.0%) on launches that failed" in p.stdout
+
+
+def test_rejections_count_past_max_rejected(tmp_path: Path) -> None:
+    # every config of this space is refused before launch (gmu <= 0.11 does not hold the weights)
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "study.n_trials=2",
+        "study.max_rejected=3",
+        "study.baseline_first=false",
+        "study.name=norej",
+        "space.params.gpu_memory_utilization.low=0.10",
+        "space.params.gpu_memory_utilization.high=0.11",
+        *FAST,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    study = optuna.load_study(study_name="norej", storage=storage(tmp_path))
+    assert len(study.trials) == 3 + 2  # 3 free rejections, then 2 that count
+    assert all(t.user_attrs["launched"] is False for t in study.trials)
+    assert all(t.constraints and max(t.constraints.values()) > 0 for t in study.trials)
+    assert p.stdout.count("[not counted]") == 3
+    assert "[1/2]" in p.stdout and "[2/2]" in p.stdout
+    assert "the precheck has rejected 3 configs in this run (study.max_rejected)" in p.stdout
 
 
 def test_replay_is_pruned_once_the_slo_is_lost(tmp_path: Path) -> None:
@@ -423,7 +452,7 @@ def test_a_study_of_the_full_space_continues_in_the_default_space(tmp_path: Path
     p = tuner(tmp_path, *common, "study.n_trials=3")
     assert p.returncode == 0, p.stderr[-3000:]
     trials = optuna.load_study(study_name="s", storage=storage(tmp_path)).trials
-    assert len(trials) == 5
+    assert len(counted(trials)) == 5
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert all("enforce_eager" not in t.params for t in trials[2:])
     assert all("cudagraph_mode" in t.params for t in trials[2:])  # graphs are searched instead

@@ -32,6 +32,7 @@ def test_missing_workload_is_one_line(make_cfg) -> None:
         ("objective.objectives.0.metric=speed", "output_throughput"),
         ("workload.arrival.kind=storm", "poisson"),
         ("model.path=/nonexistent", "config.json"),
+        ("study.max_rejected=-1", r"study.max_rejected is -1; allowed: an integer >= 0"),
     ],
 )
 def test_semantic_errors(make_cfg, override: str, needle: str) -> None:
