@@ -16,16 +16,19 @@ Ordered numeric parameters with more than two values (gpu_memory_utilization, ma
 given to the samplers as an integer index into their values (``suggest_int``), so TPE and GP see
 their order, as the tuner's float/log-int ranges do; the rest are categorical.
 
-What the tuner itself does is a different strategy, reported beside the samplers as ``tuner``:
-its trial 1 is vLLM's defaults (``study.baseline_first``: the defaults are enqueued before any
-sampled trial), then TPE with the tuner's settings (``TPESampler(seed=s,
-n_startup_trials=study.n_startup_trials)``). The defaults (``gpu_memory_utilization`` 0.92,
-``max_num_seqs`` 1024, ...) are not a grid point, so trial 1's result is
-``evaluate(shape, gpu, {}, ...)`` itself, and the trial the sampler is told about carries the
-nearest grid point's params (the enqueued params) with that result. ``base+KIND`` is the same with
-any other sampler kind after the baseline (``tuner`` is ``base+tpe@K``); ``base+random`` tells how
-much of the tuner's count the baseline alone explains. The output and the JSON say which share of
-the optimum the defaults reach on their own.
+What the tuner itself does is a different strategy, reported beside the samplers as ``tuner``: its
+trial 1 is vLLM's defaults (``study.baseline_first``: the defaults are enqueued before any sampled
+trial), then TPE with the tuner's settings (``TPESampler(seed=s,
+n_startup_trials=study.n_startup_trials)``), and a grid point the tuner's precheck refuses before
+launch (``tuner.precheck`` with ``space=full``) is told to the sampler but not counted, as the
+tuner's ``study.n_trials`` counts only trials that took a GPU. ``pre+KIND`` is KIND counted the
+same way (``pre+random`` is the fair comparison for ``tuner``). The defaults
+(``gpu_memory_utilization`` 0.92, ``max_num_seqs`` 1024, ...) are not a grid point, so trial 1's
+result is ``evaluate(shape, gpu, {}, ...)`` itself, and the trial the sampler is told about carries
+the nearest grid point's params (the enqueued params) with that result. ``base+KIND`` is the same
+with any other sampler kind after the baseline (``tuner`` is ``base+pre+tpe@K``); ``base+random``
+tells how much of the tuner's count the baseline alone explains. The output and the JSON say which
+share of the optimum the defaults reach on their own.
 
 ``--override KEY=VALUE`` (repeatable) is passed to the Hydra compose after ``+workload=chat``, so
 the landscape can be made harder while keeping the chat profile's request stream, e.g.
@@ -61,7 +64,9 @@ if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from tuner.config import SpaceConfig, load_config  # noqa: E402
+from tuner.errors import TrialFailed  # noqa: E402
 from tuner.memory import GPU_PROFILES, ModelShape  # noqa: E402
+from tuner.precheck import precheck  # noqa: E402
 from tuner.sim.landscape import LandscapeResult, evaluate, prepare_stream  # noqa: E402
 from tuner.space import resolved  # noqa: E402
 from tuner.workload import build_requests  # noqa: E402
@@ -125,11 +130,13 @@ def make_sampler(kind: str, seed: int) -> optuna.samplers.BaseSampler:
 
 
 BASELINE_PREFIX = "base+"
+PRECHECK_PREFIX = "pre+"
 
 
 def resolve_kind(kind: str, tuner_startup: int) -> str:
-    """``tuner`` is what the tuner runs: the baseline, then TPE with its n_startup_trials."""
-    return f"{BASELINE_PREFIX}tpe@{tuner_startup}" if kind == "tuner" else kind
+    """``tuner`` is what the tuner runs: the baseline, then TPE with its n_startup_trials, the
+    precheck's refusals not counted."""
+    return f"{BASELINE_PREFIX}{PRECHECK_PREFIX}tpe@{tuner_startup}" if kind == "tuner" else kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +171,10 @@ def nearest_grid_params(space: Sequence[Dim], values: dict[str, Any]) -> tuple[K
     return tuple(key), encoded
 
 
+MAX_ASKS_PER_TRIAL = 20
+"""``pre+KIND``: at most this many asks per counted trial (a sampler stuck on rejected points)."""
+
+
 def trials_to_reach(
     kind: str,
     seed: int,
@@ -172,14 +183,21 @@ def trials_to_reach(
     n_trials: int,
     target: float,
     baseline: Baseline | None = None,
+    rejected: Callable[[Key], bool] | None = None,
 ) -> tuple[int | None, list[float]]:
     """1-based trial number at which the best goodput so far first reaches ``target``.
 
     ``base+KIND``: trial 1 is ``baseline`` (enqueued, as the tuner's ``study.baseline_first``),
-    the rest are KIND's.
+    the rest are KIND's. ``pre+KIND``: a point ``rejected`` says the tuner's precheck refuses is
+    told to the sampler (infeasible) but not counted, as the tuner's ``study.n_trials`` counts
+    only trials that took a GPU; ``n_trials`` and the count are then launched trials.
     """
     with_baseline = kind.startswith(BASELINE_PREFIX)
     sampler_kind = kind.removeprefix(BASELINE_PREFIX)
+    with_precheck = sampler_kind.startswith(PRECHECK_PREFIX)
+    sampler_kind = sampler_kind.removeprefix(PRECHECK_PREFIX)
+    if with_precheck and rejected is None:
+        raise ValueError(f"{kind} needs the precheck's verdicts")
     study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler_kind, seed))
     if with_baseline:
         if baseline is None:
@@ -188,12 +206,18 @@ def trials_to_reach(
     reached: int | None = None
     best = -math.inf
     history: list[float] = []
-    for n in range(1, n_trials + 1):
+    n = asks = 0
+    while n < n_trials and asks < MAX_ASKS_PER_TRIAL * n_trials:
         trial = study.ask()
+        asks += 1
         key = suggest(trial, space)
-        res = baseline.result if with_baseline and n == 1 and baseline else lookup(key)
+        first = with_baseline and asks == 1 and baseline is not None
+        res = baseline.result if first and baseline else lookup(key)
         trial.set_constraint("failed", 0.0 if res.feasible else 1.0)
         study.tell(trial, res.goodput)
+        if with_precheck and not first and rejected is not None and rejected(key):
+            continue  # refused before launch: no GPU time, not counted
+        n += 1
         best = max(best, res.goodput)
         history.append(best)
         if reached is None and best >= target:
@@ -227,7 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--samplers",
         default="tpe,gp,random",
         help="tpe, gp, random, tpe@K, gp@K, tuner (vLLM's defaults first, then tpe@"
-        "study.n_startup_trials), base+KIND (the defaults first, then KIND)",
+        "study.n_startup_trials), base+KIND (the defaults first, then KIND), pre+KIND (KIND; "
+        "what the precheck refuses is not counted, as in the tuner's study.n_trials)",
     )
     ap.add_argument(
         "--override",
@@ -269,14 +294,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     w = cfg.workload
     k_startup = cfg.study.n_startup_trials
     if tuner_startup:
-        extra_kinds = [f"tpe@{k_startup}", f"gp@{k_startup}", "tuner", f"{BASELINE_PREFIX}random"]
+        extra_kinds = [
+            f"tpe@{k_startup}",
+            f"gp@{k_startup}",
+            "tuner",
+            f"{BASELINE_PREFIX}random",
+            f"{PRECHECK_PREFIX}random",
+            f"{PRECHECK_PREFIX}tpe@{k_startup}",
+        ]
         samplers += [kind for kind in extra_kinds if kind not in samplers]
     skipped: dict[str, str] = {}
     if importlib.util.find_spec("torch") is None:
         gp_kinds = [
             s
             for s in samplers
-            if resolve_kind(s, k_startup).removeprefix(BASELINE_PREFIX).partition("@")[0] == "gp"
+            if resolve_kind(s, k_startup)
+            .removeprefix(BASELINE_PREFIX)
+            .removeprefix(PRECHECK_PREFIX)
+            .partition("@")[0]
+            == "gp"
         ]
         for kind in gp_kinds:
             # GPSampler needs PyTorch, which is not a dependency of the tuner
@@ -336,6 +372,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({100 * good_share:.2f} % of the grid)"
     )
 
+    # what the tuner's precheck refuses before launch (space=full: it searches enforce_eager too)
+    with tempfile.TemporaryDirectory(prefix="sample-eff-") as tmp:
+        pre_cfg = load_config(
+            ["+workload=chat", "space=full", f"paths.output_dir={tmp}", f"paths.state_dir={tmp}"]
+            + ([f"workload.num_requests={num_requests}"] if num_requests is not None else [])
+            + list(args.override)
+        )
+    refused: dict[Key, bool] = {}
+    for key in cache:
+        params = {d.name: v for d, v in zip(space, key, strict=True)}
+        try:
+            precheck(pre_cfg, shape, resolved(pre_cfg.space, params), requests)
+            refused[key] = False
+        except TrialFailed:
+            refused[key] = True
+    n_refused = sum(refused.values())
+    refused_feasible = sum(refused[k] and cache[k].feasible for k in cache)
+    print(
+        f"the tuner's precheck refuses {n_refused} points before launch "
+        f"({sum(refused[k] and not cache[k].feasible for k in cache)} of the {len(infeasible)} "
+        f"infeasible ones, {refused_feasible} feasible ones)"
+    )
+
     # vLLM's defaults: the tuner's first trial (study.baseline_first)
     vllm_defaults = vllm_default_params(cfg.space)
     base_res = evaluate(shape, gpu, {}, stream, concurrency=concurrency, slo=w.slo)
@@ -373,6 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 n_trials,
                 target,
                 baseline,
+                refused.__getitem__,
             )
             counts.append(reached if reached is not None else n_trials + 1)
             if reached is None:
@@ -395,6 +455,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k in samplers
         if k != "random" and rnd is not None
     }
+    pre_rnd = results.get(f"{PRECHECK_PREFIX}random", {}).get("median")
+    for k in samplers:  # counted in launches: against random counted the same way
+        counts_launches = PRECHECK_PREFIX in resolve_kind(k, k_startup)
+        if counts_launches and k != f"{PRECHECK_PREFIX}random" and pre_rnd:
+            ratios[f"{k}/{PRECHECK_PREFIX}random"] = results[k]["median"] / pre_rnd
     base_rnd = results.get(f"{BASELINE_PREFIX}random", {}).get("median")
     for k in samplers:
         is_based = k.startswith(BASELINE_PREFIX) or k == "tuner"
@@ -428,7 +493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(k == "tuner" or k.startswith(BASELINE_PREFIX) for k in samplers):
         print(
             f"(tuner = what the tuner runs: trial 1 is vLLM's defaults, then "
-            f"TPESampler(seed, n_startup_trials={k_startup}); base+KIND = the defaults, then KIND. "
+            f"TPESampler(seed, n_startup_trials={k_startup}), counting launched trials; "
+            f"base+KIND = the defaults, then KIND; pre+KIND = KIND counting launched trials. "
             f"The defaults alone reach {100 * base_share:.1f} % of the optimum, so these count "
             + (
                 "1 for every seed whatever the sampler)"
@@ -452,9 +518,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the same rule for the other strategies (not the issue's criterion, which is about tpe/gp)
     also: dict[str, bool] = {}
     for kind in samplers:
-        if kind not in ("tpe", "gp", "random") and rnd:
+        # launches are held to random counted in launches (pre+random) when it ran
+        in_launches = PRECHECK_PREFIX in resolve_kind(kind, k_startup)
+        ref = pre_rnd if in_launches and pre_rnd else rnd
+        if kind not in ("tpe", "gp", "random", f"{PRECHECK_PREFIX}random") and ref:
             med = results[kind]["median"]
-            also[kind] = med <= TARGET_RATIO * rnd and med <= TARGET_TRIALS
+            also[kind] = med <= TARGET_RATIO * ref and med <= TARGET_TRIALS
     detail = ", ".join(
         f"{k}: median {results[k]['median']:.1f} vs {TARGET_RATIO} x random "
         f"{TARGET_RATIO * rnd:.1f} and {TARGET_TRIALS} -> {'yes' if ok else 'no'}"
@@ -468,7 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if also:
         print(
-            "the same rule for the other strategies (vs random without the baseline): "
+            "the same rule for the other strategies (vs random, or vs pre+random for those "
+            "counted in launches): "
             + ", ".join(f"{k} {'yes' if ok else 'no'}" for k, ok in also.items())
         )
 
@@ -506,6 +576,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "within_threshold_share": good_share,
             "random_with_replacement": expect,
         },
+        "precheck": {
+            "what": "grid points the tuner's precheck refuses before launch (space=full); "
+            "pre+KIND does not count them, as study.n_trials does not",
+            "refused": n_refused,
+            "refused_infeasible": n_refused - refused_feasible,
+            "refused_feasible": refused_feasible,
+        },
         "baseline": {
             "what": "vLLM's defaults (evaluate(shape, gpu, {}, ...)); the tuner's first trial "
             "(study.baseline_first)",
@@ -528,8 +605,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tpe@K / gp@K": "the same with n_startup_trials=K (the tuner's study.n_startup_trials)",
             "tuner": f"what the tuner runs: trial 1 = vLLM's defaults (enqueued; the sampler is "
             f"told the nearest grid point's params with the defaults' result), then "
-            f"TPESampler(seed=s, n_startup_trials={k_startup})",
+            f"TPESampler(seed=s, n_startup_trials={k_startup}); what the precheck refuses is not "
+            f"counted (base+pre+tpe@{k_startup})",
             "base+KIND": "trial 1 = vLLM's defaults as for tuner, then KIND",
+            "pre+KIND": "KIND, but points the precheck refuses are told to the sampler and not "
+            "counted (trials = launches, as the tuner's study.n_trials counts them)",
         },
         "skipped_samplers": skipped,
         "ratios": ratios,

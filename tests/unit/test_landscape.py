@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -274,7 +275,7 @@ def test_sample_efficiency_quick_writes_json(tmp_path: Path) -> None:
             str(ROOT / "benchmarks" / "sample_efficiency.py"),
             "--quick",
             "--samplers",
-            "tpe,random,tuner",
+            "tpe,random,tuner,pre+random",
             "--override",
             "workload.slo.ttft_ms=1500",
             "--out",
@@ -303,8 +304,13 @@ def test_sample_efficiency_quick_writes_json(tmp_path: Path) -> None:
     assert base["params"]["max_num_seqs"] == 1024  # vLLM's default, not a grid value
     assert base["share_of_optimum"] == pytest.approx(base["goodput"] / data["grid"]["optimum"])
     assert base["reaches_threshold"] == (base["share_of_optimum"] >= data["threshold"])
+    # the precheck refuses only points the landscape says cannot start
+    pre = data["precheck"]
+    assert pre["refused_feasible"] == 0
+    assert 0 < pre["refused"] == pre["refused_infeasible"] <= data["grid"]["infeasible"]
+    assert "pre+random/random" in data["ratios"]
     tuner = data["samplers"]["tuner"]
-    assert tuner["strategy"].startswith("base+tpe@")
+    assert tuner["strategy"].startswith("base+pre+tpe@")
     assert all(
         curve[0] == pytest.approx(base["goodput"], abs=1e-4) for curve in tuner["best_so_far"]
     )
@@ -313,9 +319,7 @@ def test_sample_efficiency_quick_writes_json(tmp_path: Path) -> None:
     assert "baseline alone" in base["note"] and "vLLM's defaults" in proc.stdout
 
 
-def test_sample_efficiency_full_grid_has_a_baseline_point(tmp_path: Path) -> None:
-    """Every dimension of the full grid has a vLLM default in the default space, searched or
-    not (enforce_eager is off there): the baseline maps to a grid point."""
+def _sample_efficiency_module() -> Any:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -325,6 +329,36 @@ def test_sample_efficiency_full_grid_has_a_baseline_point(tmp_path: Path) -> Non
     se = importlib.util.module_from_spec(spec)
     sys.modules["sample_efficiency"] = se  # its dataclasses look their module up
     spec.loader.exec_module(se)
+    return se
+
+
+def test_sample_efficiency_counts_launches_with_pre() -> None:
+    """``pre+KIND`` tells refused points to the sampler but counts only the others."""
+    se = _sample_efficiency_module()
+    space = (se.Dim("a", tuple(range(6)), ordinal=True), se.Dim("b", (True, False)))
+    good = (5, True)  # the only point that launches, and it reaches the target
+
+    def lookup(key: tuple) -> Any:
+        ok = key == good
+        return SimpleNamespace(feasible=ok, goodput=1.0 if ok else 0.0)
+
+    all_asks = []
+    for seed in range(3):
+        asks, _ = se.trials_to_reach("random", seed, space, lookup, 200, 0.95)
+        launches, history = se.trials_to_reach(
+            "pre+random", seed, space, lookup, 200, 0.95, rejected=lambda k: k != good
+        )
+        assert launches == 1 and history[0] == 1.0
+        all_asks.append(asks)  # the same draws, every one counted
+    assert max(all_asks) > 1, all_asks
+    with pytest.raises(ValueError, match="precheck"):
+        se.trials_to_reach("pre+random", 0, space, lookup, 5, 0.95)
+
+
+def test_sample_efficiency_full_grid_has_a_baseline_point(tmp_path: Path) -> None:
+    """Every dimension of the full grid has a vLLM default in the default space, searched or
+    not (enforce_eager is off there): the baseline maps to a grid point."""
+    se = _sample_efficiency_module()
     GlobalHydra.instance().clear()
     cfg = load_config(
         ["+workload=chat", f"paths.output_dir={tmp_path}", f"paths.state_dir={tmp_path}"]
