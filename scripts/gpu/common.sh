@@ -23,14 +23,15 @@ CHAT_ARGS=(+workload=chat engine=$ENGINE model=qwen3-8b study.name=chat256-qwen3
   objective=goodput
   'confirm.picks=[goodput,baseline]' confirm.load_factor=1 confirm.duration_factor=1)
 # how many trials study $2 (storage under $W/$3, default chat) still lacks to reach $1 finished
-# (complete or pruned) trials
+# (complete or pruned) trials; configs refused before launch do not count (as in study.n_trials)
 remaining() {
   python3 - "$1" "$W" "${2:-chat256-qwen3-8b}" "${3:-chat}" <<'PY'
 import sys, optuna
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 try:
     s = optuna.load_study(study_name=sys.argv[3], storage=f"sqlite:///{sys.argv[2]}/{sys.argv[4]}/outputs/state/optuna.db")
-    done = sum(t.state.is_finished() and t.state.name != "FAIL" for t in s.trials)
+    refused = lambda t: t.user_attrs.get("launched") is False and not t.user_attrs.get("gpus")
+    done = sum(t.state.is_finished() and t.state.name != "FAIL" and not refused(t) for t in s.trials)
 except Exception:
     done = 0
 print(max(0, int(sys.argv[1]) - done))
