@@ -15,6 +15,9 @@ from tuner.space import defaults, distributions
 
 __all__ = ["print_plan"]
 
+SPACE_DRAWS = 1000
+"""Uniform draws from the space whose precheck verdicts the plan summarises."""
+
 STREAMS_PER_PROCESS_NOTE = 100
 """Above this many requests in flight per client process the plan says the client adds
 latency of its own (docs/replay-accuracy.md)."""
@@ -40,6 +43,7 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
         "argv with vLLM defaults: "
         + " ".join(mask_argv(argv, secret_values(cfg.engine, model=cfg.model)))
     )
+    _print_refusals(cfg, console)
     _print_client(cfg, console)
     _print_cores(cfg, console)
     ps = cfg.study.prescreen
@@ -90,3 +94,53 @@ def _print_cores(cfg: TunerConfig, console: Console) -> None:
     plan = cpu_plan(cfg.engine.gpus, cpus, cfg.engine.cpu_reserve)  # validated at load
     own = reserved_cores(cpus, cfg.engine.cpu_reserve)
     console.print(f"CPU cores: {describe_cores(own, plan)}")
+
+
+def refusal_shares(cfg: TunerConfig, draws: int = SPACE_DRAWS, seed: int = 0) -> dict[str, float]:
+    """The share of ``draws`` uniform draws from the space that the precheck refuses before
+    launch, per failure reason (what random search would meet; TPE learns to avoid them)."""
+    import optuna
+
+    from tuner.errors import TrialFailed
+    from tuner.memory import ModelShape
+    from tuner.precheck import precheck
+    from tuner.space import resolved
+    from tuner.workload import build_requests
+
+    dists = distributions(cfg.space)
+    shape = ModelShape.from_dir(cfg.model.path)
+    requests = build_requests(cfg.workload, Path(cfg.model.path))
+    sampler = optuna.samplers.RandomSampler(seed=seed)
+    study = optuna.create_study(sampler=sampler)  # in memory: nothing is stored
+    counts: dict[str, int] = {}
+    for _ in range(draws):
+        trial = study.ask(dists)
+        try:
+            precheck(cfg, shape, resolved(cfg.space, trial.params), requests)
+        except TrialFailed as exc:
+            counts[exc.reason.value] = counts.get(exc.reason.value, 0) + 1
+        study.tell(trial, 0.0)
+    return {reason: n / draws for reason, n in sorted(counts.items(), key=lambda kv: -kv[1])}
+
+
+def _print_refusals(cfg: TunerConfig, console: Console) -> None:
+    """How much of the space the precheck refuses, and what that means for ``n_trials``."""
+    if not cfg.study.precheck or not distributions(cfg.space):
+        return
+    shares = refusal_shares(cfg)
+    total = sum(shares.values())
+    detail = ", ".join(
+        f"{reason} {share:.0%}" if share >= 0.01 else f"{reason} <1%"
+        for reason, share in shares.items()
+    )
+    console.print(
+        f"precheck: refuses {total:.0%} of {SPACE_DRAWS} random configs from this space"
+        + (f" ({detail})" if detail else "")
+        + f"; they cost no GPU time and do not count toward study.n_trials (at most "
+        f"study.max_rejected={cfg.study.max_rejected} per run)"
+    )
+    if total >= 0.5:
+        console.print(
+            f"note: {total:.0%} of the space cannot start; narrow space.params (the reasons "
+            "above say which limit is hit)"
+        )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -644,6 +645,8 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()
     assert not list(tmp_path.glob("outputs/runs/*/trial_*"))
     assert "prescreen" not in out  # off by default
+    assert "do not count toward study.n_trials (at most study.max_rejected=50 per run)" in out
+    assert re.search(r"precheck: refuses \d+% of 1000 random configs .*invalid_config", out)
     assert "replay client: 1 process on asyncio, 64 requests in flight (64 per process)" in out
     assert "note: over 100 streams per client process" not in out
     n = len(os.sched_getaffinity(0))
