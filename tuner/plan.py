@@ -104,22 +104,24 @@ def refusal_shares(cfg: TunerConfig, draws: int = SPACE_DRAWS, seed: int = 0) ->
     from tuner.errors import TrialFailed
     from tuner.memory import ModelShape
     from tuner.precheck import precheck
+    from tuner.prescreen import quiet_optuna
     from tuner.space import resolved
     from tuner.workload import build_requests
 
     dists = distributions(cfg.space)
     shape = ModelShape.from_dir(cfg.model.path)
     requests = build_requests(cfg.workload, Path(cfg.model.path))
-    sampler = optuna.samplers.RandomSampler(seed=seed)
-    study = optuna.create_study(sampler=sampler)  # in memory: nothing is stored
     counts: dict[str, int] = {}
-    for _ in range(draws):
-        trial = study.ask(dists)
-        try:
-            precheck(cfg, shape, resolved(cfg.space, trial.params), requests)
-        except TrialFailed as exc:
-            counts[exc.reason.value] = counts.get(exc.reason.value, 0) + 1
-        study.tell(trial, 0.0)
+    with quiet_optuna():
+        sampler = optuna.samplers.RandomSampler(seed=seed)
+        study = optuna.create_study(sampler=sampler)  # in memory: nothing is stored
+        for _ in range(draws):
+            trial = study.ask(dists)
+            try:
+                precheck(cfg, shape, resolved(cfg.space, trial.params), requests)
+            except TrialFailed as exc:
+                counts[exc.reason.value] = counts.get(exc.reason.value, 0) + 1
+            study.tell(trial, 0.0)
     return {reason: n / draws for reason, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 

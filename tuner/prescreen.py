@@ -48,7 +48,7 @@ from tuner.sim.landscape import LandscapeResult, PreparedStream, evaluate, prepa
 from tuner.space import defaults, distributions, resolved
 from tuner.workload import build_requests
 
-__all__ = ["METRICS", "Pick", "prescreen"]
+__all__ = ["METRICS", "Pick", "prescreen", "quiet_optuna"]
 
 log = logging.getLogger("tuner")
 
@@ -195,7 +195,7 @@ def prescreen(
         sampler = optuna.samplers.TPESampler(
             seed=cfg.study.seed, n_startup_trials=min(10, p.trials), multivariate=True
         )
-    with _quiet():
+    with quiet_optuna():
         study = optuna.create_study(
             directions=[
                 optuna.study.StudyDirection.MAXIMIZE
@@ -274,8 +274,8 @@ def prescreen(
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Optuna's per-trial INFO lines off while the in-memory study runs (hundreds of them)."""
+def quiet_optuna() -> Iterator[None]:
+    """Optuna's INFO lines (study created, per trial) off while an in-memory study runs."""
     before = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:

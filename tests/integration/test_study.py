@@ -647,6 +647,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert "prescreen" not in out  # off by default
     assert "do not count toward study.n_trials (at most study.max_rejected=50 per run)" in out
     assert re.search(r"precheck: refuses \d+% of 1000 random configs .*invalid_config", out)
+    assert "study created in memory" not in p.stdout + p.stderr  # its Optuna study is quiet
     assert "replay client: 1 process on asyncio, 64 requests in flight (64 per process)" in out
     assert "note: over 100 streams per client process" not in out
     n = len(os.sched_getaffinity(0))
