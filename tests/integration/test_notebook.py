@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import optuna
 import pytest
 from nbclient import NotebookClient
+
+from .trials import counted
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +32,11 @@ def execute(
     assert not [o for o in outputs if o.get("output_type") == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     return outputs, text
+
+
+def stored_trials(cwd: Path, name: str) -> list[optuna.trial.FrozenTrial]:
+    url = f"sqlite:///{cwd / 'outputs' / 'state' / 'optuna.db'}"
+    return optuna.load_study(study_name=name, storage=url).trials
 
 
 def test_pareto_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,7 +61,9 @@ def test_pareto_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     )
     assert p.returncode == 0, p.stderr[-2000:]
     outputs, text = execute("pareto.ipynb", tmp_path, monkeypatch)
-    assert "study chat-qwen3-8b: 4 trials" in text
+    trials = stored_trials(tmp_path, "chat-qwen3-8b")
+    assert len(counted(trials)) == 4  # and the configs refused before launch, if any
+    assert f"study chat-qwen3-8b: {len(trials)} trials" in text
     assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
 
 
@@ -78,8 +88,10 @@ def test_pareto_fronts_notebook_compares_two_studies(
         )
         assert p.returncode == 0, p.stderr[-2000:]
     outputs, text = execute("pareto_fronts.ipynb", tmp_path, monkeypatch)
-    assert "study chat-qwen3-8b: 3 trials, workload chat" in text
-    assert "study long_docs-qwen3-8b: 3 trials, workload long_docs" in text
+    for workload in ("chat", "long_docs"):
+        trials = stored_trials(tmp_path, f"{workload}-qwen3-8b")
+        assert len(counted(trials)) == 3
+        assert f"study {workload}-qwen3-8b: {len(trials)} trials, workload {workload}" in text
     # each study's exported config came back from the MLflow run that published it
     assert text.count("(MLflow run ") == 2
     assert text.count("model: ") == 2 and "# best-" in text

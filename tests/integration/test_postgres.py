@@ -94,10 +94,10 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
         timeout=300,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"Study {name}: 12 trials" in r.stdout
+    assert f"Study {name}: {len(numbers)} trials" in r.stdout
     assert (tmp_path / "report" / "best-goodput.yaml").is_file()
     assert (tmp_path / "report" / "pareto.html").is_file()
     # one worker confirmed (the one that finished last); the other saw it still running or done
     confirmed = [o for o in outs if "Confirm: the picks under stress" in o]
     assert 1 <= len(confirmed) <= 2
-    assert len(optuna.load_study(study_name=name, storage=URL).trials) == 12
+    assert len(optuna.load_study(study_name=name, storage=URL).trials) == len(numbers)
