@@ -171,10 +171,6 @@ def nearest_grid_params(space: Sequence[Dim], values: dict[str, Any]) -> tuple[K
     return tuple(key), encoded
 
 
-MAX_ASKS_PER_TRIAL = 20
-"""``pre+KIND``: at most this many asks per counted trial (a sampler stuck on rejected points)."""
-
-
 def trials_to_reach(
     kind: str,
     seed: int,
@@ -184,13 +180,15 @@ def trials_to_reach(
     target: float,
     baseline: Baseline | None = None,
     rejected: Callable[[Key], bool] | None = None,
+    max_rejected: int = 50,
 ) -> tuple[int | None, list[float]]:
     """1-based trial number at which the best goodput so far first reaches ``target``.
 
     ``base+KIND``: trial 1 is ``baseline`` (enqueued, as the tuner's ``study.baseline_first``),
     the rest are KIND's. ``pre+KIND``: a point ``rejected`` says the tuner's precheck refuses is
     told to the sampler (infeasible) but not counted, as the tuner's ``study.n_trials`` counts
-    only trials that took a GPU; ``n_trials`` and the count are then launched trials.
+    only trials that took a GPU; ``n_trials`` and the count are then launched trials. As in the
+    tuner, past ``max_rejected`` (``study.max_rejected``) free refusals the next ones count.
     """
     with_baseline = kind.startswith(BASELINE_PREFIX)
     sampler_kind = kind.removeprefix(BASELINE_PREFIX)
@@ -206,8 +204,8 @@ def trials_to_reach(
     reached: int | None = None
     best = -math.inf
     history: list[float] = []
-    n = asks = 0
-    while n < n_trials and asks < MAX_ASKS_PER_TRIAL * n_trials:
+    n = asks = free = 0
+    while n < n_trials:
         trial = study.ask()
         asks += 1
         key = suggest(trial, space)
@@ -215,7 +213,9 @@ def trials_to_reach(
         res = baseline.result if first and baseline else lookup(key)
         trial.set_constraint("failed", 0.0 if res.feasible else 1.0)
         study.tell(trial, res.goodput)
-        if with_precheck and not first and rejected is not None and rejected(key):
+        refused = with_precheck and not first and rejected is not None and rejected(key)
+        if refused and free < max_rejected:
+            free += 1
             continue  # refused before launch: no GPU time, not counted
         n += 1
         best = max(best, res.goodput)
@@ -433,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 target,
                 baseline,
                 refused.__getitem__,
+                cfg.study.max_rejected,
             )
             counts.append(reached if reached is not None else n_trials + 1)
             if reached is None:

@@ -134,7 +134,7 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
         "study.precheck=false",  # launch them: this test is about vLLM's refusal as data
         "study.enqueue=[{gpu_memory_utilization:0.10},{gpu_memory_utilization:0.11}]",
         "space.params.gpu_memory_utilization.low=0.10",
-        "space.params.gpu_memory_utilization.high=0.11",
+        "space.params.gpu_memory_utilization.high=0.12",
         *FAST,
     )
     assert p.returncode == 0, p.stderr[-3000:]

@@ -351,6 +351,12 @@ def test_sample_efficiency_counts_launches_with_pre() -> None:
         assert launches == 1 and history[0] == 1.0
         all_asks.append(asks)  # the same draws, every one counted
     assert max(all_asks) > 1, all_asks
+    # past max_rejected free refusals the next ones count, as in the tuner's study.n_trials
+    slow = max(range(3), key=lambda seed: all_asks[seed])
+    capped, _ = se.trials_to_reach(
+        "pre+random", slow, space, lookup, 200, 0.95, rejected=lambda k: k != good, max_rejected=0
+    )
+    assert capped == all_asks[slow]
     with pytest.raises(ValueError, match="precheck"):
         se.trials_to_reach("pre+random", 0, space, lookup, 5, 0.95)
 
