@@ -91,7 +91,7 @@ from tuner.engine.argv import (  # noqa: E402
     secret_values,
     trial_argv,
 )
-from tuner.engine.pool import cpu_plan  # noqa: E402
+from tuner.engine.pool import cpu_plan, thread_ids  # noqa: E402
 from tuner.engine.process import Server, free_port, kill_all_groups, proc_table  # noqa: E402
 from tuner.errors import ConfigError, TrialFailed  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
@@ -134,18 +134,11 @@ def server_pids(pid: int, pgid: int) -> list[int]:
     return sorted(found)
 
 
-def _tids(pid: int) -> list[int]:
-    try:
-        return [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir() if t.name.isdigit()]
-    except OSError:  # the process ended
-        return []
-
-
 def set_affinity(pids: list[int], cpus: list[int]) -> int:
     """Every thread of ``pids`` onto ``cpus``; the number of threads set (vanished ones skipped)."""
     n = 0
     for pid in pids:
-        for tid in _tids(pid):
+        for tid in thread_ids(pid):
             try:
                 os.sched_setaffinity(tid, cpus)
                 n += 1
@@ -160,7 +153,7 @@ def read_affinity(pids: list[int]) -> list[list[int]]:
     """The CPU affinity of every live thread of ``pids``."""
     out = []
     for pid in pids:
-        for tid in _tids(pid):
+        for tid in thread_ids(pid):
             with contextlib.suppress(ProcessLookupError, FileNotFoundError, PermissionError):
                 out.append(sorted(os.sched_getaffinity(tid)))
     return out

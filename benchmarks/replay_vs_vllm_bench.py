@@ -917,12 +917,7 @@ def combine(paths: Sequence[Path], tolerance: float) -> dict[str, Any]:
     for path in paths:
         data = json.loads(path.read_text())
         offset = 1 + max((r["rep"] for r in runs), default=-1)
-        same = {
-            load_label(s.get("concurrency"), s.get("rate"), s.get("burstiness")): s[
-                "identical_token_counts"
-            ]
-            for s in data["summary"]
-        }
+        same = {_load_of(s): s["identical_token_counts"] for s in data["summary"]}
         for r in _complete_pairs(list(data["runs"])):
             verdict = bool(same.get(_load_of(r), False))
             runs.append(

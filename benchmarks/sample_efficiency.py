@@ -64,9 +64,8 @@ if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from tuner.config import SpaceConfig, load_config  # noqa: E402
-from tuner.errors import TrialFailed  # noqa: E402
 from tuner.memory import GPU_PROFILES, ModelShape  # noqa: E402
-from tuner.precheck import precheck  # noqa: E402
+from tuner.precheck import refusal  # noqa: E402
 from tuner.sim.landscape import LandscapeResult, evaluate, prepare_stream  # noqa: E402
 from tuner.space import resolved  # noqa: E402
 from tuner.workload import build_requests  # noqa: E402
@@ -379,14 +378,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             + ([f"workload.num_requests={num_requests}"] if num_requests is not None else [])
             + list(args.override)
         )
-    refused: dict[Key, bool] = {}
-    for key in cache:
-        params = {d.name: v for d, v in zip(space, key, strict=True)}
-        try:
-            precheck(pre_cfg, shape, resolved(pre_cfg.space, params), requests)
-            refused[key] = False
-        except TrialFailed:
-            refused[key] = True
+    refused = {
+        key: refusal(pre_cfg, shape, dict(zip((d.name for d in space), key, strict=True)), requests)
+        is not None
+        for key in cache
+    }
     n_refused = sum(refused.values())
     refused_feasible = sum(refused[k] and cache[k].feasible for k in cache)
     print(

@@ -452,12 +452,10 @@ def validate(c: TunerConfig) -> None:
     if not c.engine.gpus:
         raise ConfigError("engine.gpus is empty; list at least one GPU index, e.g. [0]")
     if c.engine.cpu_pinning:
-        import os
-
-        from tuner.engine.pool import cpu_plan
+        from tuner.engine.pool import cpu_layout
 
         try:
-            cpu_plan(c.engine.gpus, sorted(os.sched_getaffinity(0)), c.engine.cpu_reserve)
+            cpu_layout(c.engine.gpus, c.engine.cpu_reserve)
         except ValueError as exc:
             raise ConfigError(
                 f"engine.cpu_pinning: {exc}; lower engine.cpu_reserve or set cpu_pinning=false"

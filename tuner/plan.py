@@ -10,7 +10,7 @@ from rich.console import Console
 
 from tuner.config import TunerConfig
 from tuner.engine.argv import build_argv, mask_argv, secret_values
-from tuner.engine.pool import cpu_plan, describe_cores, reserved_cores
+from tuner.engine.pool import cpu_layout, describe_cores
 from tuner.space import defaults, distributions
 
 __all__ = ["print_plan"]
@@ -91,8 +91,7 @@ def _print_cores(cfg: TunerConfig, console: Console) -> None:
             f"{len(cpus)} cores (engine.cpu_pinning=true gives each its own)"
         )
         return
-    plan = cpu_plan(cfg.engine.gpus, cpus, cfg.engine.cpu_reserve)  # validated at load
-    own = reserved_cores(cpus, cfg.engine.cpu_reserve)
+    own, plan = cpu_layout(cfg.engine.gpus, cfg.engine.cpu_reserve)  # validated at load
     console.print(f"CPU cores: {describe_cores(own, plan)}")
 
 
@@ -101,11 +100,9 @@ def refusal_shares(cfg: TunerConfig, draws: int = SPACE_DRAWS, seed: int = 0) ->
     launch, per failure reason (what random search would meet; TPE learns to avoid them)."""
     import optuna
 
-    from tuner.errors import TrialFailed
     from tuner.memory import ModelShape
-    from tuner.precheck import precheck
+    from tuner.precheck import refusal
     from tuner.prescreen import quiet_optuna
-    from tuner.space import resolved
     from tuner.workload import build_requests
 
     dists = distributions(cfg.space)
@@ -117,10 +114,9 @@ def refusal_shares(cfg: TunerConfig, draws: int = SPACE_DRAWS, seed: int = 0) ->
         study = optuna.create_study(sampler=sampler)  # in memory: nothing is stored
         for _ in range(draws):
             trial = study.ask(dists)
-            try:
-                precheck(cfg, shape, resolved(cfg.space, trial.params), requests)
-            except TrialFailed as exc:
-                counts[exc.reason.value] = counts.get(exc.reason.value, 0) + 1
+            reason = refusal(cfg, shape, trial.params, requests)
+            if reason is not None:
+                counts[reason] = counts.get(reason, 0) + 1
             study.tell(trial, 0.0)
     return {reason: n / draws for reason, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 

@@ -37,6 +37,7 @@ from tuner.memory import (
     resolve_params,
 )
 from tuner.records import RequestSpec
+from tuner.space import resolved
 from tuner.vllm_rules import (
     BLOCK_SIZE_NOT_SUPPORTED,
     Rule,
@@ -45,7 +46,7 @@ from tuner.vllm_rules import (
     backend_refusal,
 )
 
-__all__ = ["MARGIN_FRACTION", "MARGIN_GIB", "Verdict", "passed_params", "precheck"]
+__all__ = ["MARGIN_FRACTION", "MARGIN_GIB", "Verdict", "passed_params", "precheck", "refusal"]
 
 MARGIN_GIB = 0.5
 MARGIN_FRACTION = 0.02
@@ -92,6 +93,21 @@ def precheck(
     if veto and est.failure is not None and _certain(est):
         raise TrialFailed(est.failure, f"predicted before launch: {est.message}")
     return Verdict(est)
+
+
+def refusal(
+    cfg: TunerConfig,
+    shape: ModelShape,
+    params: Mapping[str, Any],
+    requests: Sequence[RequestSpec],
+) -> str | None:
+    """The failure reason :func:`precheck` refuses ``params`` with before launch (the searched
+    values; vLLM's defaults fill in the rest), or None if they would launch."""
+    try:
+        precheck(cfg, shape, resolved(cfg.space, params), requests)
+    except TrialFailed as exc:
+        return exc.reason.value
+    return None
 
 
 def _certain(est: MemoryEstimate) -> bool:

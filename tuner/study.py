@@ -46,14 +46,7 @@ from tuner.engine.argv import (
     trial_argv,
 )
 from tuner.engine.logparse import port_clash
-from tuner.engine.pool import (
-    GpuPool,
-    core_ranges,
-    cpu_plan,
-    describe_cores,
-    on_cores,
-    reserved_cores,
-)
+from tuner.engine.pool import GpuPool, core_ranges, cpu_layout, describe_cores, on_cores
 from tuner.engine.process import Server, free_port
 from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
 from tuner.memory import ModelShape
@@ -258,6 +251,10 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         ),
         "MLflow store",
     )
+    own: list[int] = []  # engine.cpu_pinning: the tuner's cores, and each server's
+    servers_cores: dict[int, list[int]] | None = None
+    if cfg.engine.cpu_pinning:
+        own, servers_cores = cpu_layout(cfg.engine.gpus, cfg.engine.cpu_reserve)
     ctx = _Ctx(
         cfg,
         shape,
@@ -269,18 +266,9 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         parent_run_id=tracker.parent_run_id,
         pool=GpuPool(cfg.engine.gpus),
         repeat_requests=repeat_requests,
-        cpu_sets=(
-            cpu_plan(cfg.engine.gpus, sorted(os.sched_getaffinity(0)), cfg.engine.cpu_reserve)
-            if cfg.engine.cpu_pinning
-            else None
-        ),
+        cpu_sets=servers_cores,
     )
     outcome = StudyOutcome(study)
-    own = (
-        reserved_cores(sorted(os.sched_getaffinity(0)), cfg.engine.cpu_reserve)
-        if cfg.engine.cpu_pinning
-        else []
-    )
     log.info(
         "study %s: %d trials stored, running %d more (%s engine, model %s, workload %s, %d "
         "requests/trial); run dir %s",
@@ -346,12 +334,11 @@ async def _trials(
     free_limit = cfg.study.max_rejected
     slots = asyncio.Semaphore(cfg.study.n_workers)
     finished = 0  # counted trials finished
-    counted = 0  # trials asked for that count toward n (so far)
     free = 0  # configs rejected before launch that did not count
     t_start = time.monotonic()
 
     async def one(trial: optuna.Trial) -> None:
-        nonlocal finished, counted, free
+        nonlocal finished, free
         baseline = bool(trial.user_attrs.get("baseline", False))
         try:
             result = await _run_trial(ctx, trial.number, dict(trial.params), baseline)
@@ -368,7 +355,6 @@ async def _trials(
         not_counted = result.rejected_before_launch and free < free_limit
         if not_counted:
             free += 1
-            counted -= 1
         last_free = not_counted and free == free_limit
         _tell(study, trial, result, cfg)
         await asyncio.to_thread(_record, tracker, result, ctx)
@@ -389,13 +375,17 @@ async def _trials(
         log.info(progress_line(result, finished, n, cfg))
         log.info("  %s | elapsed %s, ETA %s", live_best(study, cfg), _hms(elapsed), _hms(eta))
 
-    tasks: list[asyncio.Task[None]] = []
+    tasks: list[asyncio.Task[None]] = []  # one per trial asked for
+
+    def counted() -> int:  # trials asked for that count toward n
+        return len(tasks) - free
+
     try:
         while True:
             await slots.acquire()
             if any(t.done() and t.exception() for t in tasks):
                 break  # a trial hit a tuner bug: stop asking, report it below
-            if counted >= n:
+            if counted() >= n:
                 # enough asked; a running one may still be rejected and hand its place back
                 slots.release()
                 running = [t for t in tasks if not t.done()]
@@ -410,13 +400,12 @@ async def _trials(
                     "study.timeout_s (%g s) has passed: no new trial after %d of %d; the "
                     "running ones finish, and the same command continues the study",
                     budget,
-                    counted,
+                    counted(),
                     n,
                 )
                 break
             trial = study.ask(dists)
             trial.set_user_attr("worker", worker_id())
-            counted += 1
             tasks.append(asyncio.create_task(one(trial)))
         await asyncio.gather(*tasks)
     except BaseException:

@@ -13,7 +13,16 @@ import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 
-__all__ = ["GpuPool", "core_ranges", "cpu_plan", "describe_cores", "on_cores", "reserved_cores"]
+__all__ = [
+    "GpuPool",
+    "core_ranges",
+    "cpu_layout",
+    "cpu_plan",
+    "describe_cores",
+    "on_cores",
+    "reserved_cores",
+    "thread_ids",
+]
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +91,25 @@ def reserved_cores(cpus: Sequence[int], reserve: int) -> list[int]:
     return sorted(cpus)[: max(0, reserve)]
 
 
-def _threads() -> list[int]:
-    """This process's thread ids (Linux ``/proc``); ``[0]`` (the calling thread) elsewhere."""
+def cpu_layout(gpus: Sequence[int], reserve: int) -> tuple[list[int], dict[int, list[int]]]:
+    """``engine.cpu_pinning`` over this process's cores: the tuner's (:func:`reserved_cores`)
+    and each GPU's server's (:func:`cpu_plan`, which raises ValueError if a GPU gets none)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return reserved_cores(cpus, reserve), cpu_plan(gpus, cpus, reserve)
+
+
+def thread_ids(pid: int) -> list[int]:
+    """The thread ids of process ``pid`` (Linux ``/proc``); none if it has ended or there is no
+    ``/proc``."""
     try:
-        return [int(t) for t in os.listdir("/proc/self/task")]
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit()]
     except OSError:
-        return [0]
+        return []
+
+
+def _threads() -> list[int]:
+    """This process's thread ids; ``[0]`` (the calling thread) without ``/proc``."""
+    return thread_ids(os.getpid()) or [0]
 
 
 @contextlib.contextmanager
