@@ -34,7 +34,7 @@ replays gathered in one asyncio event loop in this process, as the tuner runs
 workload, warm-ups included) through the tuner's client (:func:`tuner.replay.replay`) and is
 scored by :func:`tuner.score.summarize`, so output tok/s, TTFT p50 and goodput are the tuner's
 own numbers. Before each replay the server's prefix and multimodal caches are reset as the tuner
-resets them between replays on one server (``tuner.study._reset_caches``; ``caches_reset`` in
+resets them between replays on one server (``tuner.measure.reset_caches``; ``caches_reset`` in
 each row says whether the server allowed it).
 
 Pinning. ``pinned``: :func:`tuner.engine.pool.cpu_plan` over this process's CPU affinity gives
@@ -94,10 +94,10 @@ from tuner.engine.argv import (  # noqa: E402
 from tuner.engine.pool import cpu_plan, thread_ids  # noqa: E402
 from tuner.engine.process import Server, free_port, kill_all_groups, proc_table  # noqa: E402
 from tuner.errors import ConfigError, TrialFailed  # noqa: E402
+from tuner.measure import reset_caches  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
 from tuner.replay import replay  # noqa: E402
 from tuner.score import summarize  # noqa: E402
-from tuner.study import _reset_caches  # noqa: E402
 from tuner.workload import build_requests  # noqa: E402
 
 log = logging.getLogger("interference")
@@ -281,7 +281,7 @@ async def replays(
 ) -> list[dict[str, Any]]:
     """Reset the caches of the servers ``on``, replay on them at once, one row per server."""
     key = api_key(cfg.engine, cfg.model)
-    reset = [await _reset_caches(b.server.base_url, key) for b in on]
+    reset = [await reset_caches(b.server.base_url, key) for b in on]
     log.info(
         "rep %d/%d · %s · %s: replaying %d requests on %s",
         ctx["rep"] + 1,

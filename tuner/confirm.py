@@ -18,6 +18,7 @@ from typing import Any
 
 import optuna
 
+from tuner import stored_trial
 from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, WorkloadConfig
 from tuner.records import TrialResult
 
@@ -76,20 +77,6 @@ class ConfirmResult:
     runs: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
 
-def _feasible(t: optuna.trial.FrozenTrial) -> bool:
-    return (
-        t.state == optuna.trial.TrialState.COMPLETE
-        and not t.user_attrs.get("failure_reason")
-        and bool(t.constraints)
-        and all(c <= 0 for c in t.constraints.values())
-    )
-
-
-def _metric(t: optuna.trial.FrozenTrial, name: str) -> float | None:
-    v = (t.user_attrs.get("metrics") or {}).get(name)
-    return float(v) if isinstance(v, int | float) else None
-
-
 def _latency_metric(objective: ObjectiveConfig) -> str:
     for o in objective.objectives:
         if o.direction == "minimize":
@@ -102,7 +89,7 @@ def _knee(study: optuna.Study, feasible: Sequence[optuna.trial.FrozenTrial]) -> 
     if len(study.directions) == 1:
         sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
         return max(feasible, key=lambda t: (sign * t.values[0], -t.number))
-    front = [t for t in study.best_trials if t.values is not None and _feasible(t)]
+    front = [t for t in study.best_trials if stored_trial.feasible(t)]
     if len(front) <= 1:
         return front[0] if front else feasible[0]
     signs = [1.0 if d == optuna.study.StudyDirection.MAXIMIZE else -1.0 for d in study.directions]
@@ -124,7 +111,7 @@ def _knee(study: optuna.Study, feasible: Sequence[optuna.trial.FrozenTrial]) -> 
 
 def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) -> list[Candidate]:
     """The trials each pick names, among feasible completed ones (merged when the same trial)."""
-    feasible = [t for t in study.trials if _feasible(t)]
+    feasible = [t for t in study.trials if stored_trial.feasible(t)]
     if not feasible:
         return []
     chosen: dict[int, list[str]] = {}
@@ -135,11 +122,7 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
         elif name == "baseline":
             # measured, feasible or not: the reference the picks' gains are measured against
             base = [
-                t
-                for t in study.trials
-                if t.user_attrs.get("baseline")
-                and t.state == optuna.trial.TrialState.COMPLETE
-                and not t.user_attrs.get("failure_reason")
+                t for t in study.trials if stored_trial.is_baseline(t) and stored_trial.measured(t)
             ]
             if not base:
                 continue
@@ -150,10 +133,10 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
                 "throughput": ("output_throughput", max),
                 "latency": (latency, min),
             }[name]
-            have = [t for t in feasible if _metric(t, metric) is not None]
+            have = [t for t in feasible if stored_trial.metric(t, metric) is not None]
             if not have:
                 continue
-            t = best(have, key=lambda t, m=metric: (_metric(t, m), -t.number))  # type: ignore[misc]
+            t = best(have, key=lambda t, m=metric: (stored_trial.metric(t, m), -t.number))  # type: ignore[misc]
         chosen.setdefault(t.number, []).append(name)
     by_number = {t.number: t for t in study.trials}
     out = []
@@ -164,9 +147,11 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
                 trial=number,
                 picks=tuple(names),
                 params=dict(t.params),
-                baseline=bool(t.user_attrs.get("baseline", False)),
-                serve_args=tuple(t.user_attrs.get("serve_args") or ()),
-                search_metrics={m: v for m in KEY_METRICS if (v := _metric(t, m)) is not None},
+                baseline=stored_trial.is_baseline(t),
+                serve_args=stored_trial.serve_args(t),
+                search_metrics={
+                    m: v for m in KEY_METRICS if (v := stored_trial.metric(t, m)) is not None
+                },
             )
         )
     return out

@@ -24,7 +24,7 @@ latency of its own (docs/replay-accuracy.md)."""
 
 
 def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
-    from tuner.study import study_name
+    from tuner.storage import study_name
 
     console = console or Console()
     console.print(f"study {study_name(cfg)} · engine {cfg.engine.kind} · model {cfg.model.name}")

@@ -36,6 +36,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from tuner import stored_trial
 from tuner.records import RequestRecord
 
 __all__ = [
@@ -71,7 +72,6 @@ CDF_QUANTILES: tuple[float, ...] = tuple(sorted({i / 100 for i in range(101)} | 
 
 Objectives = Sequence[tuple[str, str]]
 
-_COMPLETE = optuna.trial.TrialState.COMPLETE
 
 # --- trial points and the Pareto figure -------------------------------------------------------
 
@@ -86,7 +86,7 @@ def _status(t: optuna.trial.FrozenTrial, best: set[int]) -> str:
         return "pruned"
     if state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING):
         return "running"
-    if state == optuna.trial.TrialState.FAIL or t.user_attrs.get("failure_reason"):
+    if state == optuna.trial.TrialState.FAIL or stored_trial.failure_reason(t):
         return "failed"
     if t.number in best:
         return "pareto"
@@ -116,9 +116,9 @@ def trial_points(study: optuna.Study) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for t in study.get_trials(deepcopy=False):
         status = _status(t, best)
-        reason = t.user_attrs.get("failure_reason")
+        reason = stored_trial.failure_reason(t)
         if status == "failed" and not reason:
-            reason = "tuner_error" if t.user_attrs.get("tuner_error") else "interrupted"
+            reason = "tuner_error" if stored_trial.tuner_error(t) else "interrupted"
         measured = status in ("pareto", "feasible", "infeasible") and t.values is not None
         values = list(t.values) if measured and t.values is not None else []
         violated = sorted(k for k, v in t.constraints.items() if v > 0)
@@ -126,7 +126,7 @@ def trial_points(study: optuna.Study) -> pd.DataFrame:
         for i, name in enumerate(names):
             row[name] = float(values[i]) if i < len(values) else math.nan
         row["status"] = status
-        row["baseline"] = bool(t.user_attrs.get("baseline", False))
+        row["baseline"] = stored_trial.is_baseline(t)
         row["failure_reason"] = reason or None
         row["violated"] = ",".join(violated) or None
         for k, v in t.params.items():
@@ -406,11 +406,7 @@ def _panel_centre(fig: go.Figure, row: int, col: int) -> dict[str, Any]:
 
 def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """COMPLETE trials with real values (not the penalty values of a failed trial)."""
-    return [
-        t
-        for t in study.get_trials(deepcopy=False, states=(_COMPLETE,))
-        if not t.user_attrs.get("failure_reason") and t.values is not None
-    ]
+    return [t for t in study.get_trials(deepcopy=False) if stored_trial.measured(t)]
 
 
 def _measured_study(study: optuna.Study) -> optuna.Study:
@@ -801,7 +797,7 @@ def _write_html(path: Path, figures: Sequence[go.Figure]) -> None:
 
 
 def _baseline_numbers(study: optuna.Study) -> set[int]:
-    return {t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get("baseline")}
+    return {t.number for t in study.get_trials(deepcopy=False) if stored_trial.is_baseline(t)}
 
 
 def write_figures(

@@ -27,6 +27,7 @@ from typing import Any
 
 import optuna
 
+from tuner import stored_trial
 from tuner.engine.process import group_members
 
 __all__ = ["LEASE_ENV", "Lease", "recover", "worker_id"]
@@ -187,7 +188,7 @@ def recover(study: optuna.Study, lease_dir: Path) -> list[str]:
             "left, marked the trial failed (interrupted)"
         )
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        worker = str(t.user_attrs.get("worker", ""))
+        worker = stored_trial.worker(t)
         w_host, _, w_pid = worker.rpartition(":")
         if t.number in leased or w_host != host or not w_pid.isdigit():
             continue

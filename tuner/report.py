@@ -11,24 +11,22 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from tuner import stored_trial
 from tuner.config import ObjectiveConfig, TunerConfig
 from tuner.confirm import Candidate, ConfirmResult, versus_baseline
 from tuner.records import TrialResult
-
-if TYPE_CHECKING:
-    from tuner.study import StudyOutcome
+from tuner.space import changed_params
 
 log = logging.getLogger("tuner")
 
 __all__ = [
     "Published",
     "baseline_trial",
-    "changed_params",
     "gpu_time",
     "live_best",
     "pareto_rows",
@@ -53,22 +51,12 @@ def _fmt_metric(name: str, v: float | None) -> str:
     return f"{v:,.1f} {_UNITS.get(name, '')}".strip()
 
 
-def changed_params(params: Mapping[str, Any], cfg: TunerConfig) -> str:
-    """Params that differ from vLLM's defaults, as ``name=value`` (the rest are defaults)."""
-    parts = []
-    for k, v in params.items():
-        spec = cfg.space.params.get(k)
-        if spec is not None and v != spec.default:
-            parts.append(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}")
-    return " ".join(parts) or "(vLLM defaults)"
-
-
 def progress_line(r: TrialResult, i: int | None, n: int, cfg: TunerConfig) -> str:
     """``i`` is None for a config rejected before launch that does not count toward ``n``."""
     head = f"[{i}/{n}] trial {r.number}" if i is not None else f"[not counted] trial {r.number}"
     if r.baseline:
         head += " (baseline)"
-    params = changed_params(r.params, cfg)
+    params = changed_params(r.params, cfg.space)
     if r.pruned:
         return f"{head}: PRUNED ({r.pruned}) | {params}"
     if not r.ok:
@@ -87,14 +75,7 @@ def progress_line(r: TrialResult, i: int | None, n: int, cfg: TunerConfig) -> st
 def live_best(study: Any, cfg: TunerConfig) -> str:
     """The best feasible value of each objective so far, and the Pareto front's size."""
     objs = cfg.objective.objectives
-    feasible = [
-        t
-        for t in study.trials
-        if t.values is not None
-        and not t.user_attrs.get("failure_reason")
-        and t.constraints
-        and all(c <= 0 for c in t.constraints.values())
-    ]
+    feasible = [t for t in study.trials if stored_trial.feasible(t)]
     if not feasible:
         return "best: no feasible trial yet"
     parts = []
@@ -128,11 +109,10 @@ def gpu_time(results: Sequence[TrialResult]) -> dict[str, float]:
 
 def baseline_trial(study: Any) -> Any | None:
     """The study's feasible baseline trial (vLLM defaults), if it has one."""
-    for t in study.trials:
-        feasible = all(v <= 0 for v in t.constraints.values())
-        if t.user_attrs.get("baseline") and t.values is not None and feasible:
-            return t
-    return None
+    return next(
+        (t for t in study.trials if stored_trial.is_baseline(t) and stored_trial.feasible(t)),
+        None,
+    )
 
 
 def pareto_rows(study: Any, cfg: TunerConfig) -> list[dict[str, Any]]:
@@ -151,13 +131,17 @@ def pareto_rows(study: Any, cfg: TunerConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | None = None) -> None:
+def print_summary(
+    study: Any, results: Sequence[TrialResult], cfg: TunerConfig, console: Console | None = None
+) -> None:
+    """The trials of this run (``results``), the GPU time, the client's lag and the Pareto
+    table of the whole ``study``."""
     console = console or Console(width=160)
     objs = [o.metric for o in cfg.objective.objectives]
-    t = Table(title=f"Trials of this run — study {outcome.study.study_name}")
+    t = Table(title=f"Trials of this run — study {study.study_name}")
     for col in ("#", "result", *objs, "startup s", "KV tokens", "KV predicted", "params"):
         t.add_column(col, overflow="fold")
-    for r in outcome.results:
+    for r in results:
         launch = r.launch
         t.add_row(
             str(r.number),
@@ -166,17 +150,17 @@ def print_summary(outcome: StudyOutcome, cfg: TunerConfig, console: Console | No
             f"{launch.startup_s:.1f}" if launch else "-",
             f"{launch.kv_cache_tokens:,}" if launch and launch.kv_cache_tokens else "-",
             f"{r.predicted_kv_tokens:,}" if r.predicted_kv_tokens is not None else "-",
-            changed_params(r.params, cfg),
+            changed_params(r.params, cfg.space),
         )
     console.print(t)
-    g = gpu_time(outcome.results)
+    g = gpu_time(results)
     console.print(
         f"GPU time held by servers: {g['gpu_s_total']:,.1f} s, of which "
         f"{g['gpu_s_failed_launches']:,.1f} s ({g['gpu_s_failed_share']:.1%}) on launches that "
         f"failed; {g['trials_not_launched']:.0f} trial(s) rejected before launch by the precheck."
     )
-    _print_client_lag(outcome.results, console)
-    print_pareto(outcome.study, cfg, console)
+    _print_client_lag(results, console)
+    print_pareto(study, cfg, console)
 
 
 def _print_client_lag(results: Sequence[TrialResult], console: Console) -> None:
@@ -214,7 +198,7 @@ def print_pareto(study: Any, cfg: TunerConfig, console: Console) -> None:
             str(row["trial"]),
             *(_fmt_metric(m, row[m]) for m in objs),
             *(f"{x:+.1f} %" if x is not None else "-" for x in gains),
-            changed_params(row["params"], cfg),
+            changed_params(row["params"], cfg.space),
         )
     if rows:
         console.print(b)
@@ -363,11 +347,7 @@ def publish(
             strict=False,
         )
     )
-    local = {
-        t.number: Path(t.user_attrs["trial_dir"])
-        for t in study.trials
-        if t.user_attrs.get("trial_dir") and Path(t.user_attrs["trial_dir"]).is_dir()
-    }
+    local = {t.number: d for t in study.trials if (d := stored_trial.trial_dir(t)) is not None}
     trial_dirs = {**local, **(trial_dirs or {})}
     shown = [n for n in (best.trial if best else None, _baseline_number(study)) if n is not None]
     try:
@@ -475,11 +455,7 @@ def print_confirm(
 def _trial_dirs_from_mlflow(study: Any, cfg: TunerConfig, dest: Path) -> dict[int, Path]:
     """Artifact folders of trials whose ``trial_dir`` is not on this machine (another worker's,
     or a deleted run dir), downloaded from their MLflow child runs."""
-    missing = {
-        t.number
-        for t in study.trials
-        if not (t.user_attrs.get("trial_dir") and Path(t.user_attrs["trial_dir"]).is_dir())
-    }
+    missing = {t.number for t in study.trials if stored_trial.trial_dir(t) is None}
     if not missing or not cfg.tracking.enabled:
         return {}
     from mlflow import MlflowClient
@@ -517,7 +493,7 @@ def run_report(cfg: TunerConfig) -> Published:
     import optuna
 
     from tuner.errors import ConfigError
-    from tuner.study import storage_url, study_name
+    from tuner.storage import storage_url, study_name
     from tuner.tracking import open_tracker
 
     storage = storage_url(cfg)

@@ -18,6 +18,7 @@ from tuner.errors import ConfigError
 __all__ = [
     "CUDAGRAPH_MODES",
     "KV_CACHE_DTYPES",
+    "changed_params",
     "defaults",
     "defaults_outside",
     "grid",
@@ -185,3 +186,13 @@ def resolved(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
     out = {n: s.default for n, s in space.params.items()}
     out.update(params)
     return out
+
+
+def changed_params(params: Mapping[str, Any], space: SpaceConfig) -> str:
+    """Params that differ from vLLM's defaults, as ``name=value`` (the rest are defaults)."""
+    parts = []
+    for k, v in params.items():
+        spec = space.params.get(k)
+        if spec is not None and v != spec.default:
+            parts.append(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}")
+    return " ".join(parts) or "(vLLM defaults)"

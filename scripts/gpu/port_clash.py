@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import tuner.study as study_mod  # noqa: E402
+import tuner.trial as trial_mod  # noqa: E402
 from tuner.config import load_config  # noqa: E402
 from tuner.engine.process import free_port  # noqa: E402
+from tuner.storage import storage_url  # noqa: E402
 
 
 def main() -> int:
@@ -42,7 +44,7 @@ def main() -> int:
             given.append(port)
             return port
 
-        study_mod.free_port = fake  # type: ignore[assignment]
+        trial_mod.free_port = fake  # type: ignore[assignment]
         cfg = load_config(
             [
                 "+workload=chat",
@@ -59,7 +61,7 @@ def main() -> int:
             ]
         )
         study_mod.run(cfg)
-    study = optuna.load_study(study_name="port-clash", storage=study_mod.storage_url(cfg))
+    study = optuna.load_study(study_name="port-clash", storage=storage_url(cfg))
     trial = study.trials[-1]
     tdir = Path(trial.user_attrs["trial_dir"])
     first = (

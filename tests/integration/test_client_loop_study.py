@@ -11,9 +11,11 @@ from typing import Any
 import optuna
 import pytest
 
+import tuner.measure as measure_mod
 import tuner.replay as replay_mod
 import tuner.study as study_mod
 from tuner.config import TunerConfig
+from tuner.storage import storage_url, study_name
 
 from .test_study import FAST
 
@@ -39,14 +41,14 @@ def test_a_study_on_uvloop(
         *FAST,
     )
     loops: list[str] = []
-    real = study_mod.replay
+    real = measure_mod.replay
 
     async def replay(*args: Any, **kw: Any) -> Any:
         loops.append(type(asyncio.get_running_loop()).__module__)
         assert kw["client_loop"] == "uvloop" and kw["processes"] == processes
         return await real(*args, **kw)
 
-    monkeypatch.setattr(study_mod, "replay", replay)
+    monkeypatch.setattr(measure_mod, "replay", replay)
     monkeypatch.setattr(replay_mod, "CLIENT_LAG_WARN_MS", -1.0)  # any lag warns
     caplog.set_level(logging.WARNING, logger="tuner.study")
     study_mod.run(cfg)
@@ -54,9 +56,7 @@ def test_a_study_on_uvloop(
     assert "Replay client: its event loop ran at most" in out
     assert "ms late at p99 (trial 0); over -1 ms in trial(s) 0, whose latencies include" in out
     assert loops and all(m.startswith("uvloop") for m in loops)
-    study = optuna.load_study(
-        study_name=study_mod.study_name(cfg), storage=study_mod.storage_url(cfg)
-    )
+    study = optuna.load_study(study_name=study_name(cfg), storage=storage_url(cfg))
     (trial,) = study.trials
     assert trial.state == optuna.trial.TrialState.COMPLETE
     assert trial.user_attrs["failure_reason"] is None, trial.user_attrs.get("failure_detail")

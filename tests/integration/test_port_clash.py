@@ -10,8 +10,10 @@ import optuna
 import pytest
 
 import tuner.study as study_mod
+import tuner.trial as trial_mod
 from tuner.config import TunerConfig
 from tuner.engine.process import free_port
+from tuner.storage import storage_url, study_name
 
 from .test_study import FAST as SMALL
 
@@ -46,14 +48,12 @@ def _ports(monkeypatch: pytest.MonkeyPatch, taken: int, times: int) -> list[int]
         given.append(port)
         return port
 
-    monkeypatch.setattr(study_mod, "free_port", fake)
+    monkeypatch.setattr(trial_mod, "free_port", fake)
     return given
 
 
 def _trial(cfg: TunerConfig) -> optuna.trial.FrozenTrial:
-    study = optuna.load_study(
-        study_name=study_mod.study_name(cfg), storage=study_mod.storage_url(cfg)
-    )
+    study = optuna.load_study(study_name=study_name(cfg), storage=storage_url(cfg))
     (trial,) = study.trials
     return trial
 
@@ -78,11 +78,11 @@ def test_a_taken_port_is_launched_again_on_another(
 def test_a_port_taken_every_time_is_recorded_not_raised(
     make_cfg: Callable[..., TunerConfig], monkeypatch: pytest.MonkeyPatch, taken: int
 ) -> None:
-    given = _ports(monkeypatch, taken, times=study_mod.LAUNCH_ATTEMPTS)
+    given = _ports(monkeypatch, taken, times=trial_mod.LAUNCH_ATTEMPTS)
     cfg = make_cfg(*FAST)
     study_mod.run(cfg)
     trial = _trial(cfg)
-    assert given == [taken] * study_mod.LAUNCH_ATTEMPTS  # then no more launches
+    assert given == [taken] * trial_mod.LAUNCH_ATTEMPTS  # then no more launches
     assert trial.state == optuna.trial.TrialState.COMPLETE
     assert trial.user_attrs["failure_reason"] == "crash"
     assert "Address already in use" in trial.user_attrs["failure_detail"]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import optuna
 import pytest
 
+import tuner.storage as storage_mod
 import tuner.study as study_mod
 from tuner.config import TunerConfig
 
@@ -29,7 +30,7 @@ ARGS = [
 
 def _study(cfg: TunerConfig) -> optuna.Study:
     return optuna.load_study(
-        study_name=study_mod.study_name(cfg), storage=study_mod.storage_url(cfg)
+        study_name=storage_mod.study_name(cfg), storage=storage_mod.storage_url(cfg)
     )
 
 
@@ -51,7 +52,7 @@ def test_the_prescreen_pick_runs_after_the_baseline_and_only_once(
     def again(*_: object, **__: object) -> None:
         raise AssertionError("the prescreen ran again on a resumed study")
 
-    monkeypatch.setattr(study_mod, "prescreen", again)
+    monkeypatch.setattr(storage_mod, "prescreen", again)
     study_mod.run(make_cfg(*ARGS, "study.n_trials=1"))
     study = _study(cfg)
     assert len(counted(study.trials)) == 3 and study.user_attrs["prescreen"] == summary

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import optuna
 
-from tuner.study import _enqueue_once, _has_baseline
+from tuner.storage import enqueue_once, has_baseline
 
 DISTS = {
     "gmu": optuna.distributions.FloatDistribution(0.1, 0.95),
@@ -15,24 +15,24 @@ DISTS = {
 def test_a_failed_trial_does_not_count_but_a_finished_or_waiting_one_does() -> None:
     study = optuna.create_study()
     params = {"gmu": 0.6, "eager": True}
-    assert _enqueue_once(study, params)
-    assert not _enqueue_once(study, dict(params))  # waiting already
+    assert enqueue_once(study, params)
+    assert not enqueue_once(study, dict(params))  # waiting already
     t = study.ask(DISTS)
     assert t.params == params
     study.tell(t, state=optuna.trial.TrialState.FAIL)  # interrupted
-    assert _enqueue_once(study, params)  # so it is queued again
+    assert enqueue_once(study, params)  # so it is queued again
     t = study.ask(DISTS)
     study.tell(t, 1.0)
-    assert not _enqueue_once(study, params)
-    assert not _enqueue_once(study, {"gmu": 0.6 + 1e-12, "eager": True})
-    assert _enqueue_once(study, {"gmu": 0.6, "eager": False})
-    assert _enqueue_once(study, {"gmu": 0.61, "eager": True})
+    assert not enqueue_once(study, params)
+    assert not enqueue_once(study, {"gmu": 0.6 + 1e-12, "eager": True})
+    assert enqueue_once(study, {"gmu": 0.6, "eager": False})
+    assert enqueue_once(study, {"gmu": 0.61, "eager": True})
 
 
-def test_has_baseline_ignores_a_failed_baseline() -> None:
+def testhas_baseline_ignores_a_failed_baseline() -> None:
     study = optuna.create_study()
     study.enqueue_trial({"gmu": 0.92, "eager": False}, user_attrs={"baseline": True})
     t = study.ask(DISTS)
-    assert _has_baseline(study)  # running
+    assert has_baseline(study)  # running
     study.tell(t, state=optuna.trial.TrialState.FAIL)
-    assert not _has_baseline(study)
+    assert not has_baseline(study)

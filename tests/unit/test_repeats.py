@@ -8,7 +8,7 @@ import pytest
 
 from tuner.config import load_config
 from tuner.records import TrialResult
-from tuner.study import mean_result
+from tuner.trial import mean_result
 
 
 @pytest.fixture(scope="module")

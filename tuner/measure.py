@@ -1,0 +1,145 @@
+"""Stage 4, the measurement: one request stream replayed on a ready server, with the server's
+``/metrics`` and the GPU sampled beside it, stopped early (pruned) once a constraint is lost
+beyond doubt.
+
+:func:`measure` returns the request records, the telemetry summary (server, GPU and the replay
+client's own cost) and the prune reason; it writes ``metrics.jsonl`` and ``gpu.jsonl`` into the
+replay's folder. The trial (:mod:`tuner.trial`) turns that into a result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+import tuner.replay as replay_mod
+from tuner.aio import cancel_and_wait
+from tuner.artifacts import make_dir, write_jsonl
+from tuner.config import TunerConfig, WorkloadConfig
+from tuner.engine.argv import api_key
+from tuner.records import RequestRecord, RequestSpec
+from tuner.replay import ClientStats, replay
+from tuner.score import prune_reason
+from tuner.telemetry.gpu import GpuSampler
+from tuner.telemetry.prom import MetricsScraper
+
+__all__ = ["Measured", "Replay", "measure", "reset_caches", "warn_client_lag"]
+
+log = logging.getLogger("tuner")
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One request stream replayed on a launched server; its artifacts go to ``subdir``."""
+
+    subdir: str
+    requests: list[RequestSpec]
+    workload: WorkloadConfig
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one replay measured: its records, the telemetry summary, and the prune reason."""
+
+    records: list[RequestRecord]
+    telemetry: dict[str, float]
+    pruned: str | None
+
+
+async def measure(
+    cfg: TunerConfig, base_url: str, tdir: Path, gpus: list[int], rp: Replay, prune: bool
+) -> Measured:
+    """Replay with telemetry beside it; stop early (pruned) once a constraint is lost."""
+    w = rp.workload
+    make_dir(tdir)
+    total = len(rp.requests)
+    n_measured = sum(not r.warmup for r in rp.requests)
+    step = max(1, total // 4)
+    done: list[RequestRecord] = []
+    lost = asyncio.Event()
+    why: list[str] = []
+
+    def on_record(r: RequestRecord) -> None:
+        done.append(r)
+        if len(done) % step == 0 and len(done) < total:
+            log.info("  replay %d/%d requests", len(done), total)
+        if prune and not r.warmup and not lost.is_set():
+            reason = prune_reason(done, n_measured, cfg.objective, w.slo)
+            if reason:
+                why.append(reason)
+                lost.set()
+
+    client = ClientStats()
+    with GpuSampler(gpus if cfg.engine.kind == "vllm" else [], 0.5) as gpu:
+        async with MetricsScraper(base_url, interval_s=1.0) as prom:
+            task = asyncio.create_task(
+                replay(
+                    base_url,
+                    cfg.model.served_name,
+                    rp.requests,
+                    w.arrival,
+                    duration_s=w.duration_s,
+                    request_timeout_s=w.request_timeout_s,
+                    api_key=api_key(cfg.engine, cfg.model),
+                    on_record=on_record,
+                    processes=w.client_processes,
+                    client_loop=w.client_loop,
+                    stats=client,
+                )
+            )
+            watch = asyncio.create_task(lost.wait())
+            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+            watch.cancel()
+            if task.done():
+                records = task.result()
+                pruned = None
+            else:  # pruned: keep what finished, drop what was in flight
+                await cancel_and_wait(task)
+                records = list(done)
+                pruned = why[0]
+                log.info("  pruned after %d requests: %s", len(records), pruned)
+    write_jsonl(tdir / "metrics.jsonl", prom.samples)
+    write_jsonl(tdir / "gpu.jsonl", gpu.samples)
+    own = client.summary()
+    warn_client_lag(own, w.client_processes, w.client_loop)
+    return Measured(records, {**prom.summary(), **gpu.summary(), **own}, pruned)
+
+
+def warn_client_lag(own: dict[str, float], processes: int, client_loop: str) -> None:
+    """Warn when the replay client's event loop ran late enough to show in TTFT/ITL."""
+    lag = own.get("client_lag_p99_ms")
+    if lag is None or lag <= replay_mod.CLIENT_LAG_WARN_MS:  # read at call time: tests lower it
+        return
+    hint = f"raise workload.client_processes (now {processes})"
+    if client_loop == "asyncio":
+        hint += " or try workload.client_loop=uvloop"
+    log.warning(
+        "  the replay client was busy: its event loop ran %.1f ms late at p99 (max %.1f ms, "
+        "busiest client process at %.0f%% CPU), so TTFT/ITL include up to that much of the "
+        "client's own delay; %s",
+        lag,
+        own.get("client_lag_max_ms", lag),
+        100 * own.get("client_cpu_max", 0.0),
+        hint,
+    )
+
+
+async def reset_caches(base_url: str, key: str | None) -> bool:
+    """POST vLLM's ``/reset_prefix_cache`` and ``/reset_mm_cache`` (mounted only when the server
+    runs with ``VLLM_SERVER_DEV_MODE=1``); True if both answered 200."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    ok = True
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        for path in ("/reset_prefix_cache", "/reset_mm_cache"):
+            try:
+                async with http.post(base_url + path, headers=headers) as resp:
+                    ok = ok and resp.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                ok = False
+    if not ok:
+        log.info("  caches not reset (the server needs VLLM_SERVER_DEV_MODE=1 for that)")
+    return ok

@@ -1,0 +1,246 @@
+"""The study in Optuna storage: its name, opening it (with its sampler), and its queue.
+
+A study is named ``<workload>-<model>`` unless ``study.name`` is set, and lives in
+``study.storage`` (SQLite under ``paths.state_dir`` by default, or PostgreSQL shared by several
+tuners). Before the search asks the sampler, :func:`fill_queue` enqueues, each once: the baseline
+(vLLM's defaults, trial 0 of a new study), ``study.warm_start`` (another study's Pareto-best),
+``study.enqueue`` and the prescreen's picks. What a trial stores is :mod:`tuner.stored_trial`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+import warnings
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import optuna
+
+from tuner.config import TunerConfig
+from tuner.errors import ConfigError
+from tuner.memory import ModelShape
+from tuner.prescreen import prescreen
+from tuner.records import RequestSpec
+from tuner.recovery import worker_id
+from tuner.space import defaults, defaults_outside, grid
+from tuner.stored_trial import BASELINE, LIVE, is_baseline, prescreen_attrs
+
+__all__ = [
+    "check_enqueue",
+    "enqueue_once",
+    "fill_queue",
+    "has_baseline",
+    "open_study",
+    "retry_schema_race",
+    "storage_url",
+    "study_name",
+]
+
+log = logging.getLogger("tuner")
+
+Distributions = dict[str, optuna.distributions.BaseDistribution]
+T = TypeVar("T")
+
+
+def study_name(cfg: TunerConfig) -> str:
+    return cfg.study.name or f"{cfg.workload.name}-{cfg.model.name}"
+
+
+def storage_url(cfg: TunerConfig) -> str:
+    """``study.storage``, or SQLite under ``paths.state_dir``."""
+    return cfg.study.storage or f"sqlite:///{Path(cfg.paths.state_dir) / 'optuna.db'}"
+
+
+def retry_schema_race(make: Callable[[], T], what: str, attempts: int = 6) -> T:
+    """``make()``, retried when a database is being initialised by another worker at the same
+    moment (two tuners starting on one fresh PostgreSQL database race to create the schema)."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    for attempt in range(attempts):
+        try:
+            return make()
+        except (SQLAlchemyError, MlflowException) as exc:
+            if attempt == attempts - 1:
+                raise
+            log.info("%s is being initialised by another worker (%s); retrying", what, exc)
+            time.sleep(0.5 + attempt)
+    raise AssertionError("unreachable")
+
+
+def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
+    # A resumed study, or a second worker on the same study, must not replay the same random
+    # start-up points: the seed is offset by the stored trials and by this worker's identity.
+    seed = cfg.study.seed + n_existing + zlib.crc32(worker_id().encode()) % 65_536
+    s = cfg.study.sampler
+    if s == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if s == "gp":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise ConfigError(
+                "study.sampler=gp needs PyTorch (Optuna's GPSampler); pip install torch"
+            )
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
+    if s == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if s == "grid":
+        return optuna.samplers.GridSampler(grid(cfg.space), seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
+
+
+def open_study(cfg: TunerConfig) -> optuna.Study:
+    """Create the study, or load it with the same objectives (else a :class:`ConfigError`)."""
+    Path(cfg.paths.state_dir).mkdir(parents=True, exist_ok=True)
+    storage = storage_url(cfg)
+    name = study_name(cfg)
+    directions = [o.direction for o in cfg.objective.objectives]
+    n_existing = 0
+    with contextlib.suppress(KeyError):
+        n_existing = len(
+            retry_schema_race(
+                lambda: optuna.load_study(study_name=name, storage=storage), "Optuna storage"
+            ).trials
+        )
+    try:
+        study = retry_schema_race(
+            lambda: optuna.create_study(
+                study_name=name,
+                storage=storage,
+                directions=directions,  # type: ignore[arg-type]  # validated: maximize|minimize
+                sampler=_sampler(cfg, n_existing),
+                load_if_exists=True,
+            ),
+            "Optuna storage",
+        )
+    except ValueError as exc:
+        raise ConfigError(f"study {name!r} exists with other objectives: {exc}") from exc
+    if [d.name.lower() for d in study.directions] != directions:
+        raise ConfigError(
+            f"study {name!r} in {storage} was created with directions "
+            f"{[d.name.lower() for d in study.directions]}; this run asks for {directions}; "
+            "set study.name to start a new study"
+        )
+    with warnings.catch_warnings():  # set_metric_names is "experimental" since Optuna 3.2
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([o.metric for o in cfg.objective.objectives])
+    for key, value in (("workload", cfg.workload.name), ("model", cfg.model.name)):
+        study.set_user_attr(key, value)
+    return study
+
+
+# --- the queue ----------------------------------------------------------------------------------
+
+
+def check_enqueue(cfg: TunerConfig, dists: Distributions) -> None:
+    """``study.enqueue`` names only searched params (checked before the study is touched)."""
+    for entry in cfg.study.enqueue:
+        unknown = sorted(set(entry) - set(dists))
+        if unknown:
+            raise ConfigError(f"study.enqueue names {unknown}, not searched params {sorted(dists)}")
+
+
+def fill_queue(
+    study: optuna.Study,
+    cfg: TunerConfig,
+    dists: Distributions,
+    shape: ModelShape,
+    requests: list[RequestSpec],
+    n_stored: int,
+) -> None:
+    """Enqueue what runs before the sampler is asked: the baseline, the warm start, the
+    ``study.enqueue`` entries, and (once per study) the prescreen's picks."""
+    if cfg.study.baseline_first and not has_baseline(study):  # new, or interrupted before
+        outside = defaults_outside(cfg.space)
+        if outside and not n_stored:
+            log.warning(
+                "no baseline trial: vLLM's default of %s is outside the searched range",
+                ", ".join(outside),
+            )
+        elif not outside:
+            study.enqueue_trial(defaults(cfg.space), user_attrs=dict(BASELINE))
+            if n_stored:
+                log.info(
+                    "the baseline trial (vLLM's defaults) has not finished yet; enqueued again"
+                )
+    if cfg.study.warm_start:
+        _warm_start(study, cfg, dists)
+    for entry in cfg.study.enqueue:
+        enqueue_once(study, {**defaults(cfg.space), **entry})
+    if cfg.study.prescreen.trials and "prescreen" not in study.user_attrs:
+        _prescreen(study, cfg, shape, requests)
+
+
+def _warm_start(study: optuna.Study, cfg: TunerConfig, dists: Distributions) -> None:
+    """Enqueue the Pareto-best feasible configs of another study (once: :func:`enqueue_once`)."""
+    storage = storage_url(cfg)
+    try:
+        source = optuna.load_study(study_name=cfg.study.warm_start, storage=storage)
+    except KeyError as exc:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise ConfigError(
+            f"study.warm_start {cfg.study.warm_start!r} is not in {storage}; have: {names}"
+        ) from exc
+    best = source.best_trials
+    for t in best:
+        params = {
+            k: v
+            for k, v in t.params.items()
+            if k in dists and dists[k]._contains(dists[k].to_internal_repr(v))
+        }
+        enqueue_once(study, {**defaults(cfg.space), **params})
+    log.info(
+        "warm start: enqueued %d Pareto-best configs of study %s", len(best), source.study_name
+    )
+
+
+def _prescreen(
+    study: optuna.Study, cfg: TunerConfig, shape: ModelShape, requests: list[RequestSpec]
+) -> None:
+    """Enqueue the simulator's best configs (:mod:`tuner.prescreen`), once per study: the study
+    records that it ran, so a resumed study does not repeat it."""
+    picks, summary = prescreen(cfg, shape, requests)
+    added = 0
+    for choice in picks:
+        added += enqueue_once(
+            study,
+            {**defaults(cfg.space), **choice.params},
+            user_attrs=prescreen_attrs(choice.predicted),
+        )
+    study.set_user_attr("prescreen", {**summary, "enqueued": added})
+
+
+def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, bool) or isinstance(w, bool) or not isinstance(v, int | float):
+            if v != w:
+                return False
+        elif not isinstance(w, int | float) or not math.isclose(float(v), float(w), rel_tol=1e-9):
+            return False
+    return True
+
+
+def enqueue_once(
+    study: optuna.Study, params: dict[str, Any], user_attrs: dict[str, Any] | None = None
+) -> bool:
+    """Enqueue ``params`` unless a trial with them has run, runs or waits. Unlike Optuna's
+    ``skip_if_exists``, a FAIL trial (one a killed or interrupted tuner left) does not count, so
+    the same command runs an interrupted enqueued config again."""
+    for t in study.get_trials(deepcopy=False, states=LIVE):
+        if _same_params(params, t.system_attrs.get("fixed_params", t.params)):
+            return False
+    study.enqueue_trial(params, user_attrs=user_attrs)
+    return True
+
+
+def has_baseline(study: optuna.Study) -> bool:
+    return any(is_baseline(t) for t in study.get_trials(deepcopy=False, states=LIVE))

@@ -1,0 +1,182 @@
+"""The stored trial: the one place that writes and reads what a trial leaves in Optuna storage.
+
+A study's trials are read back by the confirm stage, the report, the figures, crash recovery,
+notebooks and scripts, often from another process or another host. Every key a trial stores is
+written here (:func:`tell`, :func:`mark_worker`, ...) and every question asked of a stored trial
+is answered here (:func:`feasible`, :func:`is_baseline`, :func:`counted`, :func:`trial_dir`, ...),
+so a key is spelled once.
+
+What a told trial holds:
+
+- **state**: COMPLETE when it was measured *or* failed (a failure is data: its constraint
+  ``failed_<reason>`` is 1 and its values are the penalty values); PRUNED when its replay was
+  stopped early; FAIL only when it was interrupted or hit a bug in the tuner (``tuner_error``).
+- **constraints** (Optuna's, > 0 = violated): ``error_rate``, ``slo_*`` and ``failed_<reason>``.
+- **user attributes**: ``metrics`` (every metric of :mod:`tuner.score` and telemetry),
+  ``failure_reason`` / ``failure_detail``, ``predicted_kv_tokens``, ``launched``, ``server_s``,
+  ``pruned``, ``gpus``, ``argv`` (masked), ``serve_args`` (argv after the engine command),
+  ``trial_dir``, and after a launch ``kv_cache_tokens``, ``startup_s``, ``engine_version``; set
+  when it was asked or enqueued: ``worker`` (``host:pid``), ``baseline`` (vLLM's defaults),
+  ``prescreen`` (the simulator's prediction), and ``tuner_error`` on a tuner bug.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner.config import TunerConfig
+from tuner.engine.argv import command_prefix
+from tuner.records import TrialResult
+from tuner.score import failure_values
+
+__all__ = [
+    "BASELINE",
+    "LIVE",
+    "counted",
+    "failure_reason",
+    "feasible",
+    "is_baseline",
+    "mark_tuner_error",
+    "mark_worker",
+    "measured",
+    "metric",
+    "metrics",
+    "prescreen_attrs",
+    "rejected_before_launch",
+    "serve_args",
+    "tell",
+    "trial_dir",
+    "worker",
+]
+
+BASELINE = {"baseline": True}
+"""The user attributes of the enqueued baseline trial (vLLM's defaults)."""
+
+LIVE = (
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.PRUNED,
+    optuna.trial.TrialState.RUNNING,
+    optuna.trial.TrialState.WAITING,
+)
+"""States of a trial that has run, runs or will run; a FAIL (interrupted, tuner bug) has not."""
+
+Stored = optuna.trial.FrozenTrial | optuna.Trial
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def tell(
+    study: optuna.Study, trial: optuna.Trial, result: TrialResult, cfg: TunerConfig, tdir: Path
+) -> None:
+    """Store ``result`` on ``trial`` (run in folder ``tdir``) and tell Optuna its state."""
+    for key, value in result.constraints.items():
+        trial.set_constraint(key, value)
+    attrs: dict[str, Any] = {
+        "metrics": result.metrics,
+        "failure_reason": result.failure_reason,
+        "failure_detail": result.failure_detail,
+        "predicted_kv_tokens": result.predicted_kv_tokens,
+        "launched": result.launched,
+        "server_s": result.server_s,
+        "pruned": result.pruned,
+        "gpus": list(result.gpus),
+        "argv": list(result.argv),
+        "serve_args": list(result.argv[len(command_prefix(cfg.engine)) :]),
+        "trial_dir": str(tdir.resolve()),
+    }
+    if result.launch is not None:
+        attrs["kv_cache_tokens"] = result.launch.kv_cache_tokens
+        attrs["startup_s"] = result.launch.startup_s
+        attrs["engine_version"] = result.launch.engine_version
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    if result.pruned:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return
+    values = result.values if result.values is not None else failure_values(cfg.objective)
+    study.tell(trial, list(values))
+
+
+def mark_worker(trial: optuna.Trial, worker_id: str) -> None:
+    """The tuner process (``host:pid``) that runs ``trial``: crash recovery reads it."""
+    trial.set_user_attr("worker", worker_id)
+
+
+def mark_tuner_error(trial: optuna.Trial, exc: BaseException) -> None:
+    trial.set_user_attr("tuner_error", repr(exc)[:1000])
+
+
+def prescreen_attrs(predicted: dict[str, Any]) -> dict[str, Any]:
+    """The user attributes of a trial the prescreen enqueued, with the simulator's prediction."""
+    return {"prescreen": predicted}
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def is_baseline(t: Stored) -> bool:
+    """The trial runs vLLM's defaults (no searched flag passed)."""
+    return bool(t.user_attrs.get("baseline", False))
+
+
+def failure_reason(t: Stored) -> str | None:
+    """Why a COMPLETE trial could not be measured (a :class:`tuner.errors.FailureReason`
+    value), or None; an interrupted trial (FAIL) has none: see :func:`tuner_error`."""
+    return t.user_attrs.get("failure_reason") or None
+
+
+def tuner_error(t: Stored) -> str | None:
+    return t.user_attrs.get("tuner_error") or None
+
+
+def measured(t: optuna.trial.FrozenTrial) -> bool:
+    """COMPLETE with real values: not the penalty values of a failed trial, feasible or not."""
+    return (
+        t.state == optuna.trial.TrialState.COMPLETE
+        and t.values is not None
+        and failure_reason(t) is None
+    )
+
+
+def feasible(t: optuna.trial.FrozenTrial) -> bool:
+    """Measured, and within every constraint (error budget and SLOs)."""
+    return measured(t) and bool(t.constraints) and all(c <= 0 for c in t.constraints.values())
+
+
+def rejected_before_launch(t: Stored) -> bool:
+    """Refused before any GPU was leased (the precheck, or a lease limit): no GPU time spent."""
+    return t.user_attrs.get("launched") is False and not t.user_attrs.get("gpus")
+
+
+def counted(t: Stored) -> bool:
+    """Counts toward ``study.n_trials``: all but the configs refused before launch (which are
+    free up to ``study.max_rejected`` a run, past which they count: the study's log says)."""
+    return not rejected_before_launch(t)
+
+
+def metrics(t: Stored) -> dict[str, float]:
+    return dict(t.user_attrs.get("metrics") or {})
+
+
+def metric(t: Stored, name: str) -> float | None:
+    v = (t.user_attrs.get("metrics") or {}).get(name)
+    return float(v) if isinstance(v, int | float) else None
+
+
+def serve_args(t: Stored) -> tuple[str, ...]:
+    """The ``vllm serve`` arguments the trial was launched with (after the engine command)."""
+    return tuple(t.user_attrs.get("serve_args") or ())
+
+
+def trial_dir(t: Stored) -> Path | None:
+    """The trial's folder, if it was recorded and is on this machine."""
+    d = t.user_attrs.get("trial_dir")
+    return Path(d) if d and Path(d).is_dir() else None
+
+
+def worker(t: Stored) -> str:
+    return str(t.user_attrs.get("worker", ""))

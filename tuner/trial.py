@@ -1,0 +1,440 @@
+"""One trial: one server's life as a sequence of named steps over one :class:`ServerRun`.
+
+::
+
+    precheck → lease GPUs → wait for free GPU memory → launch (retried on a port clash)
+             → for each replay: [reset caches] → measure (tuner.measure) → health check
+             → teardown (stop the server, release the lease, mask logs) → results
+
+A failure at any step is data, not an exception: it ends the server's replays, and the replay it
+hit and those after it carry it as their ``failure_reason``. :func:`run_trial` is one search
+trial (its ``study.repeats`` replays averaged); the confirm stage calls :func:`run_server` with
+its stress replays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tuner.artifacts import (
+    keep_attempt_log,
+    make_dir,
+    mask_server_logs,
+    trial_dir,
+    write_artifacts,
+    write_repeats,
+)
+from tuner.config import TunerConfig
+from tuner.engine.argv import api_key, build_env, mask, mask_argv, trial_argv
+from tuner.engine.logparse import port_clash
+from tuner.engine.pool import GpuPool, core_ranges
+from tuner.engine.process import Server, free_port
+from tuner.errors import EngineError, FailureReason, LaunchFailed, TrialFailed
+from tuner.measure import Measured, Replay, measure, reset_caches
+from tuner.memory import ModelShape
+from tuner.precheck import precheck
+from tuner.records import LaunchInfo, RequestSpec, TrialResult
+from tuner.recovery import LEASE_ENV, Lease
+from tuner.score import constraints, objective_values, summarize
+from tuner.space import changed_params, resolved
+from tuner.telemetry.gpu import gpu_memory, nvml_available, wait_for_free_memory
+
+__all__ = [
+    "LAUNCH_ATTEMPTS",
+    "ServerRun",
+    "TrialContext",
+    "lease_dir",
+    "mean_result",
+    "run_server",
+    "run_trial",
+]
+
+log = logging.getLogger("tuner")
+
+LAUNCH_ATTEMPTS = 3
+"""Launches of one trial's server when a port it binds is taken while it starts (not the config's
+fault: a server starting beside it, or another program, got the port first)."""
+
+
+def lease_dir(cfg: TunerConfig) -> Path:
+    """Where each running trial's lease file lives (crash recovery reads them)."""
+    return Path(cfg.paths.state_dir) / "leases"
+
+
+@dataclass
+class TrialContext:
+    """What every trial of one run shares."""
+
+    cfg: TunerConfig
+    shape: ModelShape
+    requests: list[RequestSpec]
+    secrets: list[str]
+    run_dir: Path
+    cache_root: Path | None
+    study_name: str = ""
+    parent_run_id: str | None = None
+    pool: GpuPool = field(default_factory=lambda: GpuPool([0]))
+    engine_version: str | None = None
+    cpu_sets: dict[int, list[int]] | None = None
+    """``engine.cpu_pinning``: the CPU cores of each GPU's server."""
+    repeat_requests: list[list[RequestSpec]] = field(default_factory=list)
+    """The request streams of repeats 2.. (``study.repeats``: workload seed + 1, + 2, ...)."""
+
+
+async def run_trial(
+    ctx: TrialContext, number: int, params: dict[str, Any], baseline: bool
+) -> TrialResult:
+    """The trial's server, with ``study.repeats`` replays on it; one result (their mean)."""
+    w = ctx.cfg.workload
+    replays = [Replay("", ctx.requests, w)]
+    for k, reqs in enumerate(ctx.repeat_requests, 1):
+        replays.append(Replay(f"repeat_{k + 1}", reqs, replace(w, seed=w.seed + k)))
+    tdir = trial_dir(ctx.run_dir, number)
+    results = await run_server(ctx, number, params, baseline, tdir, replays, prune=True)
+    if len(replays) == 1:
+        return results[0]
+    result = mean_result(results, ctx.cfg)
+    write_repeats(tdir, results, result)
+    return result
+
+
+_SPREAD = ("goodput", "output_throughput")
+
+
+def mean_result(results: list[TrialResult], cfg: TunerConfig) -> TrialResult:
+    """One trial's repeats as one result: a failure or a prune decides (the first one); else
+    every metric is the mean over the repeats, with the objectives and constraints recomputed from
+    those means and ``<metric>_spread`` = (max - min) / mean for goodput and output tok/s."""
+    bad = next((r for r in results if r.failure_reason or r.pruned), None)
+    if bad is not None or len(results) == 1:
+        return bad or results[0]
+    keys = set.intersection(*(set(r.metrics) for r in results))
+    metrics = {k: statistics.fmean(r.metrics[k] for r in results) for k in sorted(keys)}
+    for k in _SPREAD:
+        vals = [r.metrics[k] for r in results if k in r.metrics]
+        if vals and metrics.get(k):
+            metrics[f"{k}_spread"] = (max(vals) - min(vals)) / metrics[k]
+    metrics["repeats"] = float(len(results))
+    first = results[0]
+    return replace(
+        first,
+        metrics=metrics,
+        values=objective_values(metrics, cfg.objective),
+        constraints=constraints(metrics, None, cfg.objective, cfg.workload.slo),
+        duration_s=results[-1].duration_s,
+    )
+
+
+# --- one server's life ------------------------------------------------------------------------
+
+
+@dataclass
+class ServerRun:
+    """One server's life: what each step of :func:`run_server` leaves for the next."""
+
+    ctx: TrialContext
+    number: int
+    params: dict[str, Any]
+    """As sampled (the launch line shows these)."""
+    baseline: bool
+    tdir: Path
+    replays: list[Replay]
+    prune: bool
+    full: dict[str, Any]
+    """Every searched param, vLLM's default where ``params`` leave one out."""
+    port: int
+    argv: list[str]
+    t0: float = field(default_factory=time.monotonic)
+    started_at: float = field(default_factory=time.time)
+    predicted: int | None = None
+    gpus: list[int] = field(default_factory=list)
+    cpus: list[int] | None = None
+    lease: Lease | None = None
+    server: Server | None = None
+    launch: LaunchInfo | None = None
+    clash_s: float = 0.0
+    """Server time of launches lost to a port taken in the meantime."""
+    common: dict[str, float] = field(default_factory=dict)
+    """Metrics every replay's result carries (GPU memory before launch, pinning, teardown)."""
+    measured: list[Measured] = field(default_factory=list)
+    written: set[int] = field(default_factory=set)
+    """Replays whose ``requests.jsonl`` is on disk already."""
+    failure: TrialFailed | None = None
+
+    @property
+    def cfg(self) -> TunerConfig:
+        return self.ctx.cfg
+
+    @property
+    def shown_argv(self) -> tuple[str, ...]:
+        return tuple(mask_argv(self.argv, self.ctx.secrets))
+
+    @property
+    def server_s(self) -> float:
+        return (self.server.lifetime_s if self.server is not None else 0.0) + self.clash_s
+
+    def result(
+        self,
+        rp: Replay,
+        m: Measured,
+        fail: TrialFailed | None,
+        duration_s: float | None = None,
+    ) -> TrialResult:
+        """One replay's :class:`TrialResult`, with the metrics every replay of this server
+        shares."""
+        cfg = self.cfg
+        records, pruned = m.records, m.pruned
+        metrics = {**self.common, **m.telemetry, **summarize(records, rp.workload.slo)}
+        if fail is not None:
+            pruned = None
+        elif records and metrics["error_rate"] >= 1.0:
+            first = next((r.error for r in records if r.error), None)
+            fail = TrialFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
+            pruned = None
+        reason = fail.reason.value if fail else None
+        return TrialResult(
+            number=self.number,
+            params=self.full,
+            argv=self.shown_argv,
+            values=None if fail is not None else objective_values(metrics, cfg.objective),
+            constraints=constraints(metrics, reason, cfg.objective, rp.workload.slo),
+            metrics=metrics,
+            failure_reason=reason,
+            failure_detail=mask(fail.detail, self.ctx.secrets) if fail else None,
+            launch=self.launch,
+            predicted_kv_tokens=self.predicted,
+            baseline=self.baseline,
+            launched=self.server is not None,
+            server_s=self.server_s,
+            pruned=pruned,
+            gpus=tuple(self.gpus),
+            started_at=self.started_at,
+            duration_s=(
+                duration_s if duration_s is not None else round(time.monotonic() - self.t0, 3)
+            ),
+        )
+
+
+async def run_server(
+    ctx: TrialContext,
+    number: int,
+    params: dict[str, Any],
+    baseline: bool,
+    tdir: Path,
+    replays: list[Replay],
+    *,
+    prune: bool,
+) -> list[TrialResult]:
+    """Precheck, launch one server with ``params``, run each replay on it, stop it: a result per
+    replay. A failure ends the server's replays: the one it hit and those after it carry it."""
+    cfg = ctx.cfg
+    make_dir(tdir)
+    port = free_port(cfg.engine.host)
+    run = ServerRun(
+        ctx,
+        number,
+        params,
+        baseline,
+        tdir,
+        replays,
+        prune,
+        full=resolved(cfg.space, params),
+        port=port,
+        argv=trial_argv(cfg, params, port=port, baseline=baseline),
+    )
+    try:
+        _precheck(run)
+        tp = int(run.full.get("tensor_parallel_size") or 1)
+        async with ctx.pool.lease(tp) as gpus:
+            run.gpus = gpus
+            await _prepare(run)
+            async with contextlib.AsyncExitStack() as stack:
+                server = await _launch(run, stack)
+                await _replay_all(run, server)
+    except TrialFailed as exc:
+        run.failure = exc
+    finally:
+        _teardown(run)
+    return _results(run)
+
+
+def _precheck(run: ServerRun) -> None:
+    """Refuse what certainly cannot start (raises :class:`TrialFailed`), and keep the memory
+    model's KV prediction."""
+    cfg = run.cfg
+    all_requests = [r for rp in run.replays for r in rp.requests]
+    verdict = precheck(
+        cfg, run.ctx.shape, run.full, all_requests, baseline=run.baseline, veto=cfg.study.precheck
+    )
+    run.predicted = verdict.kv_tokens
+
+
+async def _prepare(run: ServerRun) -> None:
+    """On the leased GPUs: wait for their memory, write the lease file, choose the CPU cores."""
+    ctx, cfg = run.ctx, run.cfg
+    run.common.update(await _wait_gpu(cfg, run.full, run.gpus))
+    run.lease = Lease.create(
+        lease_dir(cfg),
+        ctx.study_name,
+        run.number,
+        ctx.parent_run_id,
+        cfg.tracking.uri if cfg.tracking.enabled else None,
+    )
+    if ctx.cpu_sets:
+        run.cpus = sorted({c for g in run.gpus for c in ctx.cpu_sets[g]})
+    if run.cpus:
+        run.common["cpus_pinned"] = float(len(run.cpus))
+        run.common["client_cpus"] = float(len(os.sched_getaffinity(0)))
+
+
+async def _launch(run: ServerRun, stack: contextlib.AsyncExitStack) -> Server:
+    """Start the server and wait until it is ready (``stack`` stops it); launch again on another
+    port, up to :data:`LAUNCH_ATTEMPTS` times, when a port it binds was taken meanwhile."""
+    ctx, cfg = run.ctx, run.cfg
+    engine = replace(cfg.engine, gpus=run.gpus)  # CUDA_VISIBLE_DEVICES = the lease
+    assert run.lease is not None
+    env = {**build_env(engine, cache_root=ctx.cache_root), LEASE_ENV: run.lease.id}
+    log.info(
+        "trial %d: launching on GPU %s%s with %s",
+        run.number,
+        run.gpus,
+        f" (CPUs {core_ranges(run.cpus)})" if run.cpus else "",
+        changed_params(run.params, cfg.space),
+    )
+    for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+        server = Server(
+            run.argv,
+            env=env,
+            log_path=run.tdir / "server.log",
+            host=cfg.engine.host,
+            port=run.port,
+            startup_timeout_s=cfg.engine.startup_timeout_s,
+            stop_timeout_s=cfg.engine.stop_timeout_s,
+            health_interval_s=cfg.engine.health_interval_s,
+            cpus=run.cpus,
+        )
+        run.server = server
+        try:
+            run.launch = await stack.enter_async_context(server)
+            break
+        except LaunchFailed:
+            if attempt == LAUNCH_ATTEMPTS or not port_clash(server.log_lines()):
+                raise
+        run.clash_s += server.lifetime_s
+        keep_attempt_log(run.tdir, attempt)
+        run.port = free_port(cfg.engine.host)
+        log.warning(
+            "trial %d: a port the server binds was taken while it started (see "
+            "server-attempt%d.log); launching again on port %d",
+            run.number,
+            attempt,
+            run.port,
+        )
+        run.argv = trial_argv(cfg, run.params, port=run.port, baseline=run.baseline)
+    assert run.launch is not None  # the loop launched or raised
+    if run.launch.engine_version:
+        ctx.engine_version = run.launch.engine_version
+    return server
+
+
+async def _replay_all(run: ServerRun, server: Server) -> None:
+    """Each replay on the ready server, then its health; stop at a dead server or a prune."""
+    ctx, cfg = run.ctx, run.cfg
+    launch = run.launch
+    assert launch is not None
+    for i, rp in enumerate(run.replays):
+        extra: dict[str, float] = {}
+        if i:  # the previous replay warmed the caches: start this one cold
+            key = api_key(cfg.engine, cfg.model)
+            extra["caches_reset"] = float(await reset_caches(server.base_url, key))
+        ready = f"ready in {launch.startup_s:.1f} s, " if not i else ""
+        log.info(
+            "trial %d: %sKV cache %s tokens (predicted %s); replaying %d requests (%d warm-up)%s",
+            run.number,
+            ready,
+            _fmt_int(launch.kv_cache_tokens),
+            _fmt_int(run.predicted),
+            len(rp.requests),
+            sum(r.warmup for r in rp.requests),
+            f" [{rp.subdir}]" if rp.subdir else "",
+        )
+        others = ctx.pool.held - len(run.gpus)  # GPUs of trials running beside this one
+        m = await measure(cfg, server.base_url, run.tdir / rp.subdir, run.gpus, rp, run.prune)
+        extra["co_running_gpus"] = float(max(others, ctx.pool.held - len(run.gpus)))
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
+            dead = await server.check(http)
+        m = replace(m, telemetry={**m.telemetry, **extra})
+        run.measured.append(m)
+        if len(run.replays) > 1:  # keep what this replay measured if a later one dies
+            write_artifacts(run.tdir / rp.subdir, run.result(rp, m, None), m.records)
+            run.written.add(len(run.measured) - 1)
+        if dead is not None:
+            raise TrialFailed(*dead)
+        if m.pruned and run.prune:
+            return  # lost beyond doubt: the other repeats would not change that
+
+
+def _teardown(run: ServerRun) -> None:
+    """After the server stopped (its context closed): release the lease, record the stop, mask
+    the server's logs."""
+    if run.lease is not None:
+        run.lease.release(lease_dir(run.cfg))
+    if run.server is not None:
+        run.common["stop_s"] = run.server.stop_s or 0.0
+        run.common["survivors"] = float(len(run.server.survivors))
+        mask_server_logs(run.tdir, run.ctx.secrets)
+
+
+def _results(run: ServerRun) -> list[TrialResult]:
+    """A result per replay, each written to its folder. A failure carries to every replay from
+    the one it hit; a prune ends the replays after it without results."""
+    failure, measured = run.failure, run.measured
+    duration_s = round(time.monotonic() - run.t0, 3)
+    results = []
+    empty = Measured([], {}, None)
+    for i, rp in enumerate(run.replays if failure is not None else run.replays[: len(measured)]):
+        m = measured[i] if i < len(measured) else empty
+        fail = failure if failure is not None and i >= len(measured) - 1 else None
+        result = run.result(rp, m, fail, duration_s)
+        write_artifacts(run.tdir / rp.subdir, result, None if i in run.written else m.records)
+        results.append(result)
+    return results
+
+
+async def _wait_gpu(cfg: TunerConfig, params: dict[str, Any], gpus: list[int]) -> dict[str, float]:
+    """Before a real launch: wait (bounded) for the memory vLLM's start-up check will demand."""
+    if cfg.engine.kind != "vllm" or not nvml_available():
+        return {}
+    gmu = float(params.get("gpu_memory_utilization") or 0.92)
+    try:
+        before = gpu_memory(gpus)
+        need = max(m.total_gib for m in before) * gmu + 0.5 if before else 0.0
+        ok, mem = await asyncio.to_thread(
+            wait_for_free_memory, gpus, need, cfg.engine.gpu_free_timeout_s
+        )
+    except EngineError as exc:
+        log.warning("cannot read GPU memory before launch (%s); launching anyway", exc)
+        return {}
+    used = max((m.used_gib for m in mem), default=0.0)
+    if not ok:
+        raise LaunchFailed(
+            FailureReason.GPU_BUSY,
+            f"GPU memory not free after {cfg.engine.gpu_free_timeout_s:.0f} s: "
+            f"{used:.1f} GiB used, need {need:.1f} GiB free for gpu_memory_utilization {gmu}",
+        )
+    log.info("GPUs %s: %.2f GiB used before launch", gpus, used)
+    return {"gpu_used_before_launch_gib": used}
+
+
+def _fmt_int(v: int | None) -> str:
+    return f"{v:,}" if v is not None else "?"
