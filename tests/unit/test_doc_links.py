@@ -51,9 +51,7 @@ def _expand(token: str) -> list[str]:
     if not m:
         return [token]
     return [
-        e
-        for alt in m[1].split(",")
-        for e in _expand(token[: m.start()] + alt + token[m.end() :])
+        e for alt in m[1].split(",") for e in _expand(token[: m.start()] + alt + token[m.end() :])
     ]
 
 
@@ -89,7 +87,7 @@ def _is_record(doc: Path, root: Path) -> bool:
     return rel.startswith("docs/gpu-runs/") or rel == "benchmarks/results/README.md"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _members(tgz: Path) -> frozenset[str]:
     with tarfile.open(tgz) as tar:
         return frozenset(m.name.removeprefix("./") for m in tar.getmembers())
