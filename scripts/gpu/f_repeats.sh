@@ -4,7 +4,7 @@
 #          replays the workload twice, seeds s and s+1; the trial's metrics are their mean),
 #          client_processes=2 and cpu_pinning;
 #   GPU 1: the long_docs study continued from LONG_DB (space without enforce_eager).
-#   T=470 LONG_DB=docs/gpu-runs/2026-11-30-h200x2-long-more/long_docs32-optuna.db \
+#   T=470 LONG_DB=docs/gpu-runs/2026-11-30-h200x2-prescreen/long_docs32-optuna.db \
 #     bash scripts/gpu/f_repeats.sh                                     (carry .whl)
 set -u
 T="${T:-470}"
