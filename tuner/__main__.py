@@ -4,7 +4,7 @@
 of a stored study without running anything (``+workload=NAME`` instead of ``study.name`` names the
 default study of that workload).
 
-Thin: compose (Hydra) → convert to dataclasses once (:func:`tuner.config.to_config`) →
+Thin: compose (Hydra) → convert to dataclasses once (:func:`tuner.checks.to_config`) →
 :func:`tuner.study.run`. User mistakes become one line on stderr and exit code 2; nothing is
 launched before the whole config has been checked.
 """
@@ -19,7 +19,8 @@ from types import FrameType
 import hydra
 from omegaconf import DictConfig
 
-from tuner.config import available, conf_dir, register_schemas, to_config
+from tuner.checks import to_config
+from tuner.config import available, conf_dir, register_schemas
 from tuner.errors import ConfigError, TunerError
 
 log = logging.getLogger("tuner")

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import tuner.study as study_mod  # noqa: E402
-from tuner.config import load_config  # noqa: E402
+from tuner.checks import load_config  # noqa: E402
 from tuner.engine.process import free_port  # noqa: E402
 
 
