@@ -82,7 +82,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from tuner.config import TunerConfig, load_config  # noqa: E402
+from tuner.checks import load_config  # noqa: E402
+from tuner.config import TunerConfig  # noqa: E402
 from tuner.engine.argv import (  # noqa: E402
     api_key,
     build_env,

@@ -63,7 +63,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from tuner.config import SpaceConfig, load_config  # noqa: E402
+from tuner.checks import load_config  # noqa: E402
+from tuner.config import SpaceConfig  # noqa: E402
 from tuner.memory import GPU_PROFILES, ModelShape  # noqa: E402
 from tuner.precheck import refusal  # noqa: E402
 from tuner.sim.landscape import LandscapeResult, evaluate, prepare_stream  # noqa: E402

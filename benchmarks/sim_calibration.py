@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from tuner.config import SLOConfig, load_config  # noqa: E402
+from tuner.checks import load_config  # noqa: E402
+from tuner.config import SLOConfig  # noqa: E402
 from tuner.memory import GPU_PROFILES, ModelShape  # noqa: E402
 from tuner.records import RequestSpec  # noqa: E402
 from tuner.sim.engine import SpeedModel  # noqa: E402

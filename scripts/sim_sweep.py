@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner.config import load_config  # noqa: E402
+from tuner.checks import load_config  # noqa: E402
 from tuner.errors import ConfigError  # noqa: E402
 from tuner.memory import GPU_PROFILES, ModelShape  # noqa: E402
 from tuner.sim.landscape import evaluate, prepare_stream  # noqa: E402

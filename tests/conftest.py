@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
-from tuner.config import TunerConfig, load_config
+from tuner.checks import load_config
+from tuner.config import TunerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,31 +2,31 @@
 
 ``python -m tuner report study.name=NAME [overrides]`` regenerates the exports, figures and tables
 of a stored study without running anything (``+workload=NAME`` instead of ``study.name`` names the
-default study of that workload).
+default study of that workload); it is its own Hydra app, :func:`_report_app`.
 
-Thin: compose (Hydra) → convert to dataclasses once (:func:`tuner.config.to_config`) →
-:func:`tuner.study.run`. User mistakes become one line on stderr and exit code 2; nothing is
-launched before the whole config has been checked.
+Thin: compose (Hydra) → convert to dataclasses and check, once (:func:`tuner.checks.to_config`) →
+:func:`tuner.study.run` (or :func:`tuner.report.run_report`). User mistakes become one line on
+stderr and exit code 2; nothing is launched before the whole config has been checked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 import hydra
 from omegaconf import DictConfig
 
-from tuner.config import available, conf_dir, register_schemas, to_config
+from tuner.config import TunerConfig, available, conf_dir, register_schemas
 from tuner.errors import ConfigError, TunerError
 
 log = logging.getLogger("tuner")
 
 register_schemas()
-
-_MODE = {"report": False}
 
 
 def _check_groups(argv: list[str]) -> None:
@@ -42,39 +42,31 @@ def _check_groups(argv: list[str]) -> None:
             raise ConfigError(f"unknown {key} {value!r}; allowed: {', '.join(options)}")
 
 
-def _report_args(argv: list[str]) -> None:
-    """``report`` names its study by ``study.name=`` or by ``+workload=`` (the default name)."""
-    named = any(a.startswith("study.name=") for a in argv)
-    workload = any(a.lstrip("+").startswith("workload=") for a in argv)
+def _report_overrides(args: list[str]) -> list[str]:
+    """``report`` names its study by ``study.name=`` or by ``+workload=`` (the default name);
+    its overrides, with ``+workload=chat`` added when only the name is given."""
+    named = any(a.startswith("study.name=") for a in args)
+    workload = any(a.lstrip("+").startswith("workload=") for a in args)
     if not named and not workload:
         raise ConfigError(
             "report needs the study: study.name=NAME, or +workload=NAME for its default study"
         )
     if not workload:  # the workload only names a default study; the stored study has the rest
-        sys.argv.append("+workload=chat")
+        return [*args, "+workload=chat"]
+    return list(args)
 
 
 def _sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def _app(cfg: DictConfig) -> None:
-    from tuner.study import run
+def _checked(cfg: DictConfig, task: Callable[[TunerConfig], object]) -> None:
+    """Convert and check ``cfg``, then run ``task``; a ConfigError exits 2, any other
+    TunerError 1, each as one line on stderr."""
+    from tuner.checks import to_config  # imports every stage: after Hydra has composed
 
     try:
-        config = to_config(cfg)
-        if _MODE["report"]:
-            from tuner.report import run_report
-
-            run_report(config)
-            return
-        if config.dry_run:
-            from tuner.plan import print_plan
-
-            print_plan(config)
-            return
-        run(config)
+        task(to_config(cfg))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -83,19 +75,60 @@ def _app(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
+def _study(config: TunerConfig) -> None:
+    if config.dry_run:
+        from tuner.plan import print_plan
+
+        print_plan(config)
+        return
+    from tuner.study import run
+
+    run(config)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def _app(cfg: DictConfig) -> None:
+    """``python -m tuner +workload=NAME [overrides]``: the study (or its plan, ``dry_run``)."""
+    _checked(cfg, _study)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def _report_app(cfg: DictConfig) -> None:
+    """``python -m tuner report study.name=NAME [overrides]``: the stored study's report."""
+    from tuner.report import run_report
+
+    _checked(cfg, run_report)
+
+
+@contextlib.contextmanager
+def _hydra_args(args: list[str]) -> Iterator[None]:
+    """``@hydra.main`` reads its overrides from ``sys.argv`` alone: hand it ``args`` for the one
+    call (the program name stays), and give the caller's back after."""
+    saved = sys.argv
+    sys.argv = [saved[0], *args]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, _sigterm)
+    args = sys.argv[1:]
+    report = args[:1] == ["report"]
     try:
-        if sys.argv[1:2] == ["report"]:
-            del sys.argv[1]
-            _MODE["report"] = True
-            _report_args(sys.argv[1:])
-        _check_groups(sys.argv[1:])
+        if report:
+            args = _report_overrides(args[1:])
+        _check_groups(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     try:
-        _app()
+        if report:
+            with _hydra_args(args):
+                _report_app()
+        else:
+            _app()
     except KeyboardInterrupt:
         from tuner.engine.process import kill_all_groups
 

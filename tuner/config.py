@@ -1,9 +1,10 @@
 """Typed configuration: Hydra structured-config schemas, converted once at the entry point.
 
 The schemas are registered in Hydra's ConfigStore as ``tuner_schema`` (the primary config's first
-default), so an unknown key or a wrong type fails when Hydra composes the config. :func:`to_config`
-turns the composed ``DictConfig`` into these dataclasses and checks what types cannot (ranges,
-choices); nothing below the entry point sees a ``DictConfig``.
+default), so an unknown key or a wrong type fails when Hydra composes the config.
+:func:`tuner.checks.to_config` turns the composed ``DictConfig`` into these dataclasses
+(:func:`convert`) and checks what types cannot (ranges, choices): the checks below, and each
+stage's own; nothing below the entry point sees a ``DictConfig``. This module imports no stage.
 """
 
 from dataclasses import dataclass, field
@@ -34,8 +35,16 @@ __all__ = [
     "TrackingConfig",
     "TunerConfig",
     "WorkloadConfig",
+    "check_confirm",
+    "check_engine",
+    "check_images",
+    "check_model",
+    "check_study",
+    "check_workload",
+    "compose_config",
+    "convert",
+    "one_of",
     "register_schemas",
-    "to_config",
 ]
 
 
@@ -382,10 +391,11 @@ def register_schemas() -> None:
     ConfigStore.instance().store(name="tuner_schema", node=TunerConfig)
 
 
-def load_config(overrides: list[str]) -> TunerConfig:
-    """Compose with Hydra's compose API (tests, notebooks) and convert, like the CLI does.
+def compose_config(overrides: list[str]) -> DictConfig:
+    """Compose with Hydra's compose API (tests, notebooks), as the CLI composes.
 
     Paths that come from Hydra's run (``paths.output_dir``) must be given in ``overrides``.
+    :func:`tuner.checks.load_config` converts and checks the result.
     """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -393,36 +403,17 @@ def load_config(overrides: list[str]) -> TunerConfig:
     register_schemas()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
+            return compose(config_name="config", overrides=overrides)
     except HydraException as exc:
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
         raise ConfigError(" ".join(lines[:2])) from exc
-    return to_config(cfg)
 
 
-# --- semantic checks that types cannot express ---------------------------------------------
+def convert(cfg: DictConfig) -> TunerConfig:
+    """Convert the composed Hydra config to :class:`TunerConfig`, unchecked beyond its types
+    (:func:`tuner.checks.to_config` converts and checks).
 
-ENGINE_KINDS = ("sim", "vllm")
-SAMPLERS = ("tpe", "random", "gp", "nsga2", "grid")
-DIRECTIONS = ("maximize", "minimize")
-PARAM_TYPES = ("float", "int", "categorical", "bool")
-ENDPOINTS = ("chat", "completions")
-ARRIVALS = ("concurrency", "poisson", "gamma", "constant", "ramp")
-TRACE_FORMATS = ("auto", "csv", "jsonl")
-TIMESTAMP_FORMATS = ("seconds", "datetime")
-DISTS = ("fixed", "uniform", "normal", "lognormal")
-CONFIRM_PICKS = ("goodput", "throughput", "latency", "knee", "baseline")
-
-
-def _one_of(what: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{what} is {value!r}; allowed: {', '.join(allowed)}")
-
-
-def to_config(cfg: DictConfig) -> TunerConfig:
-    """Convert the composed Hydra config to :class:`TunerConfig` and validate it.
-
-    Raises :class:`ConfigError` with one line naming what is wrong and what is allowed.
+    Raises :class:`ConfigError` with one line naming what is missing or mistyped.
     """
     if OmegaConf.is_missing(cfg, "workload"):
         raise ConfigError(
@@ -437,30 +428,45 @@ def to_config(cfg: DictConfig) -> TunerConfig:
         first = str(exc).splitlines()[0]
         raise ConfigError(f"invalid config: {first} (key {getattr(exc, 'full_key', '?')})") from exc
     assert isinstance(obj, TunerConfig)
-    validate(obj)
     return obj
 
 
-def validate(c: TunerConfig) -> None:
-    from tuner.space import validate_space  # stage module owns the vLLM ranges
+# --- semantic checks that types cannot express ---------------------------------------------
+# The checks of what this module alone can judge (choices among its constants, ranges). Each
+# stage checks what only it knows (its own ``check(cfg)``); tuner.checks runs them all, in order.
 
-    _one_of("engine.kind", c.engine.kind, ENGINE_KINDS)
+ENGINE_KINDS = ("sim", "vllm")
+SAMPLERS = ("tpe", "random", "gp", "nsga2", "grid")
+DIRECTIONS = ("maximize", "minimize")
+PARAM_TYPES = ("float", "int", "categorical", "bool")
+ENDPOINTS = ("chat", "completions")
+ARRIVALS = ("concurrency", "poisson", "gamma", "constant", "ramp")
+TRACE_FORMATS = ("auto", "csv", "jsonl")
+TIMESTAMP_FORMATS = ("seconds", "datetime")
+DISTS = ("fixed", "uniform", "normal", "lognormal")
+CONFIRM_PICKS = ("goodput", "throughput", "latency", "knee", "baseline")
+
+
+def one_of(what: str, value: object, allowed: tuple[str, ...]) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ConfigError(f"{what} is {value!r}; allowed: {', '.join(allowed)}")
+
+
+def check_engine(c: TunerConfig) -> None:
+    """``engine``: kind, command, loopback host, GPUs."""
+    one_of("engine.kind", c.engine.kind, ENGINE_KINDS)
     if not c.engine.command:
         raise ConfigError("engine.command is empty; give the argv prefix, e.g. [vllm, serve]")
     if c.engine.host not in ("127.0.0.1", "localhost", "::1"):
         raise ConfigError(f"engine.host is {c.engine.host!r}; servers bind to loopback only")
     if not c.engine.gpus:
         raise ConfigError("engine.gpus is empty; list at least one GPU index, e.g. [0]")
-    if c.engine.cpu_pinning:
-        from tuner.engine.pool import cpu_layout
 
-        try:
-            cpu_layout(c.engine.gpus, c.engine.cpu_reserve)
-        except ValueError as exc:
-            raise ConfigError(
-                f"engine.cpu_pinning: {exc}; lower engine.cpu_reserve or set cpu_pinning=false"
-            ) from exc
-    _one_of("study.sampler", c.study.sampler, SAMPLERS)
+
+def check_study(c: TunerConfig) -> None:
+    """``study``: sampler, workers, repeats, budget and trial counts."""
+    one_of("study.sampler", c.study.sampler, SAMPLERS)
     if not 1 <= c.study.n_workers <= len(c.engine.gpus):
         raise ConfigError(
             f"study.n_workers is {c.study.n_workers}; allowed: 1 to {len(c.engine.gpus)} "
@@ -476,27 +482,13 @@ def validate(c: TunerConfig) -> None:
         raise ConfigError(f"study.n_trials is {c.study.n_trials}; allowed: an integer >= 0")
     if c.study.max_rejected < 0:
         raise ConfigError(f"study.max_rejected is {c.study.max_rejected}; allowed: an integer >= 0")
-    from tuner.prescreen import check as check_prescreen  # it owns what the landscape models
 
-    check_prescreen(c)
-    if not c.objective.objectives:
-        raise ConfigError("objective.objectives is empty; name at least one metric")
-    from tuner.score import METRICS
 
-    for o in c.objective.objectives:
-        _one_of("objective direction", o.direction, DIRECTIONS)
-        _one_of("objective metric", o.metric, tuple(sorted(METRICS)))
-    if c.objective.slo_percentile not in (50, 90, 95, 99):
-        raise ConfigError(
-            f"objective.slo_percentile is {c.objective.slo_percentile}; allowed: 50, 90, 95, 99"
-        )
-    if not 0.0 <= c.objective.max_error_rate <= 1.0:
-        raise ConfigError(
-            f"objective.max_error_rate is {c.objective.max_error_rate}; allowed: 0.0 to 1.0"
-        )
+def check_confirm(c: TunerConfig) -> None:
+    """``confirm``: picks, factors, seeds."""
     cc = c.confirm
     for p in cc.picks:
-        _one_of("confirm.picks entry", p, CONFIRM_PICKS)
+        one_of("confirm.picks entry", p, CONFIRM_PICKS)
     if cc.load_factor <= 0 or cc.duration_factor <= 0:
         raise ConfigError(
             f"confirm.load_factor is {cc.load_factor} and confirm.duration_factor is "
@@ -504,14 +496,14 @@ def validate(c: TunerConfig) -> None:
         )
     if cc.enabled and cc.picks and not cc.seeds:
         raise ConfigError("confirm.seeds is empty; give at least one seed or confirm.enabled=false")
-    w = c.workload
-    _one_of("workload.endpoint", w.endpoint, ENDPOINTS)
-    from tuner.replay import loop_factory  # it owns the event loops (and imports uvloop)
 
-    loop_factory(w.client_loop)
-    _one_of("workload.arrival.kind", w.arrival.kind, ARRIVALS)
+
+def check_workload(c: TunerConfig) -> None:
+    """``workload``: arrivals, length distributions, request count, client processes."""
+    w = c.workload
+    one_of("workload.arrival.kind", w.arrival.kind, ARRIVALS)
     for name, d in (("input_tokens", w.input_tokens), ("output_tokens", w.output_tokens)):
-        _one_of(f"workload.{name}.kind", d.kind, DISTS)
+        one_of(f"workload.{name}.kind", d.kind, DISTS)
         if d.low < 1 or d.high < d.low:
             raise ConfigError(f"workload.{name} bounds [{d.low}, {d.high}]; need 1 <= low <= high")
     if w.num_requests < 1:
@@ -543,14 +535,12 @@ def validate(c: TunerConfig) -> None:
             f"workload.arrival.max_concurrency is {w.arrival.max_concurrency}; "
             "allowed: >= 1 or null"
         )
-    if w.trace is not None:
-        from tuner.workload.trace import validate_trace
 
-        validate_trace(w.trace)
-        if w.turns != 1:
-            raise ConfigError(
-                f"workload.turns is {w.turns}; a trace replays single-turn requests (turns: 1)"
-            )
+
+def check_images(c: TunerConfig) -> None:
+    """``workload.images``: counts, size pairs, formats, the chat endpoint (the sizes against the
+    model's limit: :func:`tuner.workload.images.check`)."""
+    w = c.workload
     if w.images is not None:
         im = w.images
         if not 0 <= im.min_count <= im.max_count:
@@ -560,16 +550,15 @@ def validate(c: TunerConfig) -> None:
         if not im.sizes or any(len(s) != 2 or min(s) < 1 for s in im.sizes):
             raise ConfigError("workload.images.sizes must be a list of [width, height] pairs")
         for f in im.formats:
-            _one_of("workload.images format", f, ("jpeg", "png"))
+            one_of("workload.images format", f, ("jpeg", "png"))
         if w.endpoint != "chat":
             raise ConfigError("workload.images needs workload.endpoint=chat")
+
+
+def check_model(c: TunerConfig) -> None:
+    """``model.path`` is a model directory (has ``config.json``)."""
     if not Path(c.model.path, "config.json").is_file():
         raise ConfigError(f"model.path {c.model.path!r} has no config.json")
-    if w.images is not None:
-        from tuner.workload.images import check_image_sizes
-
-        check_image_sizes(w.images, c.model.path)
-    validate_space(c.space, c.model)
 
 
 def usable_cores() -> int:

@@ -41,11 +41,11 @@ import aiohttp
 import numpy as np
 
 from tuner.aio import cancel_and_wait
-from tuner.config import ArrivalConfig
+from tuner.config import ENDPOINTS, ArrivalConfig, TunerConfig, one_of
 from tuner.errors import ConfigError
 from tuner.records import RequestRecord, RequestSpec
 
-__all__ = ["CLIENT_LAG_WARN_MS", "ClientStats", "gc_paused", "loop_factory", "replay"]
+__all__ = ["CLIENT_LAG_WARN_MS", "ClientStats", "check", "gc_paused", "loop_factory", "replay"]
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +144,16 @@ UVLOOP_MISSING = (
 )
 
 
+def check(cfg: TunerConfig) -> None:
+    """``workload.endpoint`` one the client posts to, ``workload.client_loop`` an event loop it
+    can run (:func:`loop_factory`); else ConfigError, one line."""
+    one_of("workload.endpoint", cfg.workload.endpoint, ENDPOINTS)
+    loop_factory(cfg.workload.client_loop)
+
+
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event-loop factory for ``workload.client_loop`` (None: asyncio's default), for
-    ``asyncio.Runner(loop_factory=...)``; the config's validation calls it too. Raises
+    ``asyncio.Runner(loop_factory=...)``; :func:`check` calls it too. Raises
     ConfigError for a name not in :data:`CLIENT_LOOPS`, and for uvloop when it is missing."""
     if name == "asyncio":
         return None

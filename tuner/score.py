@@ -11,13 +11,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tuner.config import ObjectiveConfig, SLOConfig
-from tuner.errors import FailureReason
+from tuner.config import DIRECTIONS, ObjectiveConfig, SLOConfig, TunerConfig, one_of
+from tuner.errors import ConfigError, FailureReason
 from tuner.records import RequestRecord
 
 __all__ = [
     "METRICS",
     "PERCENTILES",
+    "check",
     "constraints",
     "failure_values",
     "objective_values",
@@ -44,6 +45,23 @@ METRICS: frozenset[str] = frozenset(
     ]
     + [f"{m}_{s}_ms" for m in _LATENCIES for s in ("mean", *(f"p{p}" for p in PERCENTILES))]
 )
+
+
+def check(cfg: TunerConfig) -> None:
+    """``objective``: each objective a metric of :data:`METRICS` with a direction; the SLO
+    percentile and the error-rate limit in range (else ConfigError, one line)."""
+    o = cfg.objective
+    if not o.objectives:
+        raise ConfigError("objective.objectives is empty; name at least one metric")
+    for spec in o.objectives:
+        one_of("objective direction", spec.direction, DIRECTIONS)
+        one_of("objective metric", spec.metric, tuple(sorted(METRICS)))
+    if o.slo_percentile not in (50, 90, 95, 99):
+        raise ConfigError(
+            f"objective.slo_percentile is {o.slo_percentile}; allowed: 50, 90, 95, 99"
+        )
+    if not 0.0 <= o.max_error_rate <= 1.0:
+        raise ConfigError(f"objective.max_error_rate is {o.max_error_rate}; allowed: 0.0 to 1.0")
 
 
 def _stats(name: str, values: Sequence[float]) -> dict[str, float]:

@@ -12,13 +12,14 @@ from typing import Any
 
 import optuna.distributions as od
 
-from tuner.config import PARAM_TYPES, ModelConfig, ParamSpec, SpaceConfig
+from tuner.config import PARAM_TYPES, ModelConfig, ParamSpec, SpaceConfig, TunerConfig
 from tuner.errors import ConfigError
 
 __all__ = [
     "CUDAGRAPH_MODES",
     "KV_CACHE_DTYPES",
     "changed_params",
+    "check",
     "defaults",
     "defaults_outside",
     "grid",
@@ -79,6 +80,11 @@ def _check_value(name: str, value: Any, model: ModelConfig) -> str | None:
         if v not in allowed:
             return f"allowed: {', '.join(map(str, allowed))}"
     return None
+
+
+def check(cfg: TunerConfig) -> None:
+    """``space``: :func:`validate_space` against ``model``."""
+    validate_space(cfg.space, cfg.model)
 
 
 def validate_space(space: SpaceConfig, model: ModelConfig) -> None:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import tuner.study as study_mod  # noqa: E402
 import tuner.trial as trial_mod  # noqa: E402
-from tuner.config import load_config  # noqa: E402
+from tuner.checks import load_config  # noqa: E402
 from tuner.engine.process import free_port  # noqa: E402
 from tuner.storage import storage_url  # noqa: E402
 

@@ -55,3 +55,21 @@ def test_every_space_and_study_option_composes(make_cfg, space: str, study: str)
 def test_every_objective_composes(make_cfg, objective: str) -> None:
     cfg = make_cfg("+workload=chat", f"objective={objective}")
     assert cfg.objective.objectives
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [  # two mistakes: the first check in tuner.checks.CHECKS names its own
+        (
+            ["engine.cpu_pinning=true", "engine.cpu_reserve=999", "study.sampler=bogus"],
+            "cpu_pinning",
+        ),
+        (["study.prescreen.top=0", "objective.objectives.0.metric=speed"], "study.prescreen"),
+        (["objective.objectives.0.metric=speed", "confirm.seeds=[]"], "objective metric"),
+        (["workload.client_loop=nope", "workload.arrival.kind=storm"], "workload.client_loop"),
+        (["model.path=/nonexistent", "space.params.max_num_seqs.low=0"], "config.json"),
+    ],
+)
+def test_checks_run_in_order(make_cfg, overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        make_cfg("+workload=chat", *overrides)

@@ -134,7 +134,7 @@ def test_every_exported_key_is_an_option_of_vllm_0_24_serve() -> None:
 def test_flag_data_knows_the_searched_flags() -> None:
     """The space's flags (conf/space/full.yaml) must all exist in vLLM 0.24 (no invented
     flags, such as the seeds' --enable-cuda-graphs)."""
-    from tuner.config import load_config
+    from tuner.checks import load_config
     from tuner.space import flag_name
 
     options = _vllm_options()

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
-from tuner.config import SLOConfig, WorkloadConfig, load_config
+from tuner.checks import load_config
+from tuner.config import SLOConfig, WorkloadConfig
 from tuner.errors import FailureReason
 from tuner.memory import GPU_PROFILES, ModelShape, estimate, resolve_params
 from tuner.records import RequestSpec

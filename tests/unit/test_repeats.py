@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tuner.config import load_config
+from tuner.checks import load_config
 from tuner.records import TrialResult
 from tuner.trial import mean_result
 

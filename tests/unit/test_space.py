@@ -3,7 +3,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tuner.config import load_config
+from tuner.checks import load_config
 from tuner.errors import ConfigError
 from tuner.space import defaults, defaults_outside, distributions
 

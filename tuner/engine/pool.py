@@ -13,8 +13,12 @@ import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 
+from tuner.config import TunerConfig
+from tuner.errors import ConfigError
+
 __all__ = [
     "GpuPool",
+    "check",
     "core_ranges",
     "cpu_layout",
     "cpu_plan",
@@ -96,6 +100,18 @@ def cpu_layout(gpus: Sequence[int], reserve: int) -> tuple[list[int], dict[int, 
     and each GPU's server's (:func:`cpu_plan`, which raises ValueError if a GPU gets none)."""
     cpus = sorted(os.sched_getaffinity(0))
     return reserved_cores(cpus, reserve), cpu_plan(gpus, cpus, reserve)
+
+
+def check(cfg: TunerConfig) -> None:
+    """``engine.cpu_pinning``: :func:`cpu_layout` gives every GPU of ``engine.gpus`` cores of its
+    own (else ConfigError, one line)."""
+    if cfg.engine.cpu_pinning:
+        try:
+            cpu_layout(cfg.engine.gpus, cfg.engine.cpu_reserve)
+        except ValueError as exc:
+            raise ConfigError(
+                f"engine.cpu_pinning: {exc}; lower engine.cpu_reserve or set cpu_pinning=false"
+            ) from exc
 
 
 def thread_ids(pid: int) -> list[int]:

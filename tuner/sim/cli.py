@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SimArgs", "build_parser", "human_readable_int", "main", "parse_args"]
+__all__ = ["SimArgs", "build_parser", "human_readable_int", "parse_args"]
 
 KV_CACHE_DTYPES = [
     "auto",
@@ -226,15 +224,3 @@ def parse_args(argv: Sequence[str]) -> SimArgs:
     mm.update(dotted.get("limit_mm_per_prompt", {}))
     user_set = user_set | {k for k, v in dotted.items() if v}
     return SimArgs(ns, user_set, cc, mm)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    from tuner.sim.server import serve
-
-    return serve(args, os.environ)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from tuner.config import ImageConfig
+from tuner.config import ImageConfig, TunerConfig
 from tuner.errors import ConfigError
 
 __all__ = [
     "ImageGrid",
     "ImageLimit",
+    "check",
     "check_image_sizes",
     "image_data_url",
     "image_tokens",
@@ -186,6 +187,13 @@ def model_image_limit(model_dir: Path | str, default_max_pixels: int) -> ImageLi
     if not keys:
         return fallback
     return ImageLimit(max_pixels, max_edge, f"{' and '.join(keys)} in {path}")
+
+
+def check(cfg: TunerConfig) -> None:
+    """``workload.images``: every size bucket within what ``model.path`` accepts
+    (:func:`check_image_sizes`)."""
+    if cfg.workload.images is not None:
+        check_image_sizes(cfg.workload.images, cfg.model.path)
 
 
 def check_image_sizes(im: ImageConfig, model_dir: Path | str) -> None:

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from tuner.config import TraceConfig
+from tuner.config import TIMESTAMP_FORMATS, TRACE_FORMATS, TraceConfig, TunerConfig
 from tuner.errors import ConfigError
 
-__all__ = ["Trace", "load_trace", "trace_format", "validate_trace"]
+__all__ = ["Trace", "check", "load_trace", "trace_format", "validate_trace"]
 
 _SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 
@@ -51,10 +51,19 @@ class Trace:
         return int(self.rows.size)
 
 
+def check(cfg: TunerConfig) -> None:
+    """``workload.trace``: :func:`validate_trace`, and single-turn requests (ConfigError)."""
+    w = cfg.workload
+    if w.trace is not None:
+        validate_trace(w.trace)
+        if w.turns != 1:
+            raise ConfigError(
+                f"workload.turns is {w.turns}; a trace replays single-turn requests (turns: 1)"
+            )
+
+
 def validate_trace(t: TraceConfig) -> None:
     """The trace settings that can be checked without reading the file (one-line errors)."""
-    from tuner.config import TIMESTAMP_FORMATS, TRACE_FORMATS
-
     for key, value, allowed in (
         ("format", t.format, TRACE_FORMATS),
         ("timestamp_format", t.timestamp_format, TIMESTAMP_FORMATS),

@@ -1,0 +1,67 @@
+"""The entry point's config: composed (Hydra) → converted to dataclasses → checked, once.
+
+:func:`check` runs every check of a :class:`~tuner.config.TunerConfig` in one fixed order; the first
+that fails raises :class:`~tuner.errors.ConfigError` (one line), before anything is launched.
+``tuner.config`` checks what its schema alone can judge (choices, ranges, the loopback host, the
+model directory); each stage checks what only it knows, in its own ``check(cfg)``:
+``engine.pool`` the cores of ``engine.cpu_pinning``, ``prescreen`` what the simulator's landscape
+models, ``score`` the objectives' metrics, ``replay`` the endpoint and event loop of its client,
+``workload.trace`` the trace settings, ``workload.images`` the image sizes against the model, and
+``space`` every searched bound against vLLM's range. This module imports the stages, so
+``tuner.config`` imports none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from omegaconf import DictConfig
+
+from tuner import config, prescreen, replay, score, space
+from tuner.config import TunerConfig
+from tuner.engine import pool
+from tuner.workload import images, trace
+
+__all__ = ["CHECKS", "check", "load_config", "to_config"]
+
+CHECKS: tuple[Callable[[TunerConfig], None], ...] = (
+    config.check_engine,
+    pool.check,
+    config.check_study,
+    prescreen.check,
+    score.check,
+    config.check_confirm,
+    replay.check,
+    config.check_workload,
+    trace.check,
+    config.check_images,
+    config.check_model,
+    images.check,
+    space.check,
+)
+"""In the order they run (the model directory before what reads it: image sizes, the space)."""
+
+
+def check(cfg: TunerConfig) -> None:
+    """Raise :class:`~tuner.errors.ConfigError` for the first of :data:`CHECKS` that fails."""
+    for one in CHECKS:
+        one(cfg)
+
+
+def to_config(cfg: DictConfig) -> TunerConfig:
+    """Convert the composed Hydra config to :class:`~tuner.config.TunerConfig` and check it.
+
+    Raises :class:`~tuner.errors.ConfigError` with one line naming what is wrong and what is
+    allowed.
+    """
+    obj = config.convert(cfg)
+    check(obj)
+    return obj
+
+
+def load_config(overrides: list[str]) -> TunerConfig:
+    """Compose with Hydra's compose API (tests, notebooks), convert and check, like the CLI does.
+
+    Paths that come from Hydra's run (``paths.output_dir``) must be given in ``overrides``.
+    """
+    return to_config(config.compose_config(overrides))
