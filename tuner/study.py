@@ -48,7 +48,14 @@ from tuner.engine.argv import (
 from tuner.engine.logparse import port_clash
 from tuner.engine.pool import GpuPool, core_ranges, cpu_layout, describe_cores, on_cores
 from tuner.engine.process import Server, free_port
-from tuner.errors import ConfigError, EngineError, FailureReason, LaunchFailed, TrialFailed
+from tuner.errors import (
+    ConfigError,
+    EngineError,
+    FailureReason,
+    LaunchFailed,
+    ReplayFailed,
+    TrialFailed,
+)
 from tuner.memory import ModelShape
 from tuner.precheck import precheck
 from tuner.prescreen import prescreen
@@ -840,20 +847,17 @@ async def _run_server(
                         ctx, server, tdir / rp.subdir, gpus, rp, prune
                     )
                     extra["co_running_gpus"] = float(max(others, ctx.pool.held - len(gpus)))
+                    measured.append((records, {**telemetry, **extra}, pruned))
                     async with aiohttp.ClientSession(
                         timeout=aiohttp.ClientTimeout(total=3)
                     ) as http:
-                        dead = await server.check(http)
-                    measured.append((records, {**telemetry, **extra}, pruned))
+                        await server.check(http)  # the engine died: ReplayFailed, caught below
                     if len(replays) > 1:  # keep what this replay measured if a later one dies
                         done = _replay_result(
                             ctx, rp, records, {**common, **measured[-1][1]}, pruned, None, info()
                         )
                         _write_artifacts(tdir / rp.subdir, done, records)
                         records_written.add(len(measured) - 1)
-                    if dead is not None:
-                        failure = TrialFailed(*dead)
-                        break
                     if pruned and prune:
                         break  # lost beyond doubt: the other repeats would not change that
     except TrialFailed as exc:
@@ -911,7 +915,7 @@ def _replay_result(
         pruned = None
     elif records and metrics["error_rate"] >= 1.0:
         first = next((r.error for r in records if r.error), None)
-        fail = TrialFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
+        fail = ReplayFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
         pruned = None
     reason = fail.reason.value if fail else None
     return TrialResult(

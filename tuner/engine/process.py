@@ -27,7 +27,7 @@ from types import TracebackType
 import aiohttp
 
 from tuner.engine.logparse import classify, is_fatal, parse_facts, strip_prefix
-from tuner.errors import EngineError, FailureReason, LaunchFailed
+from tuner.errors import EngineError, FailureReason, LaunchFailed, ReplayFailed
 from tuner.records import LaunchInfo
 
 __all__ = ["Server", "free_port", "group_members", "kill_all_groups", "proc_table"]
@@ -252,8 +252,9 @@ class Server:
             pass
         return None
 
-    async def check(self, http: aiohttp.ClientSession) -> tuple[FailureReason, str] | None:
-        """After ready: ``(ENGINE_DEAD, evidence)`` if the engine died, else None."""
+    async def check(self, http: aiohttp.ClientSession) -> None:
+        """After ready: raise :class:`ReplayFailed` (``ENGINE_DEAD``, or ``CUDA_OOM`` when the log
+        says so, with the evidence line) if the engine died; return if it is alive."""
         new = self._read_new_lines()
         dead_line = any("EngineCore encountered a fatal error" in ln for ln in new)
         exited = self.proc is not None and self.proc.poll() is not None
@@ -261,8 +262,7 @@ class Server:
             reason, detail = classify(self.log_lines(), after_ready=True)
             if reason is not FailureReason.CUDA_OOM:
                 reason = FailureReason.ENGINE_DEAD
-            return reason, detail
-        return None
+            raise ReplayFailed(reason, detail)
 
     async def stop(self) -> None:
         """SIGTERM the group, wait ``stop_timeout_s``, SIGKILL; then verify nothing survived."""
