@@ -33,7 +33,7 @@ variant of ``--clients``, interleaved, so their ratios are not confounded by the
 * ``current``: the tuner's client as it runs by default (only young objects are
   garbage-collected during the replay, :func:`tuner.replay.gc_paused`);
 * ``baseline`` (P = 1 only): the client as it was before the per-chunk loop was optimised (the
-  previous ``_Runner._stream``, kept below verbatim), without the GC pause;
+  previous ``Runner._stream``, kept below verbatim), without the GC pause;
 * ``gc-on``: the current client with the garbage collector left alone (before the GC pause);
 * ``uvloop``: the current client on libuv's event loop (``workload.client_loop=uvloop``).
 
@@ -81,7 +81,7 @@ import tuner.replay as replay_mod  # noqa: E402
 from tuner.config import ArrivalConfig  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
 from tuner.replay import replay  # noqa: E402
-from tuner.replay_procs import _Claims  # noqa: E402
+from tuner.replay_procs import Claims  # noqa: E402
 
 TICK_S = 0.05
 """Paced scenarios: the server's engine step (one token for every open stream per step)."""
@@ -280,10 +280,10 @@ class ServerPool:
         return first, sum(shares), max(shares)
 
 
-# --- the client as it was before the optimisation (verbatim copy of _Runner._stream) ----------
+# --- the client as it was before the optimisation (verbatim copy of Runner._stream) ----------
 
 
-class BaselineRunner(replay_mod._Runner):
+class BaselineRunner(replay_mod.Runner):
     async def _stream(
         self,
         spec: RequestSpec,
@@ -300,7 +300,7 @@ class BaselineRunner(replay_mod._Runner):
                     payload: Any = json.loads(text)
                 except ValueError:
                     payload = None
-                msg = replay_mod._error_message(
+                msg = replay_mod.error_message(
                     payload, text or resp.reason or f"HTTP {resp.status}"
                 )
                 return self._partial(spec, sent, t0, state, "error", msg, resp.status)
@@ -323,7 +323,7 @@ class BaselineRunner(replay_mod._Runner):
                 if not isinstance(chunk, dict):
                     continue
                 if chunk.get("error"):
-                    msg = replay_mod._error_message(chunk, "error chunk in stream")
+                    msg = replay_mod.error_message(chunk, "error chunk in stream")
                     return self._partial(spec, sent, t0, state, "error", msg, 200)
                 choices = chunk.get("choices")
                 if choices:
@@ -374,7 +374,7 @@ class BaselineRunner(replay_mod._Runner):
 
 @dataclasses.dataclass(frozen=True)
 class Client:
-    runner: type[replay_mod._Runner]
+    runner: type[replay_mod.Runner]
     pause_gc: bool
     loop: str
     about: str
@@ -384,11 +384,9 @@ CLIENTS: dict[str, Client] = {
     "baseline": Client(
         BaselineRunner, False, "asyncio", "before the per-chunk loop was optimised (P = 1 only)"
     ),
-    "gc-on": Client(
-        replay_mod._Runner, False, "asyncio", "the current client without the GC pause"
-    ),
-    "current": Client(replay_mod._Runner, True, "asyncio", "the tuner's client, defaults"),
-    "uvloop": Client(replay_mod._Runner, True, "uvloop", "workload.client_loop=uvloop"),
+    "gc-on": Client(replay_mod.Runner, False, "asyncio", "the current client without the GC pause"),
+    "current": Client(replay_mod.Runner, True, "asyncio", "the tuner's client, defaults"),
+    "uvloop": Client(replay_mod.Runner, True, "uvloop", "workload.client_loop=uvloop"),
 }
 
 
@@ -397,13 +395,13 @@ class _use_client:  # noqa: N801 - a context manager used like a function
 
     def __init__(self, name: str) -> None:
         self.cls = CLIENTS[name].runner
-        self.saved = replay_mod._Runner
+        self.saved = replay_mod.Runner
 
     def __enter__(self) -> None:
-        replay_mod._Runner = self.cls  # type: ignore[misc]
+        replay_mod.Runner = self.cls  # type: ignore[misc]
 
     def __exit__(self, *exc: object) -> None:
-        replay_mod._Runner = self.saved  # type: ignore[misc]
+        replay_mod.Runner = self.saved  # type: ignore[misc]
 
 
 # --- measurements ------------------------------------------------------------------------------
@@ -633,7 +631,7 @@ def _label(client: str, processes: int) -> str:
     return client if processes == 1 else f"{client} x{processes}"
 
 
-def _claim_worker(claims: _Claims, n: int, start: Any, out: Any) -> None:
+def _claim_worker(claims: Claims, n: int, start: Any, out: Any) -> None:
     start.wait()
     t = time.perf_counter()
     for _ in range(n):
@@ -645,7 +643,7 @@ def claim_cost(processes: int, n: int = 200_000) -> dict[str, float]:
     """Seconds per take of the shared counter: alone, and with ``processes`` taking at once
     (the tight loop is the worst case; a real client takes once per request)."""
     ctx = mp.get_context("spawn")
-    claims = _Claims(ctx)
+    claims = Claims(ctx)
     t = time.perf_counter()
     for _ in range(n):
         claims.take(0)

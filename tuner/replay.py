@@ -45,7 +45,21 @@ from tuner.config import ArrivalConfig
 from tuner.errors import ConfigError
 from tuner.records import RequestRecord, RequestSpec
 
-__all__ = ["CLIENT_LAG_WARN_MS", "ClientStats", "gc_paused", "loop_factory", "replay"]
+__all__ = [
+    "CLIENT_LAG_WARN_MS",
+    "ClientStats",
+    "Guarded",
+    "LagProbe",
+    "Runner",
+    "arrival_order",
+    "client_session",
+    "encode_body",
+    "error_message",
+    "gc_paused",
+    "loop_factory",
+    "record_order",
+    "replay",
+]
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +115,8 @@ class ClientStats:
         return out
 
 
-class _LagProbe:
-    """``async with _LagProbe() as probe``: how late a timer fires, every ``interval_s``, on
+class LagProbe:
+    """``async with LagProbe() as probe``: how late a timer fires, every ``interval_s``, on
     this event loop, and this process's CPU seconds, inside the block."""
 
     def __init__(self, interval_s: float = LAG_INTERVAL_S) -> None:
@@ -120,7 +134,7 @@ class _LagProbe:
             await asyncio.sleep(self.interval_s)
             self.lag_s.append(max(0.0, clock() - due))
 
-    async def __aenter__(self) -> _LagProbe:
+    async def __aenter__(self) -> LagProbe:
         self._cpu0, self._t0 = time.process_time(), time.perf_counter()
         self._task = asyncio.create_task(self._run())
         return self
@@ -200,7 +214,7 @@ def gc_paused() -> Iterator[None]:
                 gc.unfreeze()
 
 
-def _error_message(payload: Any, fallback: str) -> str:
+def error_message(payload: Any, fallback: str) -> str:
     """The server's message from a vLLM/OpenAI error body (``{"error": {"message": ...}}``,
     ``{"message": ...}`` or ``{"detail": ...}``), else ``fallback``."""
     if isinstance(payload, dict):
@@ -218,7 +232,7 @@ _DRAIN_S = 1.0
 """How long to wait for the end of a response body after its ``[DONE]`` event."""
 
 
-def _encode(spec: RequestSpec, model: str) -> bytes:
+def encode_body(spec: RequestSpec, model: str) -> bytes:
     """The request body as sent: the spec's body plus model, streaming and usage."""
     body = {
         **spec.body,
@@ -236,14 +250,14 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return headers
 
 
-def _session(limit: int, request_timeout_s: float) -> aiohttp.ClientSession:
+def client_session(limit: int, request_timeout_s: float) -> aiohttp.ClientSession:
     """The client session: ``limit`` connections at most (0: no limit), kept alive."""
     connector = aiohttp.TCPConnector(limit=limit, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(request_timeout_s, 30.0))
     return aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=2**18)
 
 
-class _Guarded:
+class Guarded:
     """Calls ``on_record``; a failing callback is logged once and never stops the replay (a
     broken progress display must not break the measurement)."""
 
@@ -262,7 +276,11 @@ class _Guarded:
             self._failed = True
 
 
-class _Runner:
+class Runner:
+    """The replay's client: sends each request on ``session``, measures it and records it
+    (:meth:`send`); one per replay, in this process or in each client process
+    (:mod:`tuner.replay_procs`)."""
+
     def __init__(
         self,
         session: aiohttp.ClientSession,
@@ -277,7 +295,7 @@ class _Runner:
         self.model = model
         self.request_timeout_s = request_timeout_s
         self.headers = headers
-        self.on_record = _Guarded(on_record)
+        self.on_record = Guarded(on_record)
         self.records: list[RequestRecord] = []
 
     def _done(self, record: RequestRecord) -> None:
@@ -286,9 +304,9 @@ class _Runner:
 
     async def send(self, spec: RequestSpec, t0: float, data: bytes | None = None) -> None:
         """Send one request and record what happened; ``t0`` is the replay start. ``data`` is
-        the encoded body if the caller has it already (:func:`_encode` of ``spec``)."""
+        the encoded body if the caller has it already (:func:`encode_body` of ``spec``)."""
         if data is None:
-            data = _encode(spec, self.model)
+            data = encode_body(spec, self.model)
         url = self.base_url + _PATHS[spec.endpoint]
         sent = time.perf_counter()
         state: dict[str, Any] = {"ttft": None, "last": None, "itl": [], "chunks": 0}
@@ -342,7 +360,7 @@ class _Runner:
                     payload: Any = json.loads(text)
                 except ValueError:
                     payload = None
-                msg = _error_message(payload, text or resp.reason or f"HTTP {resp.status}")
+                msg = error_message(payload, text or resp.reason or f"HTTP {resp.status}")
                 return self._partial(spec, sent, t0, state, "error", msg, resp.status)
             itl: list[float] = state["itl"]
             last_event: float | None = None
@@ -388,7 +406,7 @@ class _Runner:
                     if type(chunk) is not dict:
                         continue
                     if "error" in chunk and chunk["error"]:
-                        msg = _error_message(chunk, "error chunk in stream")
+                        msg = error_message(chunk, "error chunk in stream")
                         return self._partial(spec, sent, t0, state, "error", msg, 200)
                     choices = chunk.get("choices")
                     if choices:
@@ -449,18 +467,18 @@ class _Runner:
             )
 
 
-def _arrival_order(spec: RequestSpec) -> tuple[float, int]:
+def arrival_order(spec: RequestSpec) -> tuple[float, int]:
     """Open loop sends in this order."""
     return (spec.arrival_s or 0.0, spec.index)
 
 
-def _record_order(record: RequestRecord) -> tuple[bool, int]:
+def record_order(record: RequestRecord) -> tuple[bool, int]:
     """The returned records' order: warm-ups first, then by index."""
     return (not record.warmup, record.index)
 
 
 async def _closed_loop(
-    runner: _Runner, specs: Sequence[RequestSpec], concurrency: int, t0: float, deadline: float
+    runner: Runner, specs: Sequence[RequestSpec], concurrency: int, t0: float, deadline: float
 ) -> None:
     it: Iterator[RequestSpec] = iter(specs)
 
@@ -475,7 +493,7 @@ async def _closed_loop(
 
 
 async def _open_loop(
-    runner: _Runner,
+    runner: Runner,
     specs: Sequence[RequestSpec],
     max_concurrency: int | None,
     t0: float,
@@ -493,7 +511,7 @@ async def _open_loop(
 
     tasks: list[asyncio.Task[None]] = []
     try:
-        for spec in sorted(specs, key=_arrival_order):
+        for spec in sorted(specs, key=arrival_order):
             at = t0 + (spec.arrival_s or 0.0)
             if at >= deadline:
                 break
@@ -590,8 +608,8 @@ async def replay(
                 stats=stats,
             )
 
-        async with _session(limit, request_timeout_s) as session:
-            runner = _Runner(session, base_url, model, request_timeout_s, headers, on_record)
+        async with client_session(limit, request_timeout_s) as session:
+            runner = Runner(session, base_url, model, request_timeout_s, headers, on_record)
             if warm:
                 t_warm = time.perf_counter()
                 await _closed_loop(
@@ -601,7 +619,7 @@ async def replay(
             deadline = t0 + duration_s
             if on_start is not None:
                 on_start(t0)
-            probe = _LagProbe()
+            probe = LagProbe()
             try:
                 async with probe:
                     if closed:
@@ -611,4 +629,4 @@ async def replay(
             finally:
                 if stats is not None:
                     stats.add(probe.lag_s, probe.cpu_s, probe.wall_s)
-        return sorted(runner.records, key=_record_order)
+        return sorted(runner.records, key=record_order)
