@@ -453,8 +453,8 @@ async def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
                     "pgid": b.server.pgid,
                     "port": res.port,
                     "startup_s": res.startup_s,
-                    "engine_version": res.engine_version,
-                    "kv_cache_tokens": res.kv_cache_tokens,
+                    "engine_version": res.facts.engine_version,
+                    "kv_cache_tokens": res.facts.kv_cache_tokens,
                     "log": str(b.server.log_path),
                 }
             )

@@ -632,9 +632,9 @@ def _tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult, cfg: Tu
         "trial_dir": str(_trial_dir(Path(cfg.paths.output_dir), result.number).resolve()),
     }
     if result.launch is not None:
-        attrs["kv_cache_tokens"] = result.launch.kv_cache_tokens
+        attrs["kv_cache_tokens"] = result.launch.facts.kv_cache_tokens
         attrs["startup_s"] = result.launch.startup_s
-        attrs["engine_version"] = result.launch.engine_version
+        attrs["engine_version"] = result.launch.facts.engine_version
     for k, v in attrs.items():
         trial.set_user_attr(k, v)
     if result.pruned:
@@ -822,8 +822,8 @@ async def _run_server(
                 shown_argv = tuple(mask_argv(argv, ctx.secrets))
             assert server is not None and launch is not None  # the loop launched or raised
             async with stack:
-                if launch.engine_version:
-                    ctx.engine_version = launch.engine_version
+                if launch.facts.engine_version:
+                    ctx.engine_version = launch.facts.engine_version
                 for i, rp in enumerate(replays):
                     extra: dict[str, float] = {}
                     if i:  # the previous replay warmed the caches: start this one cold
@@ -836,7 +836,7 @@ async def _run_server(
                         "(%d warm-up)%s",
                         number,
                         ready,
-                        _fmt_int(launch.kv_cache_tokens),
+                        _fmt_int(launch.facts.kv_cache_tokens),
                         _fmt_int(predicted),
                         len(rp.requests),
                         sum(r.warmup for r in rp.requests),

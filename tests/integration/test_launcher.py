@@ -41,9 +41,9 @@ def make_server(
 async def test_ready_facts_and_clean_teardown(tmp_path: Path) -> None:
     server = make_server(tmp_path, "--gpu-memory-utilization", "0.5")
     async with server as info:
-        assert info.kv_cache_tokens and info.kv_cache_tokens > 0
-        assert info.max_concurrency and info.max_concurrency > 0
-        assert info.engine_version and info.engine_version.startswith("0.24")
+        assert info.facts.kv_cache_tokens and info.facts.kv_cache_tokens > 0
+        assert info.facts.max_concurrency and info.facts.max_concurrency > 0
+        assert info.facts.engine_version and info.facts.engine_version.startswith("0.24")
         assert info.startup_s > 0
         pgid = server.pgid
         assert pgid is not None

@@ -5,23 +5,25 @@ from __future__ import annotations
 
 import textwrap
 
-from tuner.records import LaunchInfo, TrialResult, to_json
+from tuner.records import LaunchInfo, LogFacts, TrialResult, to_json
 
 LAUNCH = LaunchInfo(
     port=8123,
     pid=4242,
     startup_s=61.5,
-    kv_cache_tokens=814368,
-    max_concurrency=19.88,
-    max_model_len=40960,
-    kv_cache_gib=111.83,
-    model_load_gib=15.27,
-    model_load_s=4.51,
-    graph_capture_s=12.0,
-    graph_capture_gib=0.55,
-    init_engine_s=41.2,
-    compile_s=22.1,
-    engine_version="0.24.0",
+    facts=LogFacts(
+        kv_cache_tokens=814368,
+        max_concurrency=19.88,
+        max_model_len=40960,
+        kv_cache_gib=111.83,
+        model_load_gib=15.27,
+        model_load_s=4.51,
+        graph_capture_s=12.0,
+        graph_capture_gib=0.55,
+        init_engine_s=41.2,
+        compile_s=22.1,
+        engine_version="0.24.0",
+    ),
 )
 
 RESULT_JSON = """\

@@ -14,6 +14,7 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -215,17 +216,7 @@ class Server:
             port=self.port,
             pid=self.proc.pid,
             startup_s=round(startup_s, 3),
-            kv_cache_tokens=facts.kv_cache_tokens,
-            max_concurrency=facts.max_concurrency,
-            max_model_len=facts.max_model_len,
-            kv_cache_gib=facts.kv_cache_gib,
-            model_load_gib=facts.model_load_gib,
-            model_load_s=facts.model_load_s,
-            graph_capture_s=facts.graph_capture_s,
-            graph_capture_gib=facts.graph_capture_gib,
-            init_engine_s=facts.init_engine_s,
-            compile_s=facts.compile_s,
-            engine_version=version or facts.engine_version,
+            facts=dataclasses.replace(facts, engine_version=version or facts.engine_version),
         )
 
     def _failed(self) -> LaunchFailed:
