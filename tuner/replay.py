@@ -309,7 +309,14 @@ class Runner:
             data = encode_body(spec, self.model)
         url = self.base_url + _PATHS[spec.endpoint]
         sent = time.perf_counter()
-        state: dict[str, Any] = {"ttft": None, "last": None, "itl": [], "chunks": 0}
+        state: dict[str, Any] = {
+            "ttft": None,
+            "last": None,
+            "itl": [],
+            "chunks": 0,
+            "usage": None,
+            "end": None,
+        }
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 record = await self._stream(spec, url, data, sent, t0, state)
@@ -362,109 +369,114 @@ class Runner:
                     payload = None
                 msg = error_message(payload, text or resp.reason or f"HTTP {resp.status}")
                 return self._partial(spec, sent, t0, state, "error", msg, resp.status)
-            itl: list[float] = state["itl"]
-            last_event: float | None = None
-            usage: dict[str, Any] | None = None
-            content = resp.content
-            decode, clock = _raw_decode, time.perf_counter
-            tail = b""
-            done = False
-            # One read returns every byte that has arrived: split it into lines here instead of
-            # awaiting a readline per line, and stamp all of its chunks with the read's time.
-            while not done:
-                data = await content.readany()
-                now = clock()
-                if data:
-                    lines = (tail + data if tail else data).split(b"\n")
-                    tail = lines.pop()
-                elif tail:  # the stream ended with a line without a newline
-                    lines, tail, done = [tail], b"", True
-                else:
-                    break
-                for raw in lines:
-                    if not raw.startswith(b"data:"):
-                        continue  # blank separators, comments, event: lines
-                    payload_bytes = raw[5:].strip()
-                    if payload_bytes == b"[DONE]":
-                        done = True
-                        break
-                    try:  # json.loads minus its encoding sniffing and whitespace regexes
-                        text = payload_bytes.decode()
-                        chunk, end = decode(text)
-                        if end != len(text):
-                            raise ValueError("extra data")
-                    except ValueError:  # JSONDecodeError, UnicodeDecodeError
-                        return self._partial(
-                            spec,
-                            sent,
-                            t0,
-                            state,
-                            "error",
-                            f"malformed SSE data: {raw[:200]!r}",
-                            200,
-                        )
-                    if type(chunk) is not dict:
-                        continue
-                    if "error" in chunk and chunk["error"]:
-                        msg = error_message(chunk, "error chunk in stream")
-                        return self._partial(spec, sent, t0, state, "error", msg, 200)
-                    choices = chunk.get("choices")
-                    if choices:
-                        c0 = choices[0]
-                        text = c0.get("text")
-                        if not text:
-                            delta = c0.get("delta")
-                            if delta:
-                                text = (
-                                    delta.get("content")
-                                    or delta.get("reasoning_content")
-                                    or delta.get("reasoning")
-                                )
-                        if text:
-                            if state["ttft"] is None:
-                                state["ttft"] = now - sent
-                            else:
-                                itl.append(now - state["last"])
-                            state["last"] = now
-                            state["chunks"] += 1
-                            last_event = now
-                    if "usage" in chunk and chunk["usage"]:
-                        usage = chunk["usage"]
-                        last_event = now
-            if done and not content.at_eof():
-                # Read the body to its end (chunked encoding's last chunk can come after
-                # [DONE]) so the connection goes back to the pool, as vllm bench's client does;
-                # left unread, aiohttp closes it and the next request opens a new one, which
-                # costs the server's API process work during the measurement.
-                try:
-                    async with asyncio.timeout(_DRAIN_S):
-                        while await content.readany():
-                            pass
-                except TimeoutError:
-                    pass  # a server that holds the body open: the connection is closed
+            error = await self.read_stream(resp.content, sent, state)
+            if error is not None:
+                return self._partial(spec, sent, t0, state, "error", error, 200)
             if state["ttft"] is None:
                 return self._partial(
                     spec, sent, t0, state, "error", "stream ended without generated text", 200
                 )
+            usage: dict[str, Any] | None = state["usage"]
             prompt_tokens = output_tokens = None
             if usage is not None:
                 prompt_tokens = usage.get("prompt_tokens")
                 output_tokens = usage.get("completion_tokens")
             if output_tokens is None:
                 output_tokens = state["chunks"]
+            last_event: float | None = state["end"]
             assert last_event is not None
             return RequestRecord(
                 index=spec.index,
                 status="ok",
                 t_sent_s=sent - t0,
                 ttft_s=state["ttft"],
-                itl_s=tuple(itl),
+                itl_s=tuple(state["itl"]),
                 e2e_s=last_event - sent,
                 prompt_tokens=prompt_tokens,
                 output_tokens=output_tokens,
                 http_status=200,
                 warmup=spec.warmup,
             )
+
+    async def read_stream(
+        self, content: aiohttp.StreamReader, sent: float, state: dict[str, Any]
+    ) -> str | None:
+        """Read a 200 response's SSE stream (sent at ``sent``) into ``state``: ``ttft``, ``itl``,
+        ``last`` and ``chunks`` of its content chunks, ``usage`` (the usage chunk's) and ``end``
+        (the time of the last content or usage chunk). Returns the error that ended it (an error
+        chunk, malformed data), or None."""
+        itl: list[float] = state["itl"]
+        last_event: float | None = None
+        usage: dict[str, Any] | None = None
+        decode, clock = _raw_decode, time.perf_counter
+        tail = b""
+        done = False
+        # One read returns every byte that has arrived: split it into lines here instead of
+        # awaiting a readline per line, and stamp all of its chunks with the read's time.
+        while not done:
+            data = await content.readany()
+            now = clock()
+            if data:
+                lines = (tail + data if tail else data).split(b"\n")
+                tail = lines.pop()
+            elif tail:  # the stream ended with a line without a newline
+                lines, tail, done = [tail], b"", True
+            else:
+                break
+            for raw in lines:
+                if not raw.startswith(b"data:"):
+                    continue  # blank separators, comments, event: lines
+                payload_bytes = raw[5:].strip()
+                if payload_bytes == b"[DONE]":
+                    done = True
+                    break
+                try:  # json.loads minus its encoding sniffing and whitespace regexes
+                    text = payload_bytes.decode()
+                    chunk, end = decode(text)
+                    if end != len(text):
+                        raise ValueError("extra data")
+                except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                    return f"malformed SSE data: {raw[:200]!r}"
+                if type(chunk) is not dict:
+                    continue
+                if "error" in chunk and chunk["error"]:
+                    return error_message(chunk, "error chunk in stream")
+                choices = chunk.get("choices")
+                if choices:
+                    c0 = choices[0]
+                    text = c0.get("text")
+                    if not text:
+                        delta = c0.get("delta")
+                        if delta:
+                            text = (
+                                delta.get("content")
+                                or delta.get("reasoning_content")
+                                or delta.get("reasoning")
+                            )
+                    if text:
+                        if state["ttft"] is None:
+                            state["ttft"] = now - sent
+                        else:
+                            itl.append(now - state["last"])
+                        state["last"] = now
+                        state["chunks"] += 1
+                        last_event = now
+                if "usage" in chunk and chunk["usage"]:
+                    usage = chunk["usage"]
+                    last_event = now
+        if done and not content.at_eof():
+            # Read the body to its end (chunked encoding's last chunk can come after
+            # [DONE]) so the connection goes back to the pool, as vllm bench's client does;
+            # left unread, aiohttp closes it and the next request opens a new one, which
+            # costs the server's API process work during the measurement.
+            try:
+                async with asyncio.timeout(_DRAIN_S):
+                    while await content.readany():
+                        pass
+            except TimeoutError:
+                pass  # a server that holds the body open: the connection is closed
+        state["usage"], state["end"] = usage, last_event
+        return None
 
 
 def arrival_order(spec: RequestSpec) -> tuple[float, int]:
