@@ -32,8 +32,8 @@ variant of ``--clients``, interleaved, so their ratios are not confounded by the
 
 * ``current``: the tuner's client as it runs by default (only young objects are
   garbage-collected during the replay, :func:`tuner.replay.gc_paused`);
-* ``baseline`` (P = 1 only): the client as it was before the per-chunk loop was optimised (the
-  previous ``_Runner._stream``, kept below verbatim), without the GC pause;
+* ``baseline`` (P = 1 only): the client as it was before the per-chunk loop was optimised (its
+  stream loop, kept below as it was, in place of ``Runner.read_stream``), without the GC pause;
 * ``gc-on``: the current client with the garbage collector left alone (before the GC pause);
 * ``uvloop``: the current client on libuv's event loop (``workload.client_loop=uvloop``).
 
@@ -81,7 +81,7 @@ import tuner.replay as replay_mod  # noqa: E402
 from tuner.config import ArrivalConfig  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
 from tuner.replay import replay  # noqa: E402
-from tuner.replay_procs import _Claims  # noqa: E402
+from tuner.replay_procs import Claims  # noqa: E402
 
 TICK_S = 0.05
 """Paced scenarios: the server's engine step (one token for every open stream per step)."""
@@ -280,101 +280,61 @@ class ServerPool:
         return first, sum(shares), max(shares)
 
 
-# --- the client as it was before the optimisation (verbatim copy of _Runner._stream) ----------
+# --- the client as it was before the optimisation (its stream loop) ---------------------------
 
 
-class BaselineRunner(replay_mod._Runner):
-    async def _stream(
-        self,
-        spec: RequestSpec,
-        url: str,
-        data: bytes,
-        sent: float,
-        t0: float,
-        state: dict[str, Any],
-    ) -> RequestRecord:
-        async with self.session.post(url, data=data, headers=self.headers) as resp:
-            if resp.status != 200:
-                text = await resp.text(errors="replace")
-                try:
-                    payload: Any = json.loads(text)
-                except ValueError:
-                    payload = None
-                msg = replay_mod._error_message(
-                    payload, text or resp.reason or f"HTTP {resp.status}"
-                )
-                return self._partial(spec, sent, t0, state, "error", msg, resp.status)
-            itl: list[float] = state["itl"]
-            last_event: float | None = None
-            usage: dict[str, Any] | None = None
-            async for raw in resp.content:
-                if not raw.startswith(b"data:"):
-                    continue  # blank separators, comments, event: lines
-                payload_bytes = raw[5:].strip()
-                if payload_bytes == b"[DONE]":
-                    break
-                now = time.perf_counter()
-                try:
-                    chunk = json.loads(payload_bytes)
-                except ValueError:
-                    return self._partial(
-                        spec, sent, t0, state, "error", f"malformed SSE data: {raw[:200]!r}", 200
+class BaselineRunner(replay_mod.Runner):
+    """The tuner's client with the stream loop it had before the per-chunk loop was optimised:
+    an await per SSE line (``async for`` over the body), each chunk stamped when its line is
+    read and parsed with ``json.loads``; the body is not read on after ``[DONE]``."""
+
+    async def read_stream(
+        self, content: aiohttp.StreamReader, sent: float, state: dict[str, Any]
+    ) -> str | None:
+        itl: list[float] = state["itl"]
+        async for raw in content:
+            if not raw.startswith(b"data:"):
+                continue  # blank separators, comments, event: lines
+            payload_bytes = raw[5:].strip()
+            if payload_bytes == b"[DONE]":
+                break
+            now = time.perf_counter()
+            try:
+                chunk = json.loads(payload_bytes)
+            except ValueError:
+                return f"malformed SSE data: {raw[:200]!r}"
+            if not isinstance(chunk, dict):
+                continue
+            if chunk.get("error"):
+                return replay_mod.error_message(chunk, "error chunk in stream")
+            choices = chunk.get("choices")
+            if choices:
+                c0 = choices[0]
+                delta = c0.get("delta")
+                text = c0.get("text")
+                if not text and delta:
+                    text = (
+                        delta.get("content")
+                        or delta.get("reasoning_content")
+                        or delta.get("reasoning")
                     )
-                if not isinstance(chunk, dict):
-                    continue
-                if chunk.get("error"):
-                    msg = replay_mod._error_message(chunk, "error chunk in stream")
-                    return self._partial(spec, sent, t0, state, "error", msg, 200)
-                choices = chunk.get("choices")
-                if choices:
-                    c0 = choices[0]
-                    delta = c0.get("delta")
-                    text = c0.get("text")
-                    if not text and delta:
-                        text = (
-                            delta.get("content")
-                            or delta.get("reasoning_content")
-                            or delta.get("reasoning")
-                        )
-                    if text:
-                        if state["ttft"] is None:
-                            state["ttft"] = now - sent
-                        else:
-                            itl.append(now - state["last"])
-                        state["last"] = now
-                        state["chunks"] += 1
-                        last_event = now
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                    last_event = now
-            if state["ttft"] is None:
-                return self._partial(
-                    spec, sent, t0, state, "error", "stream ended without generated text", 200
-                )
-            prompt_tokens = output_tokens = None
-            if usage is not None:
-                prompt_tokens = usage.get("prompt_tokens")
-                output_tokens = usage.get("completion_tokens")
-            if output_tokens is None:
-                output_tokens = state["chunks"]
-            assert last_event is not None
-            return RequestRecord(
-                index=spec.index,
-                status="ok",
-                t_sent_s=sent - t0,
-                ttft_s=state["ttft"],
-                itl_s=tuple(itl),
-                e2e_s=last_event - sent,
-                prompt_tokens=prompt_tokens,
-                output_tokens=output_tokens,
-                http_status=200,
-                warmup=spec.warmup,
-            )
+                if text:
+                    if state["ttft"] is None:
+                        state["ttft"] = now - sent
+                    else:
+                        itl.append(now - state["last"])
+                    state["last"] = now
+                    state["chunks"] += 1
+                    state["end"] = now
+            if chunk.get("usage"):
+                state["usage"] = chunk["usage"]
+                state["end"] = now
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
 class Client:
-    runner: type[replay_mod._Runner]
+    runner: type[replay_mod.Runner]
     pause_gc: bool
     loop: str
     about: str
@@ -384,11 +344,9 @@ CLIENTS: dict[str, Client] = {
     "baseline": Client(
         BaselineRunner, False, "asyncio", "before the per-chunk loop was optimised (P = 1 only)"
     ),
-    "gc-on": Client(
-        replay_mod._Runner, False, "asyncio", "the current client without the GC pause"
-    ),
-    "current": Client(replay_mod._Runner, True, "asyncio", "the tuner's client, defaults"),
-    "uvloop": Client(replay_mod._Runner, True, "uvloop", "workload.client_loop=uvloop"),
+    "gc-on": Client(replay_mod.Runner, False, "asyncio", "the current client without the GC pause"),
+    "current": Client(replay_mod.Runner, True, "asyncio", "the tuner's client, defaults"),
+    "uvloop": Client(replay_mod.Runner, True, "uvloop", "workload.client_loop=uvloop"),
 }
 
 
@@ -397,13 +355,13 @@ class _use_client:  # noqa: N801 - a context manager used like a function
 
     def __init__(self, name: str) -> None:
         self.cls = CLIENTS[name].runner
-        self.saved = replay_mod._Runner
+        self.saved = replay_mod.Runner
 
     def __enter__(self) -> None:
-        replay_mod._Runner = self.cls  # type: ignore[misc]
+        replay_mod.Runner = self.cls  # type: ignore[misc]
 
     def __exit__(self, *exc: object) -> None:
-        replay_mod._Runner = self.saved  # type: ignore[misc]
+        replay_mod.Runner = self.saved  # type: ignore[misc]
 
 
 # --- measurements ------------------------------------------------------------------------------
@@ -633,7 +591,7 @@ def _label(client: str, processes: int) -> str:
     return client if processes == 1 else f"{client} x{processes}"
 
 
-def _claim_worker(claims: _Claims, n: int, start: Any, out: Any) -> None:
+def _claim_worker(claims: Claims, n: int, start: Any, out: Any) -> None:
     start.wait()
     t = time.perf_counter()
     for _ in range(n):
@@ -645,7 +603,7 @@ def claim_cost(processes: int, n: int = 200_000) -> dict[str, float]:
     """Seconds per take of the shared counter: alone, and with ``processes`` taking at once
     (the tight loop is the worst case; a real client takes once per request)."""
     ctx = mp.get_context("spawn")
-    claims = _Claims(ctx)
+    claims = Claims(ctx)
     t = time.perf_counter()
     for _ in range(n):
         claims.take(0)

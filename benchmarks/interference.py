@@ -296,9 +296,7 @@ async def replays(
     rows = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
         for b, ok_reset, (records, start, end) in zip(on, reset, results, strict=True):
-            dead = await b.server.check(http)
-            if dead is not None:
-                raise TrialFailed(*dead)
+            await b.server.check(http)  # ReplayFailed if the engine died
             m = summarize(records, cfg.workload.slo)
             measured = int(m["completed"] + m["failed"])
             row = {
@@ -456,8 +454,8 @@ async def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
                     "pgid": b.server.pgid,
                     "port": res.port,
                     "startup_s": res.startup_s,
-                    "engine_version": res.engine_version,
-                    "kv_cache_tokens": res.kv_cache_tokens,
+                    "engine_version": res.facts.engine_version,
+                    "kv_cache_tokens": res.facts.kv_cache_tokens,
                     "log": str(b.server.log_path),
                 }
             )

@@ -21,6 +21,7 @@ import optuna
 from tuner import stored_trial
 from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, WorkloadConfig
 from tuner.records import TrialResult
+from tuner.score import KEY_METRICS
 
 __all__ = [
     "PICKS",
@@ -35,19 +36,8 @@ __all__ = [
 
 PICKS = CONFIRM_PICKS
 
-# metrics reported for every confirm run; "higher is better" for these, lower for the rest
+# "higher is better" for these, lower for the rest (of KEY_METRICS, reported for every run)
 _HIGHER = {"goodput", "output_throughput", "request_throughput", "success_rate"}
-KEY_METRICS = (
-    "goodput",
-    "output_throughput",
-    "request_throughput",
-    "ttft_p50_ms",
-    "ttft_p95_ms",
-    "tpot_p50_ms",
-    "tpot_p95_ms",
-    "e2e_p95_ms",
-    "error_rate",
-)
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,16 @@
 
 ::
 
-    TunerError                      anything the tuner raises on purpose
-    ├── ConfigError                 bad user input; caught at the entry point, printed as one line
-    ├── TrialFailed(reason, detail) a trial that could not be measured; recorded as data, never
-    │   ├── LaunchFailed            fatal to the study: the server did not become ready
-    │   └── ReplayFailed            the server was ready but the measurement broke
-    ├── EngineError                 the tuner cannot drive the engine (missing binary, NVML, ...)
-    └── ReplayClientError           a replay client process failed (the tuner's own failure)
+    TunerError                       anything the tuner raises on purpose
+    ├── ConfigError                  bad user input; caught at the entry point, printed as one line
+    ├── TrialFailed(reason, detail)  a trial that could not be measured: recorded as data, never
+    │   │                            fatal to the study; the precheck raises it as is (a config
+    │   │                            refused before launch)
+    │   ├── LaunchFailed             the server did not start or never became ready
+    │   └── ReplayFailed             the server was ready, but the measurement broke (the engine
+    │                                died, or every request failed)
+    ├── EngineError                  the tuner cannot drive the engine (missing binary, NVML, ...)
+    └── ReplayClientError            a replay client process failed (the tuner's own failure)
 
 Lower-level errors (aiohttp, NVML, subprocess) are translated at one boundary each with
 ``raise ... from exc``. Failed *requests* are not exceptions: they are a status on a record.
@@ -73,7 +76,8 @@ class ReplayClientError(TunerError):
 
 
 class TrialFailed(TunerError):
-    """A trial could not be measured; recorded with ``reason``, never raised out of the study."""
+    """A trial could not be measured; recorded with ``reason``, never raised out of the study.
+    The precheck raises it as is (refused before launch); the subclasses say at which stage."""
 
     def __init__(self, reason: FailureReason, detail: str) -> None:
         super().__init__(f"{reason.value}: {detail}")
@@ -82,8 +86,11 @@ class TrialFailed(TunerError):
 
 
 class LaunchFailed(TrialFailed):
-    """The server never became ready."""
+    """The server did not start or never became ready: its GPUs' memory did not come free before
+    launch, or (:meth:`tuner.engine.Server.start`) a fatal start-up line, an exit, or no
+    ``/health`` answer in time."""
 
 
 class ReplayFailed(TrialFailed):
-    """The server became ready, but the measurement broke."""
+    """The server became ready, but the measurement broke: the engine died during a replay
+    (:meth:`tuner.engine.Server.check`), or every request of a replay failed."""

@@ -43,7 +43,7 @@ from tuner.errors import ConfigError, TrialFailed
 from tuner.memory import GPU_PROFILES, ModelShape
 from tuner.precheck import passed_params, precheck
 from tuner.records import RequestSpec
-from tuner.score import constraints, failure_values, objective_values
+from tuner.score import KEY_METRICS, constraints, failure_values, objective_values
 from tuner.sim.landscape import LandscapeResult, PreparedStream, evaluate, prepare_stream
 from tuner.space import defaults, distributions, resolved
 from tuner.workload import build_requests
@@ -52,17 +52,9 @@ __all__ = ["METRICS", "Pick", "prescreen", "quiet_optuna"]
 
 log = logging.getLogger("tuner")
 
-METRICS = (
-    "goodput",
-    "output_throughput",
-    "request_throughput",
-    "ttft_p50_ms",
-    "ttft_p95_ms",
-    "tpot_p50_ms",
-    "tpot_p95_ms",
-    "error_rate",
-)
-"""Metrics the landscape measures (objectives and SLO constraints must use only these)."""
+METRICS = tuple(m for m in KEY_METRICS if not m.startswith("e2e_"))
+"""Metrics the landscape measures (objectives and SLO constraints must use only these): the key
+metrics but E2E."""
 
 ALIKE = 0.01
 """Relative difference below which two configs' predicted objectives count as the same."""

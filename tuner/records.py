@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 __all__ = [
     "LaunchInfo",
+    "LogFacts",
     "RequestRecord",
     "RequestSpec",
     "TrialResult",
@@ -24,9 +25,17 @@ RequestStatus = Literal["ok", "error", "timeout"]
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Dataclasses, enums, tuples and mappings to plain JSON types (recursively)."""
+    """Dataclasses, enums, tuples and mappings to plain JSON types (recursively). A dataclass
+    field with ``metadata={"inline": True}`` is written as its own fields, in its place."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(obj):
+            value = to_jsonable(getattr(obj, f.name))
+            if f.metadata.get("inline"):
+                out.update(value)
+            else:
+                out[f.name] = value
+        return out
     if isinstance(obj, Mapping):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -91,12 +100,10 @@ class RequestRecord:
 
 
 @dataclasses.dataclass(frozen=True)
-class LaunchInfo:
-    """What the launcher learned while starting a server (from its log and timing)."""
+class LogFacts:
+    """What a server's start-up log says (:func:`tuner.engine.logparse.parse_facts`); None where
+    it says nothing."""
 
-    port: int
-    pid: int
-    startup_s: float
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     max_model_len: int | None = None
@@ -108,6 +115,18 @@ class LaunchInfo:
     init_engine_s: float | None = None
     compile_s: float | None = None
     engine_version: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchInfo:
+    """What the launcher learned while starting a server: its port, pid and start-up time, and
+    what its log said (``facts``; its ``engine_version`` is the server's ``/version`` answer when
+    there is one). Serialised flat: ``facts``' fields follow ``startup_s``."""
+
+    port: int
+    pid: int
+    startup_s: float
+    facts: LogFacts = dataclasses.field(default_factory=LogFacts, metadata={"inline": True})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,22 @@ from tuner.config import ENDPOINTS, ArrivalConfig, TunerConfig, one_of
 from tuner.errors import ConfigError
 from tuner.records import RequestRecord, RequestSpec
 
-__all__ = ["CLIENT_LAG_WARN_MS", "ClientStats", "check", "gc_paused", "loop_factory", "replay"]
+__all__ = [
+    "CLIENT_LAG_WARN_MS",
+    "ClientStats",
+    "Guarded",
+    "LagProbe",
+    "Runner",
+    "arrival_order",
+    "check",
+    "client_session",
+    "encode_body",
+    "error_message",
+    "gc_paused",
+    "loop_factory",
+    "record_order",
+    "replay",
+]
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +116,8 @@ class ClientStats:
         return out
 
 
-class _LagProbe:
-    """``async with _LagProbe() as probe``: how late a timer fires, every ``interval_s``, on
+class LagProbe:
+    """``async with LagProbe() as probe``: how late a timer fires, every ``interval_s``, on
     this event loop, and this process's CPU seconds, inside the block."""
 
     def __init__(self, interval_s: float = LAG_INTERVAL_S) -> None:
@@ -120,7 +135,7 @@ class _LagProbe:
             await asyncio.sleep(self.interval_s)
             self.lag_s.append(max(0.0, clock() - due))
 
-    async def __aenter__(self) -> _LagProbe:
+    async def __aenter__(self) -> LagProbe:
         self._cpu0, self._t0 = time.process_time(), time.perf_counter()
         self._task = asyncio.create_task(self._run())
         return self
@@ -207,7 +222,7 @@ def gc_paused() -> Iterator[None]:
                 gc.unfreeze()
 
 
-def _error_message(payload: Any, fallback: str) -> str:
+def error_message(payload: Any, fallback: str) -> str:
     """The server's message from a vLLM/OpenAI error body (``{"error": {"message": ...}}``,
     ``{"message": ...}`` or ``{"detail": ...}``), else ``fallback``."""
     if isinstance(payload, dict):
@@ -225,7 +240,7 @@ _DRAIN_S = 1.0
 """How long to wait for the end of a response body after its ``[DONE]`` event."""
 
 
-def _encode(spec: RequestSpec, model: str) -> bytes:
+def encode_body(spec: RequestSpec, model: str) -> bytes:
     """The request body as sent: the spec's body plus model, streaming and usage."""
     body = {
         **spec.body,
@@ -243,14 +258,14 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return headers
 
 
-def _session(limit: int, request_timeout_s: float) -> aiohttp.ClientSession:
+def client_session(limit: int, request_timeout_s: float) -> aiohttp.ClientSession:
     """The client session: ``limit`` connections at most (0: no limit), kept alive."""
     connector = aiohttp.TCPConnector(limit=limit, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(request_timeout_s, 30.0))
     return aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=2**18)
 
 
-class _Guarded:
+class Guarded:
     """Calls ``on_record``; a failing callback is logged once and never stops the replay (a
     broken progress display must not break the measurement)."""
 
@@ -269,7 +284,11 @@ class _Guarded:
             self._failed = True
 
 
-class _Runner:
+class Runner:
+    """The replay's client: sends each request on ``session``, measures it and records it
+    (:meth:`send`); one per replay, in this process or in each client process
+    (:mod:`tuner.replay_procs`)."""
+
     def __init__(
         self,
         session: aiohttp.ClientSession,
@@ -284,7 +303,7 @@ class _Runner:
         self.model = model
         self.request_timeout_s = request_timeout_s
         self.headers = headers
-        self.on_record = _Guarded(on_record)
+        self.on_record = Guarded(on_record)
         self.records: list[RequestRecord] = []
 
     def _done(self, record: RequestRecord) -> None:
@@ -293,12 +312,19 @@ class _Runner:
 
     async def send(self, spec: RequestSpec, t0: float, data: bytes | None = None) -> None:
         """Send one request and record what happened; ``t0`` is the replay start. ``data`` is
-        the encoded body if the caller has it already (:func:`_encode` of ``spec``)."""
+        the encoded body if the caller has it already (:func:`encode_body` of ``spec``)."""
         if data is None:
-            data = _encode(spec, self.model)
+            data = encode_body(spec, self.model)
         url = self.base_url + _PATHS[spec.endpoint]
         sent = time.perf_counter()
-        state: dict[str, Any] = {"ttft": None, "last": None, "itl": [], "chunks": 0}
+        state: dict[str, Any] = {
+            "ttft": None,
+            "last": None,
+            "itl": [],
+            "chunks": 0,
+            "usage": None,
+            "end": None,
+        }
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 record = await self._stream(spec, url, data, sent, t0, state)
@@ -349,105 +375,30 @@ class _Runner:
                     payload: Any = json.loads(text)
                 except ValueError:
                     payload = None
-                msg = _error_message(payload, text or resp.reason or f"HTTP {resp.status}")
+                msg = error_message(payload, text or resp.reason or f"HTTP {resp.status}")
                 return self._partial(spec, sent, t0, state, "error", msg, resp.status)
-            itl: list[float] = state["itl"]
-            last_event: float | None = None
-            usage: dict[str, Any] | None = None
-            content = resp.content
-            decode, clock = _raw_decode, time.perf_counter
-            tail = b""
-            done = False
-            # One read returns every byte that has arrived: split it into lines here instead of
-            # awaiting a readline per line, and stamp all of its chunks with the read's time.
-            while not done:
-                data = await content.readany()
-                now = clock()
-                if data:
-                    lines = (tail + data if tail else data).split(b"\n")
-                    tail = lines.pop()
-                elif tail:  # the stream ended with a line without a newline
-                    lines, tail, done = [tail], b"", True
-                else:
-                    break
-                for raw in lines:
-                    if not raw.startswith(b"data:"):
-                        continue  # blank separators, comments, event: lines
-                    payload_bytes = raw[5:].strip()
-                    if payload_bytes == b"[DONE]":
-                        done = True
-                        break
-                    try:  # json.loads minus its encoding sniffing and whitespace regexes
-                        text = payload_bytes.decode()
-                        chunk, end = decode(text)
-                        if end != len(text):
-                            raise ValueError("extra data")
-                    except ValueError:  # JSONDecodeError, UnicodeDecodeError
-                        return self._partial(
-                            spec,
-                            sent,
-                            t0,
-                            state,
-                            "error",
-                            f"malformed SSE data: {raw[:200]!r}",
-                            200,
-                        )
-                    if type(chunk) is not dict:
-                        continue
-                    if "error" in chunk and chunk["error"]:
-                        msg = _error_message(chunk, "error chunk in stream")
-                        return self._partial(spec, sent, t0, state, "error", msg, 200)
-                    choices = chunk.get("choices")
-                    if choices:
-                        c0 = choices[0]
-                        text = c0.get("text")
-                        if not text:
-                            delta = c0.get("delta")
-                            if delta:
-                                text = (
-                                    delta.get("content")
-                                    or delta.get("reasoning_content")
-                                    or delta.get("reasoning")
-                                )
-                        if text:
-                            if state["ttft"] is None:
-                                state["ttft"] = now - sent
-                            else:
-                                itl.append(now - state["last"])
-                            state["last"] = now
-                            state["chunks"] += 1
-                            last_event = now
-                    if "usage" in chunk and chunk["usage"]:
-                        usage = chunk["usage"]
-                        last_event = now
-            if done and not content.at_eof():
-                # Read the body to its end (chunked encoding's last chunk can come after
-                # [DONE]) so the connection goes back to the pool, as vllm bench's client does;
-                # left unread, aiohttp closes it and the next request opens a new one, which
-                # costs the server's API process work during the measurement.
-                try:
-                    async with asyncio.timeout(_DRAIN_S):
-                        while await content.readany():
-                            pass
-                except TimeoutError:
-                    pass  # a server that holds the body open: the connection is closed
+            error = await self.read_stream(resp.content, sent, state)
+            if error is not None:
+                return self._partial(spec, sent, t0, state, "error", error, 200)
             if state["ttft"] is None:
                 return self._partial(
                     spec, sent, t0, state, "error", "stream ended without generated text", 200
                 )
+            usage: dict[str, Any] | None = state["usage"]
             prompt_tokens = output_tokens = None
             if usage is not None:
                 prompt_tokens = usage.get("prompt_tokens")
                 output_tokens = usage.get("completion_tokens")
             if output_tokens is None:
                 output_tokens = state["chunks"]
+            last_event: float | None = state["end"]
             assert last_event is not None
             return RequestRecord(
                 index=spec.index,
                 status="ok",
                 t_sent_s=sent - t0,
                 ttft_s=state["ttft"],
-                itl_s=tuple(itl),
+                itl_s=tuple(state["itl"]),
                 e2e_s=last_event - sent,
                 prompt_tokens=prompt_tokens,
                 output_tokens=output_tokens,
@@ -455,19 +406,99 @@ class _Runner:
                 warmup=spec.warmup,
             )
 
+    async def read_stream(
+        self, content: aiohttp.StreamReader, sent: float, state: dict[str, Any]
+    ) -> str | None:
+        """Read a 200 response's SSE stream (sent at ``sent``) into ``state``: ``ttft``, ``itl``,
+        ``last`` and ``chunks`` of its content chunks, ``usage`` (the usage chunk's) and ``end``
+        (the time of the last content or usage chunk). Returns the error that ended it (an error
+        chunk, malformed data), or None."""
+        itl: list[float] = state["itl"]
+        last_event: float | None = None
+        usage: dict[str, Any] | None = None
+        decode, clock = _raw_decode, time.perf_counter
+        tail = b""
+        done = False
+        # One read returns every byte that has arrived: split it into lines here instead of
+        # awaiting a readline per line, and stamp all of its chunks with the read's time.
+        while not done:
+            data = await content.readany()
+            now = clock()
+            if data:
+                lines = (tail + data if tail else data).split(b"\n")
+                tail = lines.pop()
+            elif tail:  # the stream ended with a line without a newline
+                lines, tail, done = [tail], b"", True
+            else:
+                break
+            for raw in lines:
+                if not raw.startswith(b"data:"):
+                    continue  # blank separators, comments, event: lines
+                payload_bytes = raw[5:].strip()
+                if payload_bytes == b"[DONE]":
+                    done = True
+                    break
+                try:  # json.loads minus its encoding sniffing and whitespace regexes
+                    text = payload_bytes.decode()
+                    chunk, end = decode(text)
+                    if end != len(text):
+                        raise ValueError("extra data")
+                except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                    return f"malformed SSE data: {raw[:200]!r}"
+                if type(chunk) is not dict:
+                    continue
+                if "error" in chunk and chunk["error"]:
+                    return error_message(chunk, "error chunk in stream")
+                choices = chunk.get("choices")
+                if choices:
+                    c0 = choices[0]
+                    text = c0.get("text")
+                    if not text:
+                        delta = c0.get("delta")
+                        if delta:
+                            text = (
+                                delta.get("content")
+                                or delta.get("reasoning_content")
+                                or delta.get("reasoning")
+                            )
+                    if text:
+                        if state["ttft"] is None:
+                            state["ttft"] = now - sent
+                        else:
+                            itl.append(now - state["last"])
+                        state["last"] = now
+                        state["chunks"] += 1
+                        last_event = now
+                if "usage" in chunk and chunk["usage"]:
+                    usage = chunk["usage"]
+                    last_event = now
+        if done and not content.at_eof():
+            # Read the body to its end (chunked encoding's last chunk can come after
+            # [DONE]) so the connection goes back to the pool, as vllm bench's client does;
+            # left unread, aiohttp closes it and the next request opens a new one, which
+            # costs the server's API process work during the measurement.
+            try:
+                async with asyncio.timeout(_DRAIN_S):
+                    while await content.readany():
+                        pass
+            except TimeoutError:
+                pass  # a server that holds the body open: the connection is closed
+        state["usage"], state["end"] = usage, last_event
+        return None
 
-def _arrival_order(spec: RequestSpec) -> tuple[float, int]:
+
+def arrival_order(spec: RequestSpec) -> tuple[float, int]:
     """Open loop sends in this order."""
     return (spec.arrival_s or 0.0, spec.index)
 
 
-def _record_order(record: RequestRecord) -> tuple[bool, int]:
+def record_order(record: RequestRecord) -> tuple[bool, int]:
     """The returned records' order: warm-ups first, then by index."""
     return (not record.warmup, record.index)
 
 
 async def _closed_loop(
-    runner: _Runner, specs: Sequence[RequestSpec], concurrency: int, t0: float, deadline: float
+    runner: Runner, specs: Sequence[RequestSpec], concurrency: int, t0: float, deadline: float
 ) -> None:
     it: Iterator[RequestSpec] = iter(specs)
 
@@ -482,7 +513,7 @@ async def _closed_loop(
 
 
 async def _open_loop(
-    runner: _Runner,
+    runner: Runner,
     specs: Sequence[RequestSpec],
     max_concurrency: int | None,
     t0: float,
@@ -500,7 +531,7 @@ async def _open_loop(
 
     tasks: list[asyncio.Task[None]] = []
     try:
-        for spec in sorted(specs, key=_arrival_order):
+        for spec in sorted(specs, key=arrival_order):
             at = t0 + (spec.arrival_s or 0.0)
             if at >= deadline:
                 break
@@ -597,8 +628,8 @@ async def replay(
                 stats=stats,
             )
 
-        async with _session(limit, request_timeout_s) as session:
-            runner = _Runner(session, base_url, model, request_timeout_s, headers, on_record)
+        async with client_session(limit, request_timeout_s) as session:
+            runner = Runner(session, base_url, model, request_timeout_s, headers, on_record)
             if warm:
                 t_warm = time.perf_counter()
                 await _closed_loop(
@@ -608,7 +639,7 @@ async def replay(
             deadline = t0 + duration_s
             if on_start is not None:
                 on_start(t0)
-            probe = _LagProbe()
+            probe = LagProbe()
             try:
                 async with probe:
                     if closed:
@@ -618,4 +649,4 @@ async def replay(
             finally:
                 if stats is not None:
                     stats.add(probe.lag_s, probe.cpu_s, probe.wall_s)
-        return sorted(runner.records, key=_record_order)
+        return sorted(runner.records, key=record_order)

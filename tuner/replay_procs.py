@@ -3,7 +3,7 @@
 One Python process parses about 20,000 SSE chunks/s before chunks queue behind each other
 (``benchmarks/client_capacity.py``): 1,000 streams at a 50 ms engine step are already that
 many. Here P client processes (``spawn`` start method: a fresh interpreter each, never a fork of a
-process with a running event loop) each run :class:`tuner.replay._Runner`:
+process with a running event loop) each run :class:`tuner.replay.Runner`:
 
 * **One shared sequence.** The parent encodes every request body once into shared memory (an
   anonymous ``multiprocessing`` heap block, passed by file descriptor: no name to leak) in send
@@ -59,18 +59,18 @@ from tuner.errors import ReplayClientError
 from tuner.records import RequestRecord, RequestSpec
 from tuner.replay import (
     ClientStats,
-    _arrival_order,
-    _encode,
-    _Guarded,
-    _LagProbe,
-    _record_order,
-    _Runner,
-    _session,
+    Guarded,
+    LagProbe,
+    Runner,
+    arrival_order,
+    client_session,
+    encode_body,
     gc_paused,
     loop_factory,
+    record_order,
 )
 
-__all__ = ["replay_in_processes", "split_slots"]
+__all__ = ["Claims", "replay_in_processes", "split_slots"]
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class _Table:
         )
 
 
-class _Claims:
+class Claims:
     """The next unclaimed position of each phase (warm-up, measured), shared by the processes."""
 
     def __init__(self, ctx: Any) -> None:
@@ -195,7 +195,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def _child_main(
     sock: socket.socket,
     blob: Any,
-    claims: _Claims,
+    claims: Claims,
     parent_pid: int,
     client_loop: str,
     pause_gc: bool,
@@ -242,7 +242,7 @@ async def _control(reader: asyncio.StreamReader, inbox: asyncio.Queue[tuple[Any,
             return
 
 
-async def _child(sock: socket.socket, blob: Any, claims: _Claims) -> None:
+async def _child(sock: socket.socket, blob: Any, claims: Claims) -> None:
     reader, writer = await asyncio.open_connection(sock=sock)
     out = _Outbox(writer)
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
@@ -252,8 +252,8 @@ async def _child(sock: socket.socket, blob: Any, claims: _Claims) -> None:
         assert kind == "plan" and isinstance(plan, _Plan)
         # the connection pool is this process's in-flight bound (0: none, open loop uncapped)
         limit = max(plan.warm_slots, plan.slots or 0) if plan.closed else plan.slots or 0
-        async with _session(limit, plan.request_timeout_s) as session:
-            runner = _Runner(
+        async with client_session(limit, plan.request_timeout_s) as session:
+            runner = Runner(
                 session, plan.base_url, plan.model, plan.request_timeout_s, plan.headers, out.record
             )
             body = memoryview(blob).cast("B")
@@ -263,7 +263,7 @@ async def _child(sock: socket.socket, blob: Any, claims: _Claims) -> None:
             while (msg := await inbox.get())[0] == "run":
                 _, phase, t_start = msg
                 if phase == _MEASURED:  # what this process costs while measured requests run
-                    async with _LagProbe() as probe:
+                    async with LagProbe() as probe:
                         await _run_phase(runner, plan, body, claims, phase, t_start)
                     out.send("done", phase, probe.lag_s, probe.cpu_s, probe.wall_s)
                 else:
@@ -281,7 +281,7 @@ async def _child(sock: socket.socket, blob: Any, claims: _Claims) -> None:
 
 
 async def _run_phase(
-    runner: _Runner, plan: _Plan, body: memoryview, claims: _Claims, phase: int, t_start: float
+    runner: Runner, plan: _Plan, body: memoryview, claims: Claims, phase: int, t_start: float
 ) -> None:
     table = plan.table
     first, n = (0, table.n_warm) if phase == _WARM else (table.n_warm, table.n - table.n_warm)
@@ -349,7 +349,7 @@ def _table(
 ) -> tuple[_Table, Any]:
     """The send order and the shared block of encoded bodies."""
     order = [*warm, *measured]
-    bodies = [_encode(s, model) for s in order]
+    bodies = [encode_body(s, model) for s in order]
     bounds = array.array("q", [0])
     for b in bodies:
         bounds.append(bounds[-1] + len(b))
@@ -381,14 +381,14 @@ class _Pool:
         """What each process sent after the awaited message (``ready``: its loop and the
         collector's thresholds; ``done`` of the measured phase: its lag samples, CPU seconds and
         wall seconds)."""
-        self.on_record = _Guarded(on_record)
+        self.on_record = Guarded(on_record)
 
     async def start(
         self,
         ctx: Any,
         n: int,
         blob: Any,
-        claims: _Claims,
+        claims: Claims,
         client_loop: str = "asyncio",
         pause_gc: bool = True,
     ) -> None:
@@ -508,9 +508,9 @@ async def replay_in_processes(
         raise ValueError(f"{processes} processes for {limit} slots; use at most one per slot")
     ctx = mp.get_context("spawn")
     if not closed:
-        measured = sorted(measured, key=_arrival_order)
+        measured = sorted(measured, key=arrival_order)
     table, blob = _table(warm, measured, model, ctx)
-    claims = _Claims(ctx)
+    claims = Claims(ctx)
     if closed:
         warm_slots = slots = split_slots(limit, processes)
     else:  # warm-ups one at a time, by the first process
@@ -564,4 +564,4 @@ async def replay_in_processes(
         await pool.finish()
     finally:
         pool.stop()
-    return sorted(pool.records, key=_record_order)
+    return sorted(pool.records, key=record_order)

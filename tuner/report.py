@@ -67,7 +67,7 @@ def progress_line(r: TrialResult, i: int | None, n: int, cfg: TunerConfig) -> st
     )
     launch = r.launch
     start = f"start {launch.startup_s:.1f} s" if launch else ""
-    kv = f"KV {launch.kv_cache_tokens:,}" if launch and launch.kv_cache_tokens else ""
+    kv = f"KV {launch.facts.kv_cache_tokens:,}" if launch and launch.facts.kv_cache_tokens else ""
     ok = f"{r.metrics.get('success_rate', 0.0):.0%} ok"
     return f"{head}: {objs}, {ok} ({', '.join(x for x in (start, kv) if x)}) | {params}"
 
@@ -148,7 +148,7 @@ def print_summary(
             _result_text(r),
             *(_fmt_metric(m, r.metrics.get(m)) if r.ok and not r.pruned else "-" for m in objs),
             f"{launch.startup_s:.1f}" if launch else "-",
-            f"{launch.kv_cache_tokens:,}" if launch and launch.kv_cache_tokens else "-",
+            f"{launch.facts.kv_cache_tokens:,}" if launch and launch.facts.kv_cache_tokens else "-",
             f"{r.predicted_kv_tokens:,}" if r.predicted_kv_tokens is not None else "-",
             changed_params(r.params, cfg.space),
         )

@@ -16,6 +16,7 @@ from tuner.errors import ConfigError, FailureReason
 from tuner.records import RequestRecord
 
 __all__ = [
+    "KEY_METRICS",
     "METRICS",
     "PERCENTILES",
     "check",
@@ -45,6 +46,20 @@ METRICS: frozenset[str] = frozenset(
     ]
     + [f"{m}_{s}_ms" for m in _LATENCIES for s in ("mean", *(f"p{p}" for p in PERCENTILES))]
 )
+
+KEY_METRICS: tuple[str, ...] = (
+    "goodput",
+    "output_throughput",
+    "request_throughput",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "tpot_p50_ms",
+    "tpot_p95_ms",
+    "e2e_p95_ms",
+    "error_rate",
+)
+"""The metrics that sum a run up, in this order: what the confirm stage reports for each run and
+the simulator's landscape predicts for the prescreen (all of them but E2E)."""
 
 
 def check(cfg: TunerConfig) -> None:

@@ -89,9 +89,9 @@ def tell(
         "trial_dir": str(tdir.resolve()),
     }
     if result.launch is not None:
-        attrs["kv_cache_tokens"] = result.launch.kv_cache_tokens
+        attrs["kv_cache_tokens"] = result.launch.facts.kv_cache_tokens
         attrs["startup_s"] = result.launch.startup_s
-        attrs["engine_version"] = result.launch.engine_version
+        attrs["engine_version"] = result.launch.facts.engine_version
     for k, v in attrs.items():
         trial.set_user_attr(k, v)
     if result.pruned:

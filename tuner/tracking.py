@@ -140,8 +140,8 @@ def _metrics(result: TrialResult) -> dict[str, float]:
     out: dict[str, float] = dict(result.metrics)
     launch = result.launch
     if launch is not None:
+        out["startup_s"] = float(launch.startup_s)
         for k in (
-            "startup_s",
             "kv_cache_tokens",
             "max_concurrency",
             "kv_cache_gib",
@@ -152,7 +152,7 @@ def _metrics(result: TrialResult) -> dict[str, float]:
             "init_engine_s",
             "compile_s",
         ):
-            v = getattr(launch, k)
+            v = getattr(launch.facts, k)
             if v is not None:
                 out[k] = float(v)
     if result.predicted_kv_tokens is not None:

@@ -39,7 +39,7 @@ from tuner.engine.argv import api_key, build_env, mask, mask_argv, trial_argv
 from tuner.engine.logparse import port_clash
 from tuner.engine.pool import GpuPool, core_ranges
 from tuner.engine.process import Server, free_port
-from tuner.errors import EngineError, FailureReason, LaunchFailed, TrialFailed
+from tuner.errors import EngineError, FailureReason, LaunchFailed, ReplayFailed, TrialFailed
 from tuner.measure import Measured, Replay, measure, reset_caches
 from tuner.memory import ModelShape
 from tuner.precheck import precheck
@@ -199,7 +199,7 @@ class ServerRun:
             pruned = None
         elif records and metrics["error_rate"] >= 1.0:
             first = next((r.error for r in records if r.error), None)
-            fail = TrialFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
+            fail = ReplayFailed(FailureReason.REPLAY_ERRORS, first or "all requests failed")
             pruned = None
         reason = fail.reason.value if fail else None
         return TrialResult(
@@ -342,8 +342,8 @@ async def _launch(run: ServerRun, stack: contextlib.AsyncExitStack) -> Server:
         )
         run.argv = trial_argv(cfg, run.params, port=run.port, baseline=run.baseline)
     assert run.launch is not None  # the loop launched or raised
-    if run.launch.engine_version:
-        ctx.engine_version = run.launch.engine_version
+    if run.launch.facts.engine_version:
+        ctx.engine_version = run.launch.facts.engine_version
     return server
 
 
@@ -362,7 +362,7 @@ async def _replay_all(run: ServerRun, server: Server) -> None:
             "trial %d: %sKV cache %s tokens (predicted %s); replaying %d requests (%d warm-up)%s",
             run.number,
             ready,
-            _fmt_int(launch.kv_cache_tokens),
+            _fmt_int(launch.facts.kv_cache_tokens),
             _fmt_int(run.predicted),
             len(rp.requests),
             sum(r.warmup for r in rp.requests),
@@ -371,15 +371,13 @@ async def _replay_all(run: ServerRun, server: Server) -> None:
         others = ctx.pool.held - len(run.gpus)  # GPUs of trials running beside this one
         m = await measure(cfg, server.base_url, run.tdir / rp.subdir, run.gpus, rp, run.prune)
         extra["co_running_gpus"] = float(max(others, ctx.pool.held - len(run.gpus)))
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
-            dead = await server.check(http)
         m = replace(m, telemetry={**m.telemetry, **extra})
         run.measured.append(m)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
+            await server.check(http)  # the engine died: ReplayFailed, caught in run_server
         if len(run.replays) > 1:  # keep what this replay measured if a later one dies
             write_artifacts(run.tdir / rp.subdir, run.result(rp, m, None), m.records)
             run.written.add(len(run.measured) - 1)
-        if dead is not None:
-            raise TrialFailed(*dead)
         if m.pruned and run.prune:
             return  # lost beyond doubt: the other repeats would not change that
 

@@ -96,8 +96,8 @@ async def test_serve_stream_and_teardown(tmp_path: Path) -> None:
         tmp_path, "--enforce-eager", "--gpu-memory-utilization", "0.3", "--max-model-len", "4096"
     )
     async with s as info:
-        assert info.kv_cache_tokens and info.kv_cache_tokens > 10_000
-        assert info.engine_version and info.engine_version.startswith("0.24")
+        assert info.facts.kv_cache_tokens and info.facts.kv_cache_tokens > 10_000
+        assert info.facts.engine_version and info.facts.engine_version.startswith("0.24")
         records = await replay(
             s.base_url,
             "m",

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from tuner.engine.process import Server, free_port, group_members
-from tuner.errors import FailureReason, LaunchFailed
+from tuner.errors import FailureReason, LaunchFailed, ReplayFailed
 
 from .procs import sim_argv
 
@@ -41,9 +41,9 @@ def make_server(
 async def test_ready_facts_and_clean_teardown(tmp_path: Path) -> None:
     server = make_server(tmp_path, "--gpu-memory-utilization", "0.5")
     async with server as info:
-        assert info.kv_cache_tokens and info.kv_cache_tokens > 0
-        assert info.max_concurrency and info.max_concurrency > 0
-        assert info.engine_version and info.engine_version.startswith("0.24")
+        assert info.facts.kv_cache_tokens and info.facts.kv_cache_tokens > 0
+        assert info.facts.max_concurrency and info.facts.max_concurrency > 0
+        assert info.facts.engine_version and info.facts.engine_version.startswith("0.24")
         assert info.startup_s > 0
         pgid = server.pgid
         assert pgid is not None
@@ -137,12 +137,14 @@ async def test_engine_death_after_ready_is_detected(tmp_path: Path) -> None:
     import asyncio
 
     server = make_server(tmp_path, env={"TUNER_SIM_DIE_AFTER_S": "0.3"})
-    async with server, aiohttp.ClientSession() as http:
-        dead = None
+
+    async def poll(http: aiohttp.ClientSession) -> None:
         for _ in range(50):
-            dead = await server.check(http)
-            if dead:
-                break
+            await server.check(http)
             await asyncio.sleep(0.1)
-        assert dead is not None and dead[0] is FailureReason.ENGINE_DEAD
+
+    async with server, aiohttp.ClientSession() as http:
+        with pytest.raises(ReplayFailed) as e:
+            await poll(http)
+        assert e.value.reason is FailureReason.ENGINE_DEAD
     assert server.survivors == []

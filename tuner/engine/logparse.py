@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any
 
 from tuner.errors import FailureReason
+from tuner.records import LogFacts
 
 __all__ = [
     "FATAL",
-    "LogFacts",
     "classify",
     "is_fatal",
     "parse_facts",
@@ -58,49 +58,34 @@ _FACTS: dict[str, re.Pattern[str]] = {
 }
 
 
-@dataclass
-class LogFacts:
-    kv_cache_tokens: int | None = None
-    max_concurrency: float | None = None
-    max_model_len: int | None = None
-    kv_cache_gib: float | None = None
-    model_load_gib: float | None = None
-    model_load_s: float | None = None
-    graph_capture_s: float | None = None
-    graph_capture_gib: float | None = None
-    init_engine_s: float | None = None
-    compile_s: float | None = None
-    engine_version: str | None = None
-
-
 def parse_facts(lines: Sequence[str]) -> LogFacts:
     """Start-up facts from the log. With TP > 1 per-worker lines repeat; the first one wins,
     except the KV size, which vLLM logs once for the whole engine."""
-    f = LogFacts()
+    f: dict[str, Any] = {}  # LogFacts' fields found so far
     for raw in lines:
         line = strip_prefix(raw)
-        if f.kv_cache_tokens is None and (m := _FACTS["kv_cache_tokens"].search(line)):
-            f.kv_cache_tokens = int(_num(m.group(1)))
-        elif f.max_concurrency is None and (m := _FACTS["max_concurrency"].search(line)):
-            f.max_concurrency = float(m.group(2))
-            f.max_model_len = f.max_model_len or int(_num(m.group(1)))
-        elif f.kv_cache_gib is None and (m := _FACTS["kv_cache_gib"].search(line)):
-            f.kv_cache_gib = float(m.group(1))
-        elif f.model_load_gib is None and (m := _FACTS["model_load"].search(line)):
-            f.model_load_gib, f.model_load_s = float(m.group(1)), float(m.group(2))
-        elif f.graph_capture_s is None and (m := _FACTS["graph_capture"].search(line)):
-            f.graph_capture_s, f.graph_capture_gib = float(m.group(1)), float(m.group(2))
-        elif f.init_engine_s is None and (m := _FACTS["init_engine"].search(line)):
-            f.init_engine_s = float(m.group(1))
+        if "kv_cache_tokens" not in f and (m := _FACTS["kv_cache_tokens"].search(line)):
+            f["kv_cache_tokens"] = int(_num(m.group(1)))
+        elif "max_concurrency" not in f and (m := _FACTS["max_concurrency"].search(line)):
+            f["max_concurrency"] = float(m.group(2))
+            f["max_model_len"] = f.get("max_model_len") or int(_num(m.group(1)))
+        elif "kv_cache_gib" not in f and (m := _FACTS["kv_cache_gib"].search(line)):
+            f["kv_cache_gib"] = float(m.group(1))
+        elif "model_load_gib" not in f and (m := _FACTS["model_load"].search(line)):
+            f["model_load_gib"], f["model_load_s"] = float(m.group(1)), float(m.group(2))
+        elif "graph_capture_s" not in f and (m := _FACTS["graph_capture"].search(line)):
+            f["graph_capture_s"], f["graph_capture_gib"] = float(m.group(1)), float(m.group(2))
+        elif "init_engine_s" not in f and (m := _FACTS["init_engine"].search(line)):
+            f["init_engine_s"] = float(m.group(1))
             if m.group(2):
-                f.compile_s = float(m.group(2))
-        elif f.compile_s is None and (m := _FACTS["compile"].search(line)):
-            f.compile_s = float(m.group(1))
-        elif (m := _FACTS["max_model_len"].search(line)) and f.max_model_len is None:
-            f.max_model_len = int(m.group(1))
-        elif f.engine_version is None and (m := _FACTS["version"].search(line + " ")):
-            f.engine_version = m.group(1)
-    return f
+                f["compile_s"] = float(m.group(2))
+        elif "compile_s" not in f and (m := _FACTS["compile"].search(line)):
+            f["compile_s"] = float(m.group(1))
+        elif (m := _FACTS["max_model_len"].search(line)) and "max_model_len" not in f:
+            f["max_model_len"] = int(m.group(1))
+        elif "engine_version" not in f and (m := _FACTS["version"].search(line + " ")):
+            f["engine_version"] = m.group(1)
+    return LogFacts(**f)
 
 
 # Ordered: the first class whose pattern matches anywhere in the log wins (root causes are

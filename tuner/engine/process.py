@@ -14,6 +14,7 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ from types import TracebackType
 import aiohttp
 
 from tuner.engine.logparse import classify, is_fatal, parse_facts, strip_prefix
-from tuner.errors import EngineError, FailureReason, LaunchFailed
+from tuner.errors import EngineError, FailureReason, LaunchFailed, ReplayFailed
 from tuner.records import LaunchInfo
 
 __all__ = ["Server", "free_port", "group_members", "kill_all_groups", "proc_table"]
@@ -215,17 +216,7 @@ class Server:
             port=self.port,
             pid=self.proc.pid,
             startup_s=round(startup_s, 3),
-            kv_cache_tokens=facts.kv_cache_tokens,
-            max_concurrency=facts.max_concurrency,
-            max_model_len=facts.max_model_len,
-            kv_cache_gib=facts.kv_cache_gib,
-            model_load_gib=facts.model_load_gib,
-            model_load_s=facts.model_load_s,
-            graph_capture_s=facts.graph_capture_s,
-            graph_capture_gib=facts.graph_capture_gib,
-            init_engine_s=facts.init_engine_s,
-            compile_s=facts.compile_s,
-            engine_version=version or facts.engine_version,
+            facts=dataclasses.replace(facts, engine_version=version or facts.engine_version),
         )
 
     def _failed(self) -> LaunchFailed:
@@ -252,8 +243,9 @@ class Server:
             pass
         return None
 
-    async def check(self, http: aiohttp.ClientSession) -> tuple[FailureReason, str] | None:
-        """After ready: ``(ENGINE_DEAD, evidence)`` if the engine died, else None."""
+    async def check(self, http: aiohttp.ClientSession) -> None:
+        """After ready: raise :class:`ReplayFailed` (``ENGINE_DEAD``, or ``CUDA_OOM`` when the log
+        says so, with the evidence line) if the engine died; return if it is alive."""
         new = self._read_new_lines()
         dead_line = any("EngineCore encountered a fatal error" in ln for ln in new)
         exited = self.proc is not None and self.proc.poll() is not None
@@ -261,8 +253,7 @@ class Server:
             reason, detail = classify(self.log_lines(), after_ready=True)
             if reason is not FailureReason.CUDA_OOM:
                 reason = FailureReason.ENGINE_DEAD
-            return reason, detail
-        return None
+            raise ReplayFailed(reason, detail)
 
     async def stop(self) -> None:
         """SIGTERM the group, wait ``stop_timeout_s``, SIGKILL; then verify nothing survived."""

@@ -1,0 +1,111 @@
+"""``result.json`` is a :class:`TrialResult` through :func:`to_json`: its text (keys, their order,
+the launch's fields beside ``startup_s``) is stored data and must not change."""
+
+from __future__ import annotations
+
+import textwrap
+
+from tuner.records import LaunchInfo, LogFacts, TrialResult, to_json
+
+LAUNCH = LaunchInfo(
+    port=8123,
+    pid=4242,
+    startup_s=61.5,
+    facts=LogFacts(
+        kv_cache_tokens=814368,
+        max_concurrency=19.88,
+        max_model_len=40960,
+        kv_cache_gib=111.83,
+        model_load_gib=15.27,
+        model_load_s=4.51,
+        graph_capture_s=12.0,
+        graph_capture_gib=0.55,
+        init_engine_s=41.2,
+        compile_s=22.1,
+        engine_version="0.24.0",
+    ),
+)
+
+RESULT_JSON = """\
+    {
+      "number": 3,
+      "params": {
+        "max_num_seqs": 64,
+        "enable_prefix_caching": true
+      },
+      "argv": [
+        "vllm",
+        "serve",
+        "m",
+        "--max-num-seqs",
+        "64"
+      ],
+      "values": [
+        1234.5
+      ],
+      "constraints": {
+        "slo_ttft": -0.25
+      },
+      "metrics": {
+        "goodput": 2.5,
+        "ttft_p95_ms": 150.0
+      },
+      "failure_reason": null,
+      "failure_detail": null,
+      "launch": {
+        "port": 8123,
+        "pid": 4242,
+        "startup_s": 61.5,
+        "kv_cache_tokens": 814368,
+        "max_concurrency": 19.88,
+        "max_model_len": 40960,
+        "kv_cache_gib": 111.83,
+        "model_load_gib": 15.27,
+        "model_load_s": 4.51,
+        "graph_capture_s": 12.0,
+        "graph_capture_gib": 0.55,
+        "init_engine_s": 41.2,
+        "compile_s": 22.1,
+        "engine_version": "0.24.0"
+      },
+      "predicted_kv_tokens": 800000,
+      "baseline": false,
+      "duration_s": 95.0,
+      "launched": true,
+      "server_s": 90.25,
+      "pruned": null,
+      "gpus": [
+        0
+      ],
+      "started_at": 1764470000.5
+    }
+"""
+
+
+def test_result_json_text_is_stable() -> None:
+    r = TrialResult(
+        number=3,
+        params={"max_num_seqs": 64, "enable_prefix_caching": True},
+        argv=("vllm", "serve", "m", "--max-num-seqs", "64"),
+        values=(1234.5,),
+        constraints={"slo_ttft": -0.25},
+        metrics={"goodput": 2.5, "ttft_p95_ms": 150.0},
+        launch=LAUNCH,
+        predicted_kv_tokens=800000,
+        launched=True,
+        server_s=90.25,
+        gpus=(0,),
+        started_at=1764470000.5,
+        duration_s=95.0,
+    )
+    assert to_json(r, indent=2) + "\n" == textwrap.dedent(RESULT_JSON)
+
+
+def test_a_launch_whose_log_said_nothing() -> None:
+    assert to_json(LaunchInfo(port=1, pid=2, startup_s=3.0)) == (
+        '{"port": 1, "pid": 2, "startup_s": 3.0, "kv_cache_tokens": null, '
+        '"max_concurrency": null, "max_model_len": null, "kv_cache_gib": null, '
+        '"model_load_gib": null, "model_load_s": null, "graph_capture_s": null, '
+        '"graph_capture_gib": null, "init_engine_s": null, "compile_s": null, '
+        '"engine_version": null}'
+    )
