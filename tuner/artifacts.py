@@ -26,7 +26,9 @@ __all__ = [
     "trial_dir",
     "write_artifacts",
     "write_jsonl",
+    "write_json",
     "write_repeats",
+    "write_requests",
 ]
 
 
@@ -46,14 +48,24 @@ def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
+def write_requests(tdir: Path, records: Sequence[RequestRecord]) -> None:
+    """``requests.jsonl``: one request record a line."""
+    make_dir(tdir)
+    with (tdir / "requests.jsonl").open("w") as f:
+        for r in records:
+            f.write(to_json(r) + "\n")
+
+
 def write_artifacts(tdir: Path, result: TrialResult, records: list[RequestRecord] | None) -> None:
     """``result.json``, and ``requests.jsonl`` unless ``records`` is None (written before)."""
     make_dir(tdir)
     if records is not None:
-        with (tdir / "requests.jsonl").open("w") as f:
-            for r in records:
-                f.write(to_json(r) + "\n")
+        write_requests(tdir, records)
     (tdir / "result.json").write_text(to_json(result, indent=2) + "\n")
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def write_repeats(tdir: Path, results: Sequence[TrialResult], mean: TrialResult) -> None:

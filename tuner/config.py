@@ -305,6 +305,24 @@ class ObjectiveSpec:
 
 
 @dataclass
+class CapacityConfig:
+    """The SLO-capacity search of each trial (:mod:`tuner.capacity`), when an objective is
+    ``capacity_rps``: short replays at other loads on the trial's server."""
+
+    rel_width: float = 0.05
+    """Stop when the bracket (a load that held, the next one up that did not) is this narrow:
+    (high - low) / low of their load factors."""
+    max_steps: int = 8
+    """Replays at most per server, the workload's own replay included."""
+    min_factor: float = 0.015625
+    """Lowest load tried, as a factor on the workload's load (1/64)."""
+    max_factor: float = 64.0
+    """Highest load tried; a config that holds there is recorded as ``capacity_censored``."""
+    requests: int | None = None
+    """Measured requests of each further replay (default: the workload's ``num_requests``)."""
+
+
+@dataclass
 class ObjectiveConfig:
     objectives: list[ObjectiveSpec] = field(
         default_factory=lambda: [
@@ -321,6 +339,7 @@ class ObjectiveConfig:
     prune: bool = True
     """Stop a replay once a constraint is lost beyond doubt (too many requests over an SLO or
     failed); the trial is PRUNED with its partial metrics."""
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tuner.capacity import CAPACITY_METRICS
 from tuner.config import DIRECTIONS, ObjectiveConfig, SLOConfig, TunerConfig, one_of
 from tuner.errors import ConfigError, FailureReason
 from tuner.records import RequestRecord
@@ -21,6 +22,7 @@ __all__ = [
     "PERCENTILES",
     "check",
     "constraints",
+    "needs_capacity",
     "failure_values",
     "objective_values",
     "prune_reason",
@@ -45,6 +47,7 @@ METRICS: frozenset[str] = frozenset(
         "output_tokens_mean",
     ]
     + [f"{m}_{s}_ms" for m in _LATENCIES for s in ("mean", *(f"p{p}" for p in PERCENTILES))]
+    + list(CAPACITY_METRICS)
 )
 
 KEY_METRICS: tuple[str, ...] = (
@@ -77,6 +80,30 @@ def check(cfg: TunerConfig) -> None:
         )
     if not 0.0 <= o.max_error_rate <= 1.0:
         raise ConfigError(f"objective.max_error_rate is {o.max_error_rate}; allowed: 0.0 to 1.0")
+    if needs_capacity(o):
+        slo = cfg.workload.slo
+        if slo.ttft_ms is None and slo.tpot_ms is None and slo.e2e_ms is None:
+            raise ConfigError(
+                "objective capacity_rps needs the workload's SLOs; set workload.slo.ttft_ms, "
+                "tpot_ms or e2e_ms"
+            )
+        c = o.capacity
+        if not 0.0 < c.rel_width < 1.0:
+            raise ConfigError(f"objective.capacity.rel_width is {c.rel_width}; allowed: 0 < x < 1")
+        if c.max_steps < 2:
+            raise ConfigError(f"objective.capacity.max_steps is {c.max_steps}; allowed: >= 2")
+        if not 0.0 < c.min_factor <= 1.0 <= c.max_factor:
+            raise ConfigError(
+                f"objective.capacity.min_factor {c.min_factor} and max_factor {c.max_factor}; "
+                "allowed: 0 < min_factor <= 1 <= max_factor"
+            )
+        if c.requests is not None and c.requests < 1:
+            raise ConfigError(f"objective.capacity.requests is {c.requests}; allowed: >= 1")
+
+
+def needs_capacity(objective: ObjectiveConfig) -> bool:
+    """An objective is the SLO capacity: each trial runs the capacity search."""
+    return any(o.metric == "capacity_rps" for o in objective.objectives)
 
 
 def _stats(name: str, values: Sequence[float]) -> dict[str, float]:

@@ -8,6 +8,7 @@ needs never reach the tracking store.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -87,6 +88,7 @@ class Tracker:
         params = [Param(k, self.mask(str(v))[:_MAX_PARAM]) for k, v in result.params.items()]
         params.append(Param("argv", self.mask(" ".join(result.argv))[:_MAX_PARAM]))
         metrics = [Metric(k, float(v), now, 0) for k, v in _metrics(result).items()]
+        metrics += _capacity_steps(trial_dir, now)
         state = "pruned" if result.pruned else "ok" if result.ok else "failed"
         trial_tags = {
             "trial.number": str(result.number),
@@ -164,6 +166,22 @@ def _metrics(result: TrialResult) -> dict[str, float]:
     for key, c in result.constraints.items():
         out[f"constraint.{key}"] = c
     return {k: v for k, v in out.items() if _finite(v)}
+
+
+def _capacity_steps(trial_dir: Path, now: int) -> list[Any]:
+    """The capacity search's steps (``capacity.json``) as metric histories, one step each:
+    ``capacity_step.factor``, ``.rps``, ``.margin``, ``.held`` and its key metrics."""
+    from mlflow.entities import Metric
+
+    path = trial_dir / "capacity.json"
+    if not path.is_file():
+        return []
+    out = []
+    for k, row in enumerate(json.loads(path.read_text()).get("steps", [])):
+        for name, v in row.items():
+            if isinstance(v, bool | int | float) and _finite(v):
+                out.append(Metric(f"capacity_step.{name}", float(v), now, k))
+    return out
 
 
 def _finite(v: Any) -> bool:

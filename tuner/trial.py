@@ -32,9 +32,12 @@ from tuner.artifacts import (
     mask_server_logs,
     trial_dir,
     write_artifacts,
+    write_json,
     write_repeats,
+    write_requests,
 )
-from tuner.config import TunerConfig
+from tuner.capacity import Step, margin, search
+from tuner.config import ObjectiveConfig, TunerConfig
 from tuner.engine.argv import api_key, build_env, mask, mask_argv, trial_argv
 from tuner.engine.logparse import port_clash
 from tuner.engine.pool import GpuPool, core_ranges
@@ -45,9 +48,10 @@ from tuner.memory import ModelShape
 from tuner.precheck import precheck
 from tuner.records import LaunchInfo, RequestSpec, TrialResult
 from tuner.recovery import LEASE_ENV, Lease
-from tuner.score import constraints, objective_values, summarize
+from tuner.score import KEY_METRICS, constraints, needs_capacity, objective_values, summarize
 from tuner.space import changed_params, resolved
 from tuner.telemetry.gpu import gpu_memory, nvml_available, wait_for_free_memory
+from tuner.workload import at_load, build_requests
 
 __all__ = [
     "LAUNCH_ATTEMPTS",
@@ -261,6 +265,8 @@ async def run_server(
             async with contextlib.AsyncExitStack() as stack:
                 server = await _launch(run, stack)
                 await _replay_all(run, server)
+                if needs_capacity(cfg.objective):
+                    await _capacity(run, server)
     except TrialFailed as exc:
         run.failure = exc
     finally:
@@ -380,6 +386,85 @@ async def _replay_all(run: ServerRun, server: Server) -> None:
             run.written.add(len(run.measured) - 1)
         if m.pruned and run.prune:
             return  # lost beyond doubt: the other repeats would not change that
+
+
+async def _capacity(run: ServerRun, server: Server) -> None:
+    """The SLO capacity on this server (:mod:`tuner.capacity`), from the first replay on: its
+    metrics go to every replay's result, its steps to ``capacity.json`` and ``capacity_K/``."""
+    cfg = run.cfg
+    base, first = run.replays[0], run.measured[0] if run.measured else None
+    if first is None or first.pruned:  # lost at the workload's own load: the trial is PRUNED
+        return
+    # each step judged on every SLO (whatever objective.slo_constraints says), pruned when lost
+    judged = replace(cfg.objective, slo_constraints=True, prune=True)
+    probe_cfg = replace(cfg, objective=judged)
+    steps = [_step(1.0, base, first, judged)]
+    key = api_key(cfg.engine, cfg.model)
+
+    async def probe(factor: float) -> Step:
+        k = len(steps)
+        w = at_load(base.workload, factor)
+        if cfg.objective.capacity.requests:
+            w = replace(w, num_requests=cfg.objective.capacity.requests)
+        requests = await asyncio.to_thread(build_requests, w, Path(cfg.model.path))
+        rp = Replay(f"capacity_{k}", requests, w)
+        await reset_caches(server.base_url, key)
+        log.info(
+            "trial %d: capacity step %d at %.3gx the workload's load%s",
+            run.number,
+            k + 1,
+            factor,
+            f" ({w.arrival.concurrency} in flight)" if _closed(rp) else "",
+        )
+        m = await measure(probe_cfg, server.base_url, run.tdir / rp.subdir, run.gpus, rp, True)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
+            await server.check(http)  # the engine died: ReplayFailed, caught in run_server
+        write_requests(run.tdir / rp.subdir, m.records)
+        step = _step(_factor(base, rp, factor), rp, m, judged)
+        steps.append(step)
+        return step
+
+    cap = await search(probe, cfg.objective.capacity, first=steps[0])
+    run.common.update(cap.metrics())
+    write_json(
+        run.tdir / "capacity.json",
+        {"capacity": cap.metrics(), "steps": [s.row() for s in cap.steps]},
+    )
+    log.info(
+        "trial %d: SLO capacity %s req/s (bracket %.2f-%.2f req/s, %d replays)",
+        run.number,
+        f">= {cap.rps:.2f}" if cap.censored else f"{cap.rps:.2f}",
+        cap.low,
+        cap.high,
+        len(cap.steps),
+    )
+
+
+def _closed(rp: Replay) -> bool:
+    measured = [r for r in rp.requests if not r.warmup]
+    return rp.workload.arrival.kind == "concurrency" and all(r.arrival_s is None for r in measured)
+
+
+def _factor(base: Replay, rp: Replay, asked: float) -> float:
+    """The load factor a replay really ran at (a closed loop's concurrency is whole)."""
+    if _closed(rp):
+        return rp.workload.arrival.concurrency / base.workload.arrival.concurrency
+    return asked
+
+
+def _step(factor: float, rp: Replay, m: Measured, objective: ObjectiveConfig) -> Step:
+    """One replay as a step of the capacity search: requests/s offered (open loop: from the
+    send times) or served (closed loop), the SLO margin, held or not."""
+    metrics = {**m.telemetry, **summarize(m.records, rp.workload.slo)}
+    rps = float(metrics.get("request_throughput", 0.0))
+    sends = sorted(r.arrival_s for r in rp.requests if not r.warmup and r.arrival_s is not None)
+    if not _closed(rp) and len(sends) > 1 and sends[-1] > sends[0]:
+        rps = (len(sends) - 1) / (sends[-1] - sends[0])
+    mg = margin(metrics, objective, rp.workload.slo)
+    if m.pruned:  # lost beyond doubt, whatever the finished part says
+        mg = min(mg, -0.01)
+    keep = {k: metrics[k] for k in KEY_METRICS if k in metrics}
+    return Step(factor, rps, mg, mg >= 0, keep, m.pruned)
 
 
 def _teardown(run: ServerRun) -> None:

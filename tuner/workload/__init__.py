@@ -9,6 +9,7 @@ config gives byte-identical request bodies.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,12 +43,36 @@ __all__ = [
     "image_tokens",
     "load_tokenizer",
     "load_trace",
+    "at_load",
     "make_image",
     "model_image_limit",
     "ramp_rate",
     "sample_lengths",
     "token_corpus",
 ]
+
+
+def at_load(w: WorkloadConfig, factor: float) -> WorkloadConfig:
+    """``w`` at ``factor`` × its load: the rate (and a ramp's rates) of open-loop arrivals, the
+    concurrency of a closed loop (rounded up, at least 1), a trace's speed (``time_scale`` /
+    factor) and the in-flight cap (``max_concurrency``, rounded up)."""
+    a = w.arrival
+    arrival = dataclasses.replace(
+        a,
+        concurrency=max(1, math.ceil(a.concurrency * factor)),
+        rate=a.rate * factor,
+        ramp_start_rate=None if a.ramp_start_rate is None else a.ramp_start_rate * factor,
+        ramp_end_rate=None if a.ramp_end_rate is None else a.ramp_end_rate * factor,
+        max_concurrency=(
+            None if a.max_concurrency is None else math.ceil(a.max_concurrency * factor)
+        ),
+    )
+    trace = (
+        None
+        if w.trace is None
+        else dataclasses.replace(w.trace, time_scale=w.trace.time_scale / factor)
+    )
+    return dataclasses.replace(w, arrival=arrival, trace=trace)
 
 
 def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:

@@ -1,0 +1,96 @@
+"""The capacity search (tuner.capacity) on made-up SLO margins: no server, no replay."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tuner.capacity import Step, holds, margin, search
+from tuner.config import CapacityConfig, ObjectiveConfig, SLOConfig
+
+
+def probe_of(margin_at: Callable[[float], float], rps_per_factor: float = 10.0):
+    tried: list[float] = []
+
+    async def probe(f: float) -> Step:
+        tried.append(f)
+        m = margin_at(f)
+        return Step(factor=f, rps=rps_per_factor * f, margin=m, held=m >= 0)
+
+    return probe, tried
+
+
+async def test_monotone_margin_is_bracketed_within_the_width() -> None:
+    # SLOs hold up to factor 3.3 (33 req/s), linearly less headroom above
+    probe, tried = probe_of(lambda f: 1 - f / 3.3)
+    cap = await search(probe, CapacityConfig(rel_width=0.05, max_steps=12))
+    assert tried[:3] == [1.0, 2.0, 4.0]  # doubled until it failed
+    assert cap.low <= cap.rps <= cap.high
+    assert cap.rps == pytest.approx(33.0, rel=0.01)  # the margin line crosses at 3.3
+    held = [s.factor for s in cap.steps if s.held]
+    failed = [s.factor for s in cap.steps if not s.held]
+    assert (min(failed) - max(held)) / max(held) <= 0.05
+    assert not cap.censored
+    assert cap.metrics()["capacity_steps"] == len(tried)
+
+
+async def test_failing_at_the_workload_load_halves_first() -> None:
+    probe, tried = probe_of(lambda f: 1 - f / 0.3)
+    cap = await search(probe, CapacityConfig(rel_width=0.05, max_steps=12))
+    assert tried[:3] == [1.0, 0.5, 0.25]
+    assert cap.low <= cap.rps <= cap.high
+    assert cap.rps == pytest.approx(3.0, rel=0.01)
+
+
+async def test_non_monotone_margin_ends_on_a_held_load_below_a_failed_one() -> None:
+    # holds below 1.5, fails in [1.5, 2.5), holds again in [2.5, 3.5), fails above
+    def m(f: float) -> float:
+        return 0.2 if f < 1.5 or 2.5 <= f < 3.5 else -0.2
+
+    probe, _ = probe_of(m)
+    cap = await search(probe, CapacityConfig(rel_width=0.05, max_steps=12))
+    held = max(s.factor for s in cap.steps if s.held and s.factor <= cap.factor)
+    above = min(s.factor for s in cap.steps if not s.held and s.factor >= cap.factor)
+    assert held < above
+    assert 1.0 <= cap.factor <= 2.0  # the first crossing found (1 held, 2 failed)
+    assert cap.low <= cap.rps <= cap.high
+
+
+async def test_nothing_holds_gives_zero_capacity() -> None:
+    probe, tried = probe_of(lambda f: -1.0)
+    cap = await search(probe, CapacityConfig(max_steps=20, min_factor=1 / 8))
+    assert tried == [1.0, 0.5, 0.25, 0.125]
+    assert cap.rps == 0.0 and cap.low == 0.0
+    assert cap.high == pytest.approx(1.25)  # the lowest load tried, which failed
+    assert not cap.censored
+
+
+async def test_holding_at_every_load_tried_is_censored() -> None:
+    probe, tried = probe_of(lambda f: 0.5)
+    cap = await search(probe, CapacityConfig(max_steps=4, max_factor=64))
+    assert tried == [1.0, 2.0, 4.0, 8.0]
+    assert cap.censored
+    assert cap.rps == cap.low == cap.high == pytest.approx(80.0)
+
+
+async def test_the_first_step_can_come_from_the_trial_replay() -> None:
+    probe, tried = probe_of(lambda f: 1 - f / 1.5)
+    first = Step(factor=1.0, rps=10.0, margin=1 - 1 / 1.5, held=True)
+    cap = await search(probe, CapacityConfig(max_steps=3), first=first)
+    assert tried == [2.0, tried[1]]  # two replays more; the first was given
+    assert len(cap.steps) == 3 and cap.steps[0] is first
+
+
+def test_margin_and_holds() -> None:
+    obj = ObjectiveConfig(max_error_rate=0.05, slo_percentile=95)
+    slo = SLOConfig(ttft_ms=2000, tpot_ms=50)
+    good = {"ttft_p95_ms": 1000.0, "tpot_p95_ms": 40.0, "error_rate": 0.0}
+    assert margin(good, obj, slo) == pytest.approx(0.2)  # TPOT has the least room
+    assert holds(good, obj, slo)
+    slow = {**good, "tpot_p95_ms": 60.0}
+    assert margin(slow, obj, slo) == pytest.approx(-0.2)
+    assert not holds(slow, obj, slo)
+    errors = {**good, "error_rate": 0.1}
+    assert margin(errors, obj, slo) == pytest.approx(-1.0)
+    assert not holds({"error_rate": 0.0}, obj, slo)  # no latency sample: not held

@@ -1,0 +1,196 @@
+"""SLO capacity: the highest load at which the workload's SLOs hold, found on one server.
+
+A start-up costs 60–140 s on the H200 and a short replay 15–30 s, so several replays on the
+server a trial already started are cheap. :func:`search` brackets the load and narrows it:
+
+1. start at the workload's own load (factor 1; its replay is the first step),
+2. double the load while the SLOs hold, halve it while they do not, until one load holds and the
+   next one up does not (or ``max_factor`` / ``min_factor`` is reached),
+3. between the two, try the load where the SLO margin's straight line crosses zero (clamped
+   away from the ends, as ``vllm bench sweep``'s SLA mode interpolates; plain bisection when the
+   margins give no crossing), until the bracket is within ``rel_width`` or ``max_steps`` replays
+   have run.
+
+The load is a factor on the workload's load: its request rate (open loop), its concurrency
+(closed loop, rounded up) or a trace's speed (``time_scale`` divided by the factor). A step
+*holds* when every SLO at ``objective.slo_percentile`` is met and the error rate is within
+``objective.max_error_rate``. Its *margin* is the smallest relative headroom (``1 − value /
+limit`` over the SLOs, ``1 − error rate / budget``): ≥ 0 holds, < 0 does not. If margins are not
+monotone in the load (noise near the bound), the bracket still ends at a load that held below
+one that did not: the first crossing found, a conservative answer.
+
+The result is in requests/s: the highest load that held (the offered rate of open-loop
+workloads and traces, the served request throughput of a closed loop) scaled in proportion to
+the load up to the estimated crossing (``rps``) and to the load that failed (``high``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.config import CapacityConfig, ObjectiveConfig, SLOConfig
+
+__all__ = [
+    "CAPACITY_METRICS",
+    "Capacity",
+    "Step",
+    "holds",
+    "margin",
+    "search",
+]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One replay of the search: its load factor, requests/s, margin and whether it held."""
+
+    factor: float
+    rps: float
+    margin: float
+    held: bool
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    pruned: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "factor": self.factor,
+            "rps": self.rps,
+            "margin": self.margin,
+            "held": self.held,
+            "pruned": self.pruned,
+            **dict(self.metrics),
+        }
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The search's answer: ``low`` ≤ ``rps`` ≤ ``high`` requests/s, with every step."""
+
+    rps: float
+    low: float
+    high: float
+    factor: float
+    steps: tuple[Step, ...]
+    censored: bool = False
+    """Held at every load tried (up to ``max_factor`` or ``max_steps``): capacity is at least
+    ``rps``."""
+
+    def metrics(self) -> dict[str, float]:
+        values = (self.rps, self.low, self.high, self.factor, len(self.steps), self.censored)
+        return {k: float(v) for k, v in zip(CAPACITY_METRICS, values, strict=True)}
+
+
+CAPACITY_METRICS = (
+    "capacity_rps",
+    "capacity_rps_low",
+    "capacity_rps_high",
+    "capacity_factor",
+    "capacity_steps",
+    "capacity_censored",
+)
+"""What :meth:`Capacity.metrics` records on a trial."""
+
+
+def margin(metrics: Mapping[str, float], objective: ObjectiveConfig, slo: SLOConfig) -> float:
+    """The smallest relative headroom to the SLOs and the error budget; < 0: not held."""
+    q = objective.slo_percentile
+    room: list[float] = []
+    for name, limit in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2e", slo.e2e_ms)):
+        if limit is None:
+            continue
+        value = metrics.get(f"{name}_p{q}_ms")
+        room.append(-1.0 if value is None else 1.0 - float(value) / float(limit))
+    err = float(metrics.get("error_rate", 1.0))
+    budget = objective.max_error_rate
+    room.append(1.0 - err / budget if budget > 0 else (0.0 if err <= 0 else -1.0))
+    return min(room)
+
+
+def holds(metrics: Mapping[str, float], objective: ObjectiveConfig, slo: SLOConfig) -> bool:
+    return margin(metrics, objective, slo) >= 0.0
+
+
+Probe = Callable[[float], Awaitable[Step]]
+"""Replays the workload at a load factor on the trial's server and judges it."""
+
+
+async def search(probe: Probe, settings: CapacityConfig, first: Step | None = None) -> Capacity:
+    """Bracket and narrow the load at which the SLOs stop holding (module docstring).
+    ``first``: the workload's own replay at factor 1, if it ran already."""
+    steps: list[Step] = []
+
+    async def at(f: float) -> Step:
+        s = await probe(f)
+        steps.append(s)
+        return s
+
+    s = first if first is not None else await at(1.0)
+    if first is not None:
+        steps.append(first)
+    lo: Step | None = s if s.held else None
+    hi: Step | None = None if s.held else s
+    # 1. bracket: double while it holds, halve while it does not
+    while len(steps) < settings.max_steps:
+        if lo is not None and hi is None:
+            f = lo.factor * 2
+            if f > settings.max_factor:
+                break
+            s = await at(f)
+        elif hi is not None and lo is None:
+            f = hi.factor / 2
+            if f < settings.min_factor:
+                break
+            s = await at(f)
+        else:
+            break
+        if s.held:
+            lo = s
+        else:
+            hi = s
+    # 2. narrow: the margin line's zero, kept inside the bracket's middle 80 %
+    while lo is not None and hi is not None and len(steps) < settings.max_steps:
+        if (hi.factor - lo.factor) / lo.factor <= settings.rel_width:
+            break
+        s = await at(_next_factor(lo, hi))
+        stuck = s.factor in (lo.factor, hi.factor)  # a whole-number concurrency: no load between
+        if s.held:
+            lo = s
+        else:
+            hi = s
+        if stuck:
+            break
+    return _answer(lo, hi, steps)
+
+
+def _next_factor(lo: Step, hi: Step) -> float:
+    a, b = lo.factor, hi.factor
+    if lo.margin > 0 > hi.margin:
+        t = lo.margin / (lo.margin - hi.margin)
+        t = min(0.8, max(0.2, t))
+    else:
+        t = 0.5
+    f = a + t * (b - a)
+    return f
+
+
+def _interpolate(lo: Step, hi: Step) -> float:
+    """The factor where the margin crosses zero on the line through the two steps."""
+    if lo.margin > 0 > hi.margin:
+        t = lo.margin / (lo.margin - hi.margin)
+        return lo.factor + t * (hi.factor - lo.factor)
+    return lo.factor
+
+
+def _answer(lo: Step | None, hi: Step | None, steps: Sequence[Step]) -> Capacity:
+    if lo is None:  # nothing held down to min_factor: no capacity at these SLOs
+        top = hi.rps if hi is not None else 0.0
+        return Capacity(0.0, 0.0, top, 0.0, tuple(steps))
+    if hi is None:  # held everywhere tried: at least this much
+        return Capacity(lo.rps, lo.rps, lo.rps, lo.factor, tuple(steps), censored=True)
+    # requests/s in proportion to the load from the step that held: a failed step's own rate
+    # may come from a replay stopped early (pruned), and within the bracket the load is linear
+    f = _interpolate(lo, hi)
+    per_factor = lo.rps / lo.factor
+    return Capacity(per_factor * f, lo.rps, per_factor * hi.factor, f, tuple(steps))
