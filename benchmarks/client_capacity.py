@@ -31,7 +31,7 @@ Each ``--processes`` value P runs every scenario (zero-delay request counts x P)
 variant of ``--clients``, interleaved, so their ratios are not confounded by the machine:
 
 * ``current``: the tuner's client as it runs by default (only young objects are
-  garbage-collected during the replay, :func:`tuner.replay.gc_paused`);
+  garbage-collected during the replay, :func:`tuner.replay_client.gc_paused`);
 * ``baseline`` (P = 1 only): the client as it was before the per-chunk loop was optimised (its
   stream loop, kept below as it was, in place of ``Runner.read_stream``), without the GC pause;
 * ``gc-on``: the current client with the garbage collector left alone (before the GC pause);
@@ -78,6 +78,7 @@ if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
     sys.path.insert(0, str(ROOT))
 
 import tuner.replay as replay_mod  # noqa: E402
+import tuner.replay_client as client_mod  # noqa: E402
 from tuner.config import ArrivalConfig  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
 from tuner.replay import replay  # noqa: E402
@@ -283,7 +284,7 @@ class ServerPool:
 # --- the client as it was before the optimisation (its stream loop) ---------------------------
 
 
-class BaselineRunner(replay_mod.Runner):
+class BaselineRunner(client_mod.Runner):
     """The tuner's client with the stream loop it had before the per-chunk loop was optimised:
     an await per SSE line (``async for`` over the body), each chunk stamped when its line is
     read and parsed with ``json.loads``; the body is not read on after ``[DONE]``."""
@@ -306,7 +307,7 @@ class BaselineRunner(replay_mod.Runner):
             if not isinstance(chunk, dict):
                 continue
             if chunk.get("error"):
-                return replay_mod.error_message(chunk, "error chunk in stream")
+                return client_mod.error_message(chunk, "error chunk in stream")
             choices = chunk.get("choices")
             if choices:
                 c0 = choices[0]
@@ -334,7 +335,7 @@ class BaselineRunner(replay_mod.Runner):
 
 @dataclasses.dataclass(frozen=True)
 class Client:
-    runner: type[replay_mod.Runner]
+    runner: type[client_mod.Runner]
     pause_gc: bool
     loop: str
     about: str
@@ -344,14 +345,15 @@ CLIENTS: dict[str, Client] = {
     "baseline": Client(
         BaselineRunner, False, "asyncio", "before the per-chunk loop was optimised (P = 1 only)"
     ),
-    "gc-on": Client(replay_mod.Runner, False, "asyncio", "the current client without the GC pause"),
-    "current": Client(replay_mod.Runner, True, "asyncio", "the tuner's client, defaults"),
-    "uvloop": Client(replay_mod.Runner, True, "uvloop", "workload.client_loop=uvloop"),
+    "gc-on": Client(client_mod.Runner, False, "asyncio", "the current client without the GC pause"),
+    "current": Client(client_mod.Runner, True, "asyncio", "the tuner's client, defaults"),
+    "uvloop": Client(client_mod.Runner, True, "uvloop", "workload.client_loop=uvloop"),
 }
 
 
 class _use_client:  # noqa: N801 - a context manager used like a function
-    """Make :func:`tuner.replay.replay` use one of :data:`CLIENTS`' runners inside the block."""
+    """Make :func:`tuner.replay.replay` use one of :data:`CLIENTS`' runners inside the block (the
+    ``Runner`` it calls is the name in :mod:`tuner.replay`'s namespace, with one process)."""
 
     def __init__(self, name: str) -> None:
         self.cls = CLIENTS[name].runner
@@ -432,12 +434,12 @@ async def _run(
 ) -> dict[str, Any]:
     starts: list[float] = []
     variant = CLIENTS[client]
-    own = replay_mod.ClientStats()
+    own = client_mod.ClientStats()
 
     def run_in_own_loop() -> list[RequestRecord]:
         # a fresh event loop of the variant's kind (as the tuner's process runs the replay on
         # the loop of workload.client_loop); this thread's loop is idle meanwhile
-        with asyncio.Runner(loop_factory=replay_mod.loop_factory(variant.loop)) as runner:
+        with asyncio.Runner(loop_factory=client_mod.loop_factory(variant.loop)) as runner:
             return runner.run(
                 replay(
                     servers.base,

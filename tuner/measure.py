@@ -22,7 +22,8 @@ from tuner.artifacts import make_dir, write_jsonl
 from tuner.config import TunerConfig, WorkloadConfig
 from tuner.engine.argv import api_key
 from tuner.records import RequestRecord, RequestSpec
-from tuner.replay import ClientStats, replay
+from tuner.replay import replay
+from tuner.replay_client import ClientStats
 from tuner.score import prune_reason
 from tuner.telemetry.gpu import GpuSampler
 from tuner.telemetry.prom import MetricsScraper

@@ -3,7 +3,7 @@
 One Python process parses about 20,000 SSE chunks/s before chunks queue behind each other
 (``benchmarks/client_capacity.py``): 1,000 streams at a 50 ms engine step are already that
 many. Here P client processes (``spawn`` start method: a fresh interpreter each, never a fork of a
-process with a running event loop) each run :class:`tuner.replay.Runner`:
+process with a running event loop) each run :class:`tuner.replay_client.Runner`:
 
 * **One shared sequence.** The parent encodes every request body once into shared memory (an
   anonymous ``multiprocessing`` heap block, passed by file descriptor: no name to leak) in send
@@ -57,7 +57,7 @@ from typing import Any
 
 from tuner.errors import ReplayClientError
 from tuner.records import RequestRecord, RequestSpec
-from tuner.replay import (
+from tuner.replay_client import (
     ClientStats,
     Guarded,
     LagProbe,

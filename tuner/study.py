@@ -37,7 +37,7 @@ from tuner.measure import Replay
 from tuner.memory import ModelShape
 from tuner.records import TrialResult
 from tuner.recovery import recover, worker_id
-from tuner.replay import loop_factory
+from tuner.replay_client import loop_factory
 from tuner.report import gpu_time, live_best, print_summary, progress_line
 from tuner.space import distributions
 from tuner.storage import (

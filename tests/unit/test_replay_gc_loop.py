@@ -1,6 +1,6 @@
 """The replay client's own cost and how it keeps it down: the garbage-collector pause
-(``tuner.replay.gc_paused``), its event loop (``workload.client_loop``), and the lag probe that
-measures what it still adds (``replay(stats=ClientStats())``), in one process and in client
+(``tuner.replay_client.gc_paused``), its event loop (``workload.client_loop``), and the lag probe
+that measures what it still adds (``replay(stats=ClientStats())``), in one process and in client
 processes."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from test_replay import FakeVLLM, run, spec
 from tuner.config import ArrivalConfig, TunerConfig
 from tuner.errors import ConfigError
 from tuner.records import RequestRecord
-from tuner.replay import ClientStats, gc_paused, loop_factory
+from tuner.replay_client import ClientStats, gc_paused, loop_factory
 
 OUT_OF_REACH = 1 << 30
 INCREMENTAL = sys.version_info >= (3, 14)  # only the freeze applies there
