@@ -3,7 +3,6 @@
 Every number comes from a stored file (none is typed here); run it again and the JSON is the same::
 
     python scripts/calibration_points.py [--out benchmarks/calibration/h200-qwen3-8b.json]
-        [--shared-readme ../shared/device/README.md]
 
 Sources (all vLLM 0.24.0, Qwen3-8B dummy weights, one H200):
 
@@ -14,8 +13,8 @@ Sources (all vLLM 0.24.0, Qwen3-8B dummy weights, one H200):
   mean of the ``alone`` rows of ``interference-h200x2.json``.
 - ``bench-c8``/``bench-c64``: ``/v1/completions`` 512-token prompts, outputs uniform 64..192
   (``ignore_eos``), closed loop, both clients' runs averaged (``replay_vs_vllm_bench-h200-*.json``).
-- ``random256``: the "Measured there" table of the device README (``vllm bench serve`` random 512
-  in / 256 out, 1000 prompts, 256 concurrent); skipped when that file is absent.
+- ``random256``: the hand-made reference runs of ``benchmarks/calibration/h200-random256.csv``
+  (``vllm bench serve`` random 512 in / 256 out, 1000 prompts, 256 concurrent).
 - ``long_docs32``: the Optuna study ``long_docs32-qwen3-8b`` (long_docs profile, one 4k-32k-token
   document per request, at 32 in flight, 96 requests; its storage as the sixth session left it,
   trials 0-24, the later ones two at a time on two GPUs): every COMPLETE launched trial without a
@@ -45,7 +44,7 @@ FIRST = Path("docs/gpu-runs/2026-11-30-h200")
 LONG = Path("docs/gpu-runs/2026-11-30-h200x2-long-vl")
 PRESCREEN = Path("docs/gpu-runs/2026-11-30-h200x2-prescreen")  # long_docs 0-24, the chat picks
 DEFAULT_OUT = Path("benchmarks/calibration/h200-qwen3-8b.json")
-DEFAULT_README = Path("../shared/device/README.md")
+RANDOM256 = Path("benchmarks/calibration/h200-random256.csv")
 
 CHAT256 = [
     "+workload=chat",
@@ -329,34 +328,30 @@ def bench_points(root: Path) -> list[dict[str, Any]]:
     return points
 
 
-def readme_points(readme: Path) -> list[dict[str, Any]]:
-    """The device README's "Measured there" table (random 512/256, 1000 prompts, 256 in flight)."""
-    text = readme.read_text()
-    head = re.search(r"^## Measured there.*?(\d[\d ]*) prompts, (\d+) concurrent\)", text, re.M)
-    shape = re.search(r"random` (\d+) in / (\d+) out", head[0]) if head else None
-    if head is None or shape is None:
-        raise ValueError(f"{readme}: no 'Measured there' table")
-    table = text[head.end() :].split("\n\n", 2)[1]
+def random256_points(root: Path) -> list[dict[str, Any]]:
+    """The hand-made ``vllm bench serve`` reference runs (random 512/256, 1000 prompts, 256 in
+    flight), one CSV row per config; its ``#`` lines say when and how they were measured."""
+    import csv
+
+    lines = (root / RANDOM256).read_text().splitlines()
     points = []
-    for line in table.splitlines()[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        config, kv, tok_s, ttft, tpot = cells[0], cells[2], cells[3], cells[4], cells[5]
+    for row in csv.DictReader(line for line in lines if not line.startswith("#")):
+        config = row["config"]
         params: dict[str, Any] = {}
         for flag, val in re.findall(r"`--([\w-]+)(?: ([^`]+))?`", config):
             params[flag.replace("-", "_")] = _value(val) if val else True
-        pre = re.search(r"\((\d+) preemptions\)", tok_s)
         slug = "-".join(f"{k}-{v}" for k, v in params.items()).replace("_", "-") or "defaults"
         points.append(
             {
                 "id": f"random256-{slug}".lower(),
                 "group": "random256",
-                "source": f"shared/device/README.md 'Measured there': {config}",
+                "source": f"{RANDOM256}: {config}",
                 "workload": {
                     "kind": "random",
-                    "requests": int(head[1].replace(" ", "")),
-                    "concurrency": int(head[2]),
-                    "input_len": int(shape[1]),
-                    "output_len": int(shape[2]),
+                    "requests": int(row["requests"]),
+                    "concurrency": int(row["concurrency"]),
+                    "input_len": int(row["input_len"]),
+                    "output_len": int(row["output_len"]),
                 },
                 "params": params,
                 "baseline": not params,
@@ -364,11 +359,11 @@ def readme_points(readme: Path) -> list[dict[str, Any]]:
                 "runs": 1,
                 "measured": _round(
                     {
-                        "output_throughput": _num(tok_s.split()[0]),
-                        "ttft_p50_ms": _num(ttft),
-                        "tpot_p50_ms": _num(tpot),
-                        "kv_tokens": int(_num(kv)),
-                        "preemptions": int(pre[1]) if pre else None,
+                        "output_throughput": _num(row["output_throughput"]),
+                        "ttft_p50_ms": _num(row["ttft_p50_ms"]),
+                        "tpot_p50_ms": _num(row["tpot_p50_ms"]),
+                        "kv_tokens": int(row["kv_tokens"]),
+                        "preemptions": int(row["preemptions"]) if row["preemptions"] else None,
                     }
                 ),
             }
@@ -409,11 +404,9 @@ def first_study_points(root: Path) -> list[dict[str, Any]]:
     return points
 
 
-def build(root: Path = ROOT, readme: Path | None = None) -> dict[str, Any]:
-    readme = readme if readme is not None else root / DEFAULT_README
+def build(root: Path = ROOT) -> dict[str, Any]:
     points = chat256_points(root) + [interference_point(root)] + bench_points(root)
-    if readme.exists():
-        points += readme_points(readme)
+    points += random256_points(root)
     points += first_study_points(root)
     points += long_docs_points(root)
     points += chat256_prescreen_points(root)
@@ -433,9 +426,8 @@ def build(root: Path = ROOT, readme: Path | None = None) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_OUT)
-    ap.add_argument("--shared-readme", type=Path, default=ROOT / DEFAULT_README)
     args = ap.parse_args()
-    data = build(ROOT, args.shared_readme)
+    data = build(ROOT)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     print(f"{len(data['points'])} points -> {args.out}")

@@ -1,6 +1,8 @@
 """Stage 5 — score: request records → metrics → objective values and constraints.
 
-Definitions follow ``vllm bench serve`` (shared/research/vllm-facts.md §8.1): TTFT to the first
+Definitions follow ``vllm bench serve`` (vLLM 0.24.0's ``vllm/benchmarks/serve.py``,
+``calculate_metrics``, and ``vllm/benchmarks/lib/endpoint_request_func.py``:
+https://github.com/vllm-project/vllm/tree/v0.24.0/vllm/benchmarks): TTFT to the first
 content chunk, ITL between content chunks, TPOT = (e2e − ttft)/(output − 1), throughput over the
 span from the first send to the last completion, goodput = requests/s meeting every SLO set.
 """

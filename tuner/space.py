@@ -1,8 +1,9 @@
 """Stage 1 — the search space: YAML parameter specs → Optuna distributions, checked against vLLM.
 
 Any ``vllm serve`` flag can be searched by naming it in ``conf/space/*.yaml``; this module knows
-the allowed range of the common ones (vLLM 0.24.0, shared/research/vllm-facts.md §1.2) so that a
-bound vLLM would reject fails at start-up with one clear line instead of in every trial.
+the allowed range of the common ones (vLLM 0.24.0's pydantic config fields, ``vllm/config/*.py``:
+https://github.com/vllm-project/vllm/tree/v0.24.0/vllm/config) so that a bound vLLM would reject
+fails at start-up with one clear line instead of in every trial.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Three users share these rules: the simulated server (:func:`tuner.sim.startup.re
 :func:`tuner.sim.startup.engine_check`, which print the texts in a traceback and exit 1), the
 simulator's in-process landscape (:func:`tuner.sim.landscape.config_refusal`) and the tuner's
 precheck (:func:`tuner.precheck.precheck`, which vetoes a trial before launch). Each rule gives
-vLLM's exception class and exact text (shared/research/vllm-facts.md §1-§2) as a
+vLLM's exception class and exact text (vLLM 0.24.0's source, mainly ``vllm/config/`` and
+``vllm/engine/arg_utils.py``: https://github.com/vllm-project/vllm/tree/v0.24.0/vllm) as a
 :class:`Violation`; every function returns the *first* one in vLLM's order, or ``None``.
 
 vLLM's order, and which function checks what:

@@ -16,8 +16,9 @@ ENGINE="${ENGINE:-vllm}"
 W="${W:-/tmp/w}"
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT" "$W"
-# the chat study of docs/results.md: 256 in flight, SLO TTFT <= 2 s and TPOT <= 25 ms (the
-# reference SLO of shared/device/README.md), objective goodput, 2 picks re-measured side by side
+# the chat study of docs/results.md: 256 in flight, SLO TTFT <= 2 s and TPOT <= 25 ms (the SLO of
+# the hand-made reference runs, docs/gpu-runs/2026-11-30-h200-reference.md), objective goodput,
+# 2 picks re-measured side by side
 CHAT_ARGS=(+workload=chat engine=$ENGINE model=qwen3-8b study.name=chat256-qwen3-8b
   workload.arrival.concurrency=256 workload.num_requests=1000 workload.slo.tpot_ms=25
   objective=goodput

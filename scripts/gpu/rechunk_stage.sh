@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Here, after `bash ../shared/device/stage.sh`: re-cut the staged vLLM (.stage/c*/part*) into
-# chunks that fit one 64 MiB device call beside this checkout (tracked files + untracked ones git
-# does not ignore travel with every call). Writes .st8/part-q?/ (git-ignored), one per call:
+# Here, after your own staging script wrote the vLLM stage as .stage/c*/part* (one tar stream in
+# name order; scripts/gpu_setup.sh says what it must hold): re-cut it into chunks that fit one
+# 64 MiB device call beside this checkout (tracked files + untracked ones git does not ignore
+# travel with every call). Writes .st8/part-q?/ (git-ignored), one per call:
 #   run: command "mkdir -p /tmp/stage && cp .st8/part-qX/* /tmp/stage/", carry [".st8/part-qX"]
 # and scripts/gpu_setup.sh unpacks /tmp/stage/part* on the GPU machine as before (the names sort
 # in order, and nothing else may be in /tmp/stage). MIB overrides the chunk size.

@@ -52,8 +52,9 @@ def test_tuner_limits_always_apply(make_cfg, gpus, params, needle) -> None:
 
 
 def test_h200_reference_points(make_cfg) -> None:
-    """shared/device/README.md: defaults start (814,368 KV tokens logged); gmu 0.12 fails; the
-    GPU run of 2026-11-30: gmu 0.15 at max_model_len 40960 fails (4.5 GiB KV < 5.62 needed)."""
+    """The hand-made reference runs (docs/gpu-runs/2026-11-30-h200-reference.md): defaults start
+    (814,368 KV tokens logged); gmu 0.12 fails; the GPU run of 2026-11-30: gmu 0.15 at
+    max_model_len 40960 fails (4.5 GiB KV < 5.62 needed)."""
     cfg = make_cfg("+workload=chat")
     ok = precheck(cfg, SHAPE, DEFAULTS, [])
     assert ok.kv_tokens == pytest.approx(814_368, rel=0.02)

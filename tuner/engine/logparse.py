@@ -1,7 +1,9 @@
 """Reading a vLLM 0.24 server log: start-up facts and failure classification.
 
-The texts are vLLM's own (shared/research/vllm-facts.md §2–§4); the simulator prints the same
-lines, so one parser serves both engines.
+The texts are vLLM 0.24.0's own (its source, e.g. ``vllm/v1/core/kv_cache_utils.py`` for the
+KV-cache errors, https://github.com/vllm-project/vllm/tree/v0.24.0/vllm; and the real server logs
+kept under ``docs/gpu-runs/``); the simulator prints the same lines, so one parser serves both
+engines.
 """
 
 from __future__ import annotations
