@@ -19,6 +19,7 @@ from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import TrialState, create_trial
 
 from tuner import plots
+from tuner.plots import write as plots_write
 
 OBJECTIVES = [("output_throughput", "maximize"), ("ttft_p95_ms", "minimize")]
 DISTS = {"x": FloatDistribution(0.0, 1.0), "mode": CategoricalDistribution(["a", "b"])}
@@ -555,7 +556,8 @@ def test_write_figures_survives_a_failing_figure(
     def boom(*args: Any, **kwargs: Any) -> go.Figure:
         raise RuntimeError("drawing failed")
 
-    monkeypatch.setattr(plots, "pareto_figure", boom)
+    # patched where write_figures looks it up (tuner.plots.write), not the package re-export
+    monkeypatch.setattr(plots_write, "pareto_figure", boom)
     out = tmp_path / "figures"
     with caplog.at_level(logging.INFO, logger="tuner"):
         written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[42])

@@ -1,0 +1,54 @@
+"""Figures of a study and of its trials, data separate from drawing.
+
+Each figure has a pure data function that returns a :class:`pandas.DataFrame` (tested without
+plotly) and a drawing function that takes that frame and returns a
+:class:`plotly.graph_objects.Figure`:
+
+- :func:`trial_points` (and :func:`pareto_step`) → :func:`pareto_figure`
+- :func:`latency_cdf_data` → :func:`latency_cdf_figure`
+- :func:`timeline_data` → :func:`timeline_figure`
+- Optuna's own plots, on the measured trials: :func:`parallel_coordinates_figure`,
+  :func:`importance_figure`
+
+:func:`write_figures` writes them all as HTML (plotly.js from the CDN) with each frame as CSV
+beside its figure; a figure that fails is logged and skipped.
+
+The modules, one figure family each: ``points`` (the trial points and the Pareto staircase) and
+``pareto`` (their figure), ``latency`` (latency CDFs), ``timeline`` (a trial's telemetry),
+``optuna_figures`` (Optuna's parallel coordinates and importances on the measured trials),
+``write`` (:func:`write_figures`) and ``common`` (helpers they share). This package re-exports
+their public API: ``from tuner import plots`` then ``plots.trial_points(study)``.
+
+A trial the tuner could not measure (``failure_reason`` user attr) is told to Optuna as COMPLETE
+with penalty values and a violated ``failed_<reason>`` constraint: its values are *not*
+measurements, so they are NaN here and such trials are counted, never plotted as points.
+"""
+
+from tuner.plots.latency import (
+    CDF_QUANTILES,
+    LATENCY_METRICS,
+    latency_cdf_data,
+    latency_cdf_figure,
+)
+from tuner.plots.optuna_figures import importance_figure, parallel_coordinates_figure
+from tuner.plots.pareto import pareto_figure
+from tuner.plots.points import PARAM_PREFIX, STATUSES, pareto_step, trial_points
+from tuner.plots.timeline import timeline_data, timeline_figure
+from tuner.plots.write import write_figures
+
+__all__ = [
+    "CDF_QUANTILES",
+    "LATENCY_METRICS",
+    "PARAM_PREFIX",
+    "STATUSES",
+    "importance_figure",
+    "latency_cdf_data",
+    "latency_cdf_figure",
+    "parallel_coordinates_figure",
+    "pareto_figure",
+    "pareto_step",
+    "timeline_data",
+    "timeline_figure",
+    "trial_points",
+    "write_figures",
+]

@@ -1,0 +1,134 @@
+"""The data of the Pareto figure: one row per trial (:func:`trial_points`) and the front as a
+staircase (:func:`pareto_step`); pure pandas, no plotly.
+
+A trial the tuner could not measure (``failure_reason`` user attr) is told to Optuna as COMPLETE
+with penalty values and a violated ``failed_<reason>`` constraint: its values are *not*
+measurements, so they are NaN here and such trials are counted, never plotted as points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+import pandas as pd
+
+from tuner import stored_trial
+
+__all__ = [
+    "PARAM_PREFIX",
+    "STATUSES",
+    "Objectives",
+    "metric_names",
+    "objective_signs",
+    "pareto_step",
+    "trial_points",
+]
+
+STATUSES: tuple[str, ...] = ("pareto", "feasible", "infeasible", "failed", "pruned", "running")
+"""The values of ``trial_points(...)["status"]``."""
+
+PARAM_PREFIX = "params_"
+"""Param columns of :func:`trial_points` are ``params_<name>`` (as Optuna's trials_dataframe)."""
+
+Objectives = Sequence[tuple[str, str]]
+
+
+def metric_names(study: optuna.Study) -> list[str]:
+    return list(study.metric_names or [f"value_{i}" for i in range(len(study.directions))])
+
+
+def _status(t: optuna.trial.FrozenTrial, best: set[int]) -> str:
+    state = t.state
+    if state == optuna.trial.TrialState.PRUNED:
+        return "pruned"
+    if state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING):
+        return "running"
+    if state == optuna.trial.TrialState.FAIL or stored_trial.failure_reason(t):
+        return "failed"
+    if t.number in best:
+        return "pareto"
+    if any(v > 0 for v in t.constraints.values()):
+        return "infeasible"
+    return "feasible"
+
+
+def trial_points(study: optuna.Study) -> pd.DataFrame:
+    """One row per trial of ``study``.
+
+    Columns: ``number``, ``state`` (Optuna's state name), one column per objective named as
+    ``study.metric_names`` (``value_<i>`` if the study has none), ``status`` (one of
+    :data:`STATUSES`), ``baseline`` (the ``baseline`` user attr), ``failure_reason`` and
+    ``violated`` (comma-separated names of the constraints > 0), both missing (NaN) when there
+    is none, and ``params_<name>`` for every param.
+
+    ``status``: *pruned* and *running* (RUNNING or WAITING) follow the state; *failed* is a
+    trial with a ``failure_reason`` user attr (COMPLETE with penalty values) or in state FAIL
+    (interrupted, or a tuner bug: reason ``tuner_error``/``interrupted``); *pareto* is a trial
+    of ``study.best_trials`` (which honours the constraints); *infeasible* is COMPLETE with a
+    constraint > 0; the rest is *feasible*. Objectives are NaN unless the status is pareto,
+    feasible or infeasible.
+    """
+    names = metric_names(study)
+    best = {t.number for t in study.best_trials}
+    rows: list[dict[str, Any]] = []
+    for t in study.get_trials(deepcopy=False):
+        status = _status(t, best)
+        reason = stored_trial.failure_reason(t)
+        if status == "failed" and not reason:
+            reason = "tuner_error" if stored_trial.tuner_error(t) else "interrupted"
+        measured = status in ("pareto", "feasible", "infeasible") and t.values is not None
+        values = list(t.values) if measured and t.values is not None else []
+        violated = sorted(k for k, v in t.constraints.items() if v > 0)
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name}
+        for i, name in enumerate(names):
+            row[name] = float(values[i]) if i < len(values) else math.nan
+        row["status"] = status
+        row["baseline"] = stored_trial.is_baseline(t)
+        row["failure_reason"] = reason or None
+        row["violated"] = ",".join(violated) or None
+        for k, v in t.params.items():
+            row[PARAM_PREFIX + k] = v
+        rows.append(row)
+    columns = ["number", "state", *names, "status", "baseline", "failure_reason", "violated"]
+    frame = pd.DataFrame(rows, columns=None if rows else columns)
+    return frame.sort_values("number", ignore_index=True) if rows else frame
+
+
+def objective_signs(objectives: Objectives) -> list[float]:
+    signs = []
+    for name, direction in objectives:
+        if direction not in ("maximize", "minimize"):
+            raise ValueError(
+                f"objective {name!r}: direction {direction!r} is not maximize|minimize"
+            )
+        signs.append(-1.0 if direction == "maximize" else 1.0)
+    return signs
+
+
+def pareto_step(points: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
+    """The Pareto front of the first two objectives as a staircase: the ``pareto`` points of
+    :func:`trial_points` with the corners between them, in drawing order.
+
+    The staircase is the boundary of the region the front dominates: between two neighbouring
+    points it keeps the worse point's level on the second objective until it reaches the next
+    point's first objective. Columns: the two metric names and ``number`` (None at corners).
+    """
+    if len(objectives) < 2:
+        raise ValueError("pareto_step needs two objectives")
+    (mx, _), (my, _) = objectives[0], objectives[1]
+    sx, sy = objective_signs(objectives[:2])
+    front = points[points["status"] == "pareto"].dropna(subset=[mx, my])
+    # in "minimise both" coordinates the front sorted by x has y descending
+    pts = sorted(
+        (sx * float(x), sy * float(y), int(n))
+        for x, y, n in zip(front[mx], front[my], front["number"], strict=True)
+    )
+    rows: list[dict[str, Any]] = []
+    for i, (u, v, n) in enumerate(pts):
+        if i:
+            rows.append({mx: sx * u, my: sy * pts[i - 1][1], "number": None})
+        rows.append({mx: sx * u, my: sy * v, "number": n})
+    return pd.DataFrame(rows, columns=[mx, my, "number"])

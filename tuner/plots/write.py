@@ -1,0 +1,129 @@
+"""Writing every figure of a study as HTML (plotly.js from the CDN) with its frame as CSV beside
+it (:func:`write_figures`); a figure that fails is logged and skipped."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import plotly.graph_objects as go
+
+from tuner import stored_trial
+from tuner.plots.latency import latency_cdf_data, latency_cdf_figure
+from tuner.plots.optuna_figures import importance_figure, parallel_coordinates_figure
+from tuner.plots.pareto import pareto_figure
+from tuner.plots.points import trial_points
+from tuner.plots.timeline import timeline_data, timeline_figure
+
+__all__ = ["write_figures"]
+
+log = logging.getLogger("tuner")
+
+
+def _write_html(path: Path, figures: Sequence[go.Figure]) -> None:
+    """One figure as ``write_html``; several in one page (plotly.js loaded once, from the CDN)."""
+    if len(figures) == 1:
+        figures[0].write_html(str(path), include_plotlyjs="cdn")
+        return
+    parts = [
+        fig.to_html(full_html=False, include_plotlyjs="cdn" if i == 0 else False)
+        for i, fig in enumerate(figures)
+    ]
+    body = "\n".join(parts)
+    path.write_text(
+        f'<html>\n<head><meta charset="utf-8" /></head>\n<body>\n{body}\n</body>\n</html>\n'
+    )
+
+
+def _baseline_numbers(study: optuna.Study) -> set[int]:
+    return {t.number for t in study.get_trials(deepcopy=False) if stored_trial.is_baseline(t)}
+
+
+def write_figures(
+    study: optuna.Study,
+    out_dir: Path,
+    trial_dirs: Mapping[int, Path],
+    objectives: Sequence[tuple[str, str]],
+    timeline_trials: Sequence[int] = (),
+) -> dict[str, Path]:
+    """Write the study's figures into ``out_dir`` (HTML, plotly.js from the CDN) with the data
+    of each as CSV beside it; return ``{file name: path}`` of what was written.
+
+    ``pareto.html`` + ``pareto.csv`` (:func:`trial_points`), ``parallel_coordinates.html`` (a
+    plot per objective, one page), ``importances.html``, ``latency_cdf.html`` +
+    ``latency_cdf.csv`` (every trial of ``trial_dirs``; the Pareto-front trials and the
+    baseline are shown, the others start hidden in the legend) and ``timeline_<n>.html`` +
+    ``timeline_<n>.csv`` for each of ``timeline_trials`` (its dir from ``trial_dirs``). A figure
+    that fails is logged on the ``tuner`` logger and skipped: this never raises for a figure.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+
+    def html(name: str, *figures: go.Figure) -> None:
+        path = out_dir / name
+        _write_html(path, figures)
+        written[name] = path
+
+    def csv(name: str, frame: pd.DataFrame) -> None:
+        path = out_dir / name
+        frame.to_csv(path, index=False)
+        written[name] = path
+
+    def pareto() -> None:
+        points = trial_points(study)
+        csv("pareto.csv", points)
+        html("pareto.html", pareto_figure(points, objectives))
+
+    def parallel() -> None:
+        n = len(study.directions)
+        html(
+            "parallel_coordinates.html", *(parallel_coordinates_figure(study, i) for i in range(n))
+        )
+
+    def importances() -> None:
+        html("importances.html", importance_figure(study))
+
+    def latency() -> None:
+        frame = latency_cdf_data(trial_dirs)
+        csv("latency_cdf.csv", frame)
+        baseline = _baseline_numbers(study)
+        shown = {t.number for t in study.best_trials} | baseline
+        present = set(int(t) for t in frame["trial"].unique()) if not frame.empty else set()
+        labels = {n: f"trial {n} (vLLM defaults)" for n in baseline}
+        highlight = sorted(shown & present) or None  # none of them measured: show all
+        html("latency_cdf.html", latency_cdf_figure(frame, labels=labels, highlight=highlight))
+
+    def timeline(number: int) -> Callable[[], None]:
+        def job() -> None:
+            if number not in trial_dirs:  # e.g. a study resumed on another machine
+                log.info(
+                    "figure timeline_%d not drawn: trial %d's folder is not on this machine "
+                    "(python -m tuner report fetches it from MLflow)",
+                    number,
+                    number,
+                )
+                return
+            frame = timeline_data(trial_dirs[number])
+            csv(f"timeline_{number}.csv", frame)
+            html(f"timeline_{number}.html", timeline_figure(frame, f"Trial {number}: telemetry"))
+
+        return job
+
+    jobs: list[tuple[str, Callable[[], None]]] = [
+        ("pareto", pareto),
+        ("parallel_coordinates", parallel),
+        ("importances", importances),
+        ("latency_cdf", latency),
+        *((f"timeline_{n}", timeline(n)) for n in timeline_trials),
+    ]
+    for name, job in jobs:
+        try:
+            job()
+        except Exception as exc:  # a figure must never cost the others (or the study)
+            log.warning("figure %s not written: %s: %s", name, type(exc).__name__, exc)
+            log.debug("figure %s failed", name, exc_info=True)
+    return written
