@@ -149,7 +149,8 @@ async def search(probe: Probe, settings: CapacityConfig, first: Step | None = No
             lo = s
         else:
             hi = s
-    # 2. narrow: the margin line's zero, kept inside the bracket's middle 80 %
+    # 2. narrow: the margin line's zero, kept inside the bracket's middle 60 % (so a curved
+    # margin cannot hold one end still while the other creeps)
     while lo is not None and hi is not None and len(steps) < settings.max_steps:
         if (hi.factor - lo.factor) / lo.factor <= settings.rel_width:
             break
@@ -171,8 +172,7 @@ def _next_factor(lo: Step, hi: Step) -> float:
         t = min(0.8, max(0.2, t))
     else:
         t = 0.5
-    f = a + t * (b - a)
-    return f
+    return a + t * (b - a)
 
 
 def _interpolate(lo: Step, hi: Step) -> float:

@@ -70,6 +70,11 @@ LAUNCH_ATTEMPTS = 3
 fault: a server starting beside it, or another program, got the port first)."""
 
 
+CLOSED_LOOP_REQUESTS_PER_SLOT = 3
+"""A capacity step of a closed loop sends at least this many requests per slot in flight: with
+fewer, the load cannot build up (every request would be in flight at once)."""
+
+
 def lease_dir(cfg: TunerConfig) -> Path:
     """Where each running trial's lease file lives (crash recovery reads them)."""
     return Path(cfg.paths.state_dir) / "leases"
@@ -404,8 +409,10 @@ async def _capacity(run: ServerRun, server: Server) -> None:
     async def probe(factor: float) -> Step:
         k = len(steps)
         w = at_load(base.workload, factor)
-        if cfg.objective.capacity.requests:
-            w = replace(w, num_requests=cfg.objective.capacity.requests)
+        n = cfg.objective.capacity.requests or w.num_requests
+        if _closed(base):  # a steady state needs several requests per slot: 3 each at least
+            n = max(n, CLOSED_LOOP_REQUESTS_PER_SLOT * w.arrival.concurrency)
+        w = replace(w, num_requests=n)
         requests = await asyncio.to_thread(build_requests, w, Path(cfg.model.path))
         rp = Replay(f"capacity_{k}", requests, w)
         await reset_caches(server.base_url, key)

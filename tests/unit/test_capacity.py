@@ -94,3 +94,13 @@ def test_margin_and_holds() -> None:
     errors = {**good, "error_rate": 0.1}
     assert margin(errors, obj, slo) == pytest.approx(-1.0)
     assert not holds({"error_rate": 0.0}, obj, slo)  # no latency sample: not held
+
+
+async def test_a_curved_margin_still_narrows_to_the_width() -> None:
+    # the margin's line keeps landing on one side of a steep curve; the middle takes over
+    probe, tried = probe_of(lambda f: 1 - (f / 3.0) ** 20)
+    cap = await search(probe, CapacityConfig(rel_width=0.05, max_steps=10))
+    held = max(s.factor for s in cap.steps if s.held)
+    failed = min(s.factor for s in cap.steps if not s.held)
+    assert (failed - held) / held <= 0.05, tried
+    assert held <= 3.0 <= failed
