@@ -30,6 +30,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tuner.config import CapacityConfig, ObjectiveConfig, SLOConfig
 
 __all__ = [
@@ -175,8 +177,15 @@ def _next_factor(lo: Step, hi: Step) -> float:
     return a + t * (b - a)
 
 
-def _interpolate(lo: Step, hi: Step) -> float:
-    """The factor where the margin crosses zero on the line through the two steps."""
+def _interpolate(lo: Step, hi: Step, steps: Sequence[Step]) -> float:
+    """The factor where the margin crosses zero, kept inside the bracket: on the least-squares
+    line through every step within a factor of 2 of the bracket (one noisy replay then moves
+    the answer less than on the line through the bracket's two ends alone)."""
+    near = [s for s in steps if lo.factor / 2 <= s.factor <= hi.factor * 2]
+    if len({s.factor for s in near}) >= 3:
+        slope, icpt = np.polyfit([s.factor for s in near], [s.margin for s in near], 1)
+        if slope < 0:
+            return float(min(max(-icpt / slope, lo.factor), hi.factor))
     if lo.margin > 0 > hi.margin:
         t = lo.margin / (lo.margin - hi.margin)
         return lo.factor + t * (hi.factor - lo.factor)
@@ -191,6 +200,6 @@ def _answer(lo: Step | None, hi: Step | None, steps: Sequence[Step]) -> Capacity
         return Capacity(lo.rps, lo.rps, lo.rps, lo.factor, tuple(steps), censored=True)
     # requests/s in proportion to the load from the step that held: a failed step's own rate
     # may come from a replay stopped early (pruned), and within the bracket the load is linear
-    f = _interpolate(lo, hi)
+    f = _interpolate(lo, hi, steps)
     per_factor = lo.rps / lo.factor
     return Capacity(per_factor * f, lo.rps, per_factor * hi.factor, f, tuple(steps))

@@ -70,6 +70,9 @@ LAUNCH_ATTEMPTS = 3
 fault: a server starting beside it, or another program, got the port first)."""
 
 
+MIN_STEP_REQUESTS = 100
+"""A capacity step measures at least this many requests: a p95 of fewer moves too much between
+identical runs to say on which side of an SLO a load lies."""
 CLOSED_LOOP_REQUESTS_PER_SLOT = 3
 """A capacity step of a closed loop sends at least this many requests per slot in flight: with
 fewer, the load cannot build up (every request would be in flight at once)."""
@@ -409,7 +412,7 @@ async def _capacity(run: ServerRun, server: Server) -> None:
     async def probe(factor: float) -> Step:
         k = len(steps)
         w = at_load(base.workload, factor)
-        n = cfg.objective.capacity.requests or w.num_requests
+        n = max(cfg.objective.capacity.requests or w.num_requests, MIN_STEP_REQUESTS)
         if _closed(base):  # a steady state needs several requests per slot: 3 each at least
             n = max(n, CLOSED_LOOP_REQUESTS_PER_SLOT * w.arrival.concurrency)
         w = replace(w, num_requests=n)
@@ -461,12 +464,16 @@ def _factor(base: Replay, rp: Replay, asked: float) -> float:
 
 def _step(factor: float, rp: Replay, m: Measured, objective: ObjectiveConfig) -> Step:
     """One replay as a step of the capacity search: requests/s offered (open loop: from the
-    send times) or served (closed loop), the SLO margin, held or not."""
+    send times) or served (closed loop: by Little's law, the slots in flight over the mean E2E
+    latency, steadier than completions over a short replay's span with its ramp up and down),
+    the SLO margin, held or not."""
     metrics = {**m.telemetry, **summarize(m.records, rp.workload.slo)}
     rps = float(metrics.get("request_throughput", 0.0))
     sends = sorted(r.arrival_s for r in rp.requests if not r.warmup and r.arrival_s is not None)
     if not _closed(rp) and len(sends) > 1 and sends[-1] > sends[0]:
         rps = (len(sends) - 1) / (sends[-1] - sends[0])
+    elif _closed(rp) and metrics.get("e2e_mean_ms"):
+        rps = rp.workload.arrival.concurrency / (metrics["e2e_mean_ms"] / 1000.0)
     mg = margin(metrics, objective, rp.workload.slo)
     if m.pruned:  # lost beyond doubt, whatever the finished part says
         mg = min(mg, -0.01)
