@@ -1,0 +1,288 @@
+"""The confirm stage's verdict: is a pick's gain over vLLM's defaults real, or inside the noise?
+
+The confirm stage runs every candidate (the picks and vLLM's defaults) once per round, each run on
+a fresh server, the rounds interleaved; a round's value of a candidate is the worst over that
+round's stress runs. On the study's first objective metric, :func:`gain` compares a pick's round
+values with the defaults': the relative gain ``exp(mean log pick − mean log defaults) − 1`` (for a
+minimised metric the other way round, so a positive gain is always better) and its 95 % interval
+from Welch's t on the log values (``scipy.stats.ttest_ind(equal_var=False)``): the spread between
+fresh servers of one config (±3 % for vLLM's defaults on an H200) is the noise a gain must beat.
+
+:func:`decide` is the rule (pure: numbers in, verdict out):
+
+- ``gain``: a pick that held in every round has a *claimed* gain — its interval's low end is above
+  0 and its point gain is at least ``min_effect`` (``confirm.min_effect``). Of the picks with a
+  claimed gain, the one best on the metric (geometric mean over its rounds) is recommended.
+- ``no_gain``: no claimed gain, and vLLM's defaults held in every round and were measured in 2
+  rounds or more: "no significant gain — keep vLLM's defaults"; the defaults are recommended.
+- ``undetermined``: no claimed gain and the comparison cannot keep the defaults either — no
+  ``baseline`` pick, fewer than 2 rounds with a value on a side (``confirm.rounds=1``, or the
+  defaults failed under stress), a value a log cannot take (0), or the defaults demoted under
+  stress. The best held pick is recommended, flagged as not proven better, unless it measured below
+  the defaults (its interval, or without one its point gain, below 0); then the defaults if they
+  held, else nothing.
+
+A pick whose interval lies entirely below 0 is never recommended: a claimed gain is above 0, and
+``undetermined`` leaves such a pick out.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "CONFIDENCE",
+    "VERDICTS",
+    "Arm",
+    "Gain",
+    "Verdict",
+    "decide",
+    "gain",
+    "line",
+    "pct",
+]
+
+CONFIDENCE = 0.95
+VERDICTS = ("gain", "no_gain", "undetermined")
+
+
+@dataclass(frozen=True)
+class Gain:
+    """A pick against vLLM's defaults on one metric, over the confirm rounds. Fractions: +0.081 is
+    8.1 % better (higher for a maximised metric, lower for a minimised one)."""
+
+    value: float | None
+    """The point gain; None without a usable value on both sides."""
+    low: float | None = None
+    high: float | None = None
+    """The :data:`CONFIDENCE` interval; None when it cannot be computed (``why`` says why)."""
+    n_pick: int = 0
+    n_base: int = 0
+    """Rounds with a value on each side."""
+    why: str | None = None
+
+    def claimed(self, min_effect: float) -> bool:
+        """The rule: the interval above 0 and the point gain at least ``min_effect``."""
+        return (
+            self.low is not None
+            and self.value is not None
+            and self.low > 0
+            and self.value >= min_effect
+        )
+
+    @property
+    def below(self) -> bool:
+        """Measured worse than the defaults: the interval below 0, or without one the point."""
+        if self.high is not None:
+            return self.high < 0
+        return self.value is not None and self.value < 0
+
+
+def _logs(values: Sequence[float]) -> list[float] | None:
+    if any(not (v > 0 and math.isfinite(v)) for v in values):
+        return None
+    return [math.log(v) for v in values]
+
+
+def gain(
+    pick: Sequence[float], base: Sequence[float], higher: bool, confidence: float = CONFIDENCE
+) -> Gain:
+    """The gain of ``pick`` over ``base`` (each the metric per round) and its interval: Welch's t
+    on the log values, so the gain is a ratio of geometric means and the interval is asymmetric."""
+    n_pick, n_base = len(pick), len(base)
+    if not pick or not base:
+        side = "the pick" if not pick else "vLLM's defaults"
+        return Gain(None, n_pick=n_pick, n_base=n_base, why=f"no round measured {side}")
+    lp, lb = _logs(pick), _logs(base)
+    if lp is None or lb is None:
+        return Gain(None, n_pick=n_pick, n_base=n_base, why="a round measured 0 (no ratio)")
+    sign = 1.0 if higher else -1.0
+    d = sum(lp) / n_pick - sum(lb) / n_base
+    point = math.exp(sign * d) - 1.0
+    if n_pick < 2 or n_base < 2:
+        return Gain(
+            point, n_pick=n_pick, n_base=n_base, why="fewer than 2 rounds on a side: no interval"
+        )
+    if len(set(lp)) == 1 and len(set(lb)) == 1:
+        return Gain(
+            point, n_pick=n_pick, n_base=n_base, why="no spread between rounds: no interval"
+        )
+    from scipy import stats
+
+    with warnings.catch_warnings():  # nearly equal values: scipy warns, the interval is still fine
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = stats.ttest_ind(lp, lb, equal_var=False).confidence_interval(confidence)
+    lo, hi = sorted((math.exp(sign * float(ci.low)) - 1.0, math.exp(sign * float(ci.high)) - 1.0))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return Gain(point, n_pick=n_pick, n_base=n_base, why="no interval (scipy gave none)")
+    return Gain(point, lo, hi, n_pick, n_base)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One confirm candidate as the rule sees it."""
+
+    trial: int
+    values: tuple[float | None, ...]
+    """The metric per round (the worst over that round's runs); None for a round without one."""
+    held: bool
+    """No run failed or broke a constraint, in any round."""
+    baseline: bool = False
+
+    @property
+    def measured(self) -> list[float]:
+        return [v for v in self.values if v is not None]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the confirm stage concludes, and what it recommends."""
+
+    kind: str
+    """One of :data:`VERDICTS`."""
+    metric: str
+    higher: bool
+    recommended: int | None
+    """The recommended trial: the pick with the best claimed gain, vLLM's defaults (``no_gain``),
+    or for ``undetermined`` the best held pick not measured below the defaults."""
+    shown: int | None
+    """The pick whose gain :func:`line` shows: the recommended pick, else the best held one."""
+    baseline: int | None
+    rounds: int
+    min_effect: float
+    gains: dict[int, Gain] = field(default_factory=dict)
+    """Each pick's gain over the defaults, by trial (the defaults' own trial has none)."""
+    note: str | None = None
+    """What else the reader must know: the defaults demoted under stress, why no interval."""
+
+    @property
+    def gain(self) -> Gain | None:
+        return None if self.shown is None else self.gains.get(self.shown)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["gains"] = {str(k): asdict(g) for k, g in self.gains.items()}
+        return out
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> Verdict:
+        gains = {int(k): Gain(**g) for k, g in (data.get("gains") or {}).items()}
+        return Verdict(**{**data, "gains": gains})
+
+
+def _typical(a: Arm) -> float | None:
+    """The geometric mean of the arm's round values (what the gain compares); None without."""
+    logs = _logs(a.measured)
+    if not a.measured:
+        return None
+    if logs is None:
+        return min(a.measured)
+    return math.exp(sum(logs) / len(logs))
+
+
+def decide(
+    arms: Sequence[Arm], metric: str, higher: bool, min_effect: float, rounds: int
+) -> Verdict:
+    """The verdict rule of the module docstring. ``arms``: the candidates in ``confirm.picks``
+    order (the order breaks ties); the one with ``baseline`` set is vLLM's defaults."""
+    base = next((a for a in arms if a.baseline), None)
+    picks = [a for a in arms if not a.baseline]
+    gains = (
+        {} if base is None else {a.trial: gain(a.measured, base.measured, higher) for a in picks}
+    )
+    sign = 1.0 if higher else -1.0
+
+    def rank(a: Arm) -> tuple[int, float]:
+        t = _typical(a)
+        return (0, -sign * t) if t is not None else (1, 0.0)
+
+    held = sorted((a for a in picks if a.held), key=rank)  # stable: picks order breaks ties
+    claimed = [a for a in held if a.trial in gains and gains[a.trial].claimed(min_effect)]
+    notes = []
+    if base is None:
+        notes.append("vLLM's defaults were not confirmed (no baseline pick)")
+    elif not base.held:
+        notes.append("vLLM's defaults were demoted under stress")
+    if base is not None and len(base.measured) < 2:
+        notes.append(f"vLLM's defaults measured in {len(base.measured)} round(s)")
+
+    def verdict(kind: str, recommended: int | None, shown: int | None) -> Verdict:
+        g = gains.get(shown) if shown is not None else None
+        why = [*notes, *([g.why] if g is not None and g.why and kind != "gain" else [])]
+        return Verdict(
+            kind,
+            metric,
+            higher,
+            recommended,
+            shown,
+            None if base is None else base.trial,
+            rounds,
+            min_effect,
+            gains,
+            "; ".join(dict.fromkeys(why)) or None,
+        )
+
+    if claimed:
+        return verdict("gain", claimed[0].trial, claimed[0].trial)
+    best = held[0].trial if held else None
+    if base is not None and base.held and len(base.measured) >= 2:
+        return verdict("no_gain", base.trial, best)
+    fine = [a for a in held if not (a.trial in gains and gains[a.trial].below)]
+    if fine:
+        return verdict("undetermined", fine[0].trial, fine[0].trial)
+    keep = base.trial if base is not None and base.held else None
+    return verdict("undetermined", keep, best)
+
+
+def pct(x: float) -> str:
+    """A fraction as a signed percentage with a true minus sign: ``+8.1``, ``−1.5``."""
+    s = f"{x * 100:+.1f}"
+    return s.replace("-", "\u2212")
+
+
+def _interval(g: Gain) -> str:
+    if g.low is None or g.high is None:
+        return ""
+    return f"{CONFIDENCE * 100:.0f} % CI {pct(g.low)} … {pct(g.high)} %"
+
+
+def _rounds(g: Gain) -> str:
+    if g.n_pick == g.n_base:
+        return f"{g.n_pick} round{'s' if g.n_pick != 1 else ''} each"
+    return f"{g.n_pick} and {g.n_base} rounds"
+
+
+def line(v: Verdict) -> str:
+    """The verdict in one line, e.g. ``Verdict: +8.1 % capacity_rps (95 % CI +4.2 … +12.3 %, 3
+    rounds each) → gain: trial 6``."""
+    g = v.gain
+    measured = ""
+    if g is not None and g.value is not None:
+        parts = [_interval(g), _rounds(g)]
+        measured = f"{pct(g.value)} % {v.metric} ({', '.join(p for p in parts if p)})"
+    if v.kind == "gain":
+        return f"Verdict: {measured} → gain: trial {v.recommended}"
+    note = f" [{v.note}]" if v.note else ""
+    if v.kind == "no_gain":
+        if not v.gains:
+            head = "every pick is vLLM's defaults, nothing to compare"
+        elif v.shown is None:
+            head = "no pick held in every round"
+        elif g is not None and g.value is not None and g.low is not None and g.low > 0:
+            head = f"gain under confirm.min_effect {v.min_effect:.0%}: {measured}"
+        else:
+            head = f"no significant gain: {measured}" if measured else "no significant gain"
+        return f"Verdict: {head} — keep vLLM's defaults (trial {v.recommended}){note}"
+    what = f"{measured}, " if measured else ""
+    if v.recommended is None:
+        return f"Verdict: undetermined ({what}no pick held) — nothing recommended{note}"
+    if v.recommended == v.baseline:
+        return f"Verdict: undetermined ({what}no pick better) — keep vLLM's defaults{note}"
+    return (
+        f"Verdict: undetermined ({what}not proven better than vLLM's defaults) → "
+        f"trial {v.recommended}{note}"
+    )
