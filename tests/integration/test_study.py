@@ -646,7 +646,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert "study chat-qwen3-8b · engine vllm" in out
     assert "argv with vLLM defaults: vllm serve" in out and "--load-format dummy" in out
     assert (
-        "then confirm goodput, latency, knee, baseline at 2x load, 3x duration, seeds [1], "
+        "then confirm goodput, latency, knee, baseline at 2x load, 2x duration, seeds [1], "
         "3 round(s) (a fresh server per pick per round: up to 12 server starts)" in out
     )
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()
