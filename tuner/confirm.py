@@ -149,7 +149,9 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
                 baseline=stored_trial.is_baseline(t),
                 serve_args=stored_trial.serve_args(t),
                 search_metrics={
-                    m: v for m in KEY_METRICS if (v := stored_trial.metric(t, m)) is not None
+                    m: v
+                    for m in _reported(objective)
+                    if (v := stored_trial.metric(t, m)) is not None
                 },
             )
         )

@@ -375,7 +375,11 @@ def publish(
             decided = None
         if decided is None and results:
             decided = verdict(
-                results, candidates, cfg.objective, data.get("min_effect", 0.03), rounds
+                results,
+                candidates,
+                cfg.objective,
+                data.get("min_effect", cfg.confirm.min_effect),
+                rounds,
             )
     else:
         candidates, results = pick(study, cfg.objective, cfg.confirm.picks), []
