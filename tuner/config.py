@@ -348,20 +348,29 @@ class ConfirmConfig:
 
     enabled: bool = True
     """false: skip the stress runs; the picks are still exported (marked unconfirmed)."""
-    picks: list[str] = field(default_factory=lambda: ["goodput", "latency", "knee"])
+    picks: list[str] = field(default_factory=lambda: ["goodput", "latency", "knee", "baseline"])
     """Which configs to confirm and export (``best-<pick>.yaml``): ``goodput`` (max goodput
     within the SLOs), ``throughput`` (max output tok/s), ``latency`` (lowest value of the first
     minimised objective), ``knee`` (the Pareto point nearest the ideal), ``baseline`` (vLLM's
-    defaults, trial 0, re-measured beside the others so the gain is measured under the same runs;
-    list it last: the recommendation is the first pick that holds). One trial chosen by several
-    picks runs once."""
+    defaults, trial 0, re-measured beside the others: the reference every gain is measured against;
+    without it the verdict is ``undetermined``). One trial chosen by several picks runs once."""
+    rounds: int = 3
+    """Every candidate runs once per round, each run on a fresh server, the rounds interleaved
+    (A, B, defaults, A, B, defaults, ...): the spread between rounds is the noise a gain must beat
+    (the 95 % interval of :mod:`tuner.verdict` needs 2 rounds or more). The stage costs rounds ×
+    candidates server starts."""
+    min_effect: float = 0.03
+    """The smallest gain over vLLM's defaults (a fraction of the study's first objective) worth
+    recommending a config for, even when its interval is above 0."""
     load_factor: float = 2.0
     """Concurrency, rate (and a trace's speed) × this."""
-    duration_factor: float = 3.0
-    """Requests and ``workload.duration_s`` × this."""
-    seeds: list[int] = field(default_factory=lambda: [1, 2])
-    """One stress run per seed (another request order and content), all on one server; the worst
-    run decides."""
+    duration_factor: float = 2.0
+    """Requests and ``workload.duration_s`` × this. 2 by default: with 3 rounds of one seed, each
+    candidate replays 6× the search's requests, as 2 seeds at 3× did on one server."""
+    seeds: list[int] = field(default_factory=lambda: [1])
+    """One stress run per seed (another request order and content) on each round's server; a
+    round's value is its worst run. One seed by default: the rounds repeat it on fresh servers;
+    ``[1, 2]`` adds a second request order to every round, at twice the replay time."""
     export_drop: list[str] = field(
         default_factory=lambda: ["host", "port", "served-model-name", "api-key"]
     )
@@ -504,7 +513,7 @@ def check_study(c: TunerConfig) -> None:
 
 
 def check_confirm(c: TunerConfig) -> None:
-    """``confirm``: picks, factors, seeds."""
+    """``confirm``: picks, factors, seeds, rounds, min_effect."""
     cc = c.confirm
     for p in cc.picks:
         one_of("confirm.picks entry", p, CONFIRM_PICKS)
@@ -515,6 +524,12 @@ def check_confirm(c: TunerConfig) -> None:
         )
     if cc.enabled and cc.picks and not cc.seeds:
         raise ConfigError("confirm.seeds is empty; give at least one seed or confirm.enabled=false")
+    if cc.rounds < 1:
+        raise ConfigError(
+            f"confirm.rounds is {cc.rounds}; allowed: an integer >= 1 (2 or more for an interval)"
+        )
+    if not 0.0 <= cc.min_effect < 1.0:
+        raise ConfigError(f"confirm.min_effect is {cc.min_effect}; allowed: 0.0 to below 1.0")
 
 
 def check_workload(c: TunerConfig) -> None:

@@ -2,11 +2,14 @@
 
 Every hand-tuning guide ends with a stress test; this is it. :func:`pick` chooses the candidates
 from the finished study (max goodput within SLO, lowest latency, the knee of the Pareto front,
-vLLM's defaults as the reference, ...);
-the study loop runs each candidate once per seed on the workload :func:`stressed` makes
-(``confirm.load_factor`` × concurrency or rate, ``confirm.duration_factor`` × requests and time,
-other request orders); :func:`judge` keeps the worst case of those runs and demotes a candidate
-that failed, errored past the budget or missed an SLO there, with the reason.
+vLLM's defaults as the reference, ...); the study loop runs every candidate once per round
+(``confirm.rounds``, interleaved: A, B, defaults, A, B, defaults, ...), each run on a fresh server
+with one stress replay per seed on the workload :func:`stressed` makes (``confirm.load_factor`` ×
+concurrency or rate, ``confirm.duration_factor`` × requests and time, other request orders).
+:func:`judge` keeps the worst case of a candidate's runs and demotes it if a run failed, errored
+past the budget or missed an SLO, with the reason; :func:`verdict` asks :mod:`tuner.verdict`
+whether a pick's gain over the defaults beats the spread between rounds, and :func:`recommended`
+names the config to deploy.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tuner import stored_trial
 from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, WorkloadConfig
 from tuner.records import TrialResult
 from tuner.score import KEY_METRICS
+from tuner.verdict import Arm, Verdict, decide
 
 __all__ = [
     "PICKS",
@@ -30,8 +34,9 @@ __all__ = [
     "judge",
     "pick",
     "recommended",
+    "round_values",
     "stressed",
-    "versus_baseline",
+    "verdict",
 ]
 
 PICKS = CONFIRM_PICKS
@@ -54,7 +59,8 @@ class Candidate:
 
 @dataclass(frozen=True)
 class ConfirmResult:
-    """The stress runs of one candidate: the worst case over them and the verdict."""
+    """The stress runs of one candidate, over every round: the worst case over them and whether it
+    held (``passed``: in every round)."""
 
     trial: int
     picks: tuple[str, ...]
@@ -65,6 +71,9 @@ class ConfirmResult:
     worst: dict[str, float]
     search: dict[str, float]
     runs: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    """One row per run: ``round`` (absent in verdicts stored before rounds: 1), ``seed``, ``ok``,
+    ``failure_reason``, ``violated`` and the metrics (:data:`~tuner.score.KEY_METRICS` and the
+    objectives)."""
 
 
 def _latency_metric(objective: ObjectiveConfig) -> str:
@@ -140,7 +149,9 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
                 baseline=stored_trial.is_baseline(t),
                 serve_args=stored_trial.serve_args(t),
                 search_metrics={
-                    m: v for m in KEY_METRICS if (v := stored_trial.metric(t, m)) is not None
+                    m: v
+                    for m in _reported(objective)
+                    if (v := stored_trial.metric(t, m)) is not None
                 },
             )
         )
@@ -181,37 +192,56 @@ def _describe(name: str, value: float, metrics: Mapping[str, float], q: int) -> 
     return f"{m.upper()} p{q} {shown}, {value:+.0%} over the SLO"
 
 
+def _higher(metric: str, objective: ObjectiveConfig) -> bool:
+    for o in objective.objectives:
+        if o.metric == metric:
+            return o.direction == "maximize"
+    return metric in _HIGHER
+
+
+def _reported(objective: ObjectiveConfig) -> tuple[str, ...]:
+    """The metrics kept for each confirm run: the key metrics, then the objectives (e.g. one the
+    key metrics leave out)."""
+    extra = [o.metric for o in objective.objectives if o.metric not in KEY_METRICS]
+    return (*KEY_METRICS, *dict.fromkeys(extra))
+
+
 def judge(
     candidate: Candidate,
-    runs: Sequence[tuple[int, TrialResult]],
+    runs: Sequence[tuple[int, int, TrialResult]],
     objective: ObjectiveConfig,
 ) -> ConfirmResult:
-    """Worst case over the stress runs ``(seed, result)``; demoted if any run failed or broke a
-    constraint (each SLO at ``objective.slo_percentile``, the error budget, a failure class)."""
+    """Worst case over the stress runs ``(round, seed, result)`` of every round; demoted if any
+    run failed or broke a constraint (each SLO at ``objective.slo_percentile``, the error budget,
+    a failure class)."""
     problems: list[str] = []
     rows: list[dict[str, Any]] = []
-    for seed, r in runs:
+    metrics = _reported(objective)
+    several = len({rnd for rnd, _, _ in runs}) > 1
+    for rnd, seed, r in runs:
         bad = {k: v for k, v in r.constraints.items() if v > 0}
         row: dict[str, Any] = {
+            "round": rnd,
             "seed": seed,
             "ok": r.ok and not bad,
             "failure_reason": r.failure_reason,
             "violated": sorted(bad),
-            **{m: r.metrics[m] for m in KEY_METRICS if m in r.metrics},
+            **{m: r.metrics[m] for m in metrics if m in r.metrics},
         }
         rows.append(row)
+        where = f"round {rnd}, seed {seed}" if several else f"seed {seed}"
         if r.failure_reason:
-            problems.append(f"seed {seed}: {r.failure_reason} ({r.failure_detail or ''})".strip())
+            problems.append(f"{where}: {r.failure_reason} ({r.failure_detail or ''})".strip())
         elif bad:
             what = "; ".join(
                 _describe(k, v, r.metrics, objective.slo_percentile) for k, v in sorted(bad.items())
             )
-            problems.append(f"seed {seed}: {what}")
+            problems.append(f"{where}: {what}")
     worst: dict[str, float] = {}
-    for m in KEY_METRICS:
-        values = [float(r.metrics[m]) for _, r in runs if r.ok and m in r.metrics]
+    for m in metrics:
+        values = [float(r.metrics[m]) for _, _, r in runs if r.ok and m in r.metrics]
         if values:
-            worst[m] = min(values) if m in _HIGHER else max(values)
+            worst[m] = min(values) if _higher(m, objective) else max(values)
     return ConfirmResult(
         trial=candidate.trial,
         picks=candidate.picks,
@@ -224,62 +254,63 @@ def judge(
     )
 
 
-def _pick_metric(name: str, objective: ObjectiveConfig) -> tuple[str, bool] | None:
-    """The metric a pick is chosen on and whether higher is better."""
-    if name == "goodput":
-        return "goodput", True
-    if name == "throughput":
-        return "output_throughput", True
-    if name == "latency":
-        return _latency_metric(objective), False
-    if name == "knee" and objective.objectives:
-        first = objective.objectives[0]
-        return first.metric, first.direction == "maximize"
-    return None
+def round_values(result: ConfirmResult, metric: str, higher: bool) -> tuple[float | None, ...]:
+    """``metric`` per round, in round order: the worst over that round's runs, None for a round
+    where a run failed or did not report it."""
+    by_round: dict[int, list[dict[str, Any]]] = {}
+    for row in result.runs:
+        by_round.setdefault(int(row.get("round", 1)), []).append(row)
+    out: list[float | None] = []
+    for rnd in sorted(by_round):
+        rows = by_round[rnd]
+        values = [row.get(metric) for row in rows if not row.get("failure_reason")]
+        if len(values) < len(rows) or any(v is None for v in values):
+            out.append(None)
+        else:
+            out.append(min(values) if higher else max(values))  # type: ignore[type-var]
+    return tuple(out)
 
 
-def versus_baseline(
-    c: Candidate,
-    name: str,
+def verdict(
     results: Sequence[ConfirmResult],
     candidates: Sequence[Candidate],
     objective: ObjectiveConfig,
-) -> tuple[str, float, float, bool] | None:
-    """``(metric, pick's value, defaults' value, pick is better)`` on the metric pick ``name`` is
-    chosen on, worst run against worst run, when vLLM's defaults were re-measured beside ``c``
-    and held; else None."""
-    base = next((x for x in candidates if "baseline" in x.picks), None)
+    min_effect: float,
+    rounds: int,
+) -> Verdict:
+    """The confirm stage's verdict on the study's first objective (:func:`tuner.verdict.decide`):
+    a gain over vLLM's defaults (pick ``baseline``) only where it beats the spread between
+    rounds."""
+    first = objective.objectives[0]
+    higher = first.direction == "maximize"
     by_trial = {r.trial: r for r in results}
-    what = _pick_metric(name, objective)
-    if base is None or base.trial == c.trial or what is None:
-        return None
-    rb, rc = by_trial.get(base.trial), by_trial.get(c.trial)
-    if rb is None or rc is None or not rb.passed:
-        return None
-    metric, higher = what
-    vb, vc = rb.worst.get(metric), rc.worst.get(metric)
-    if vb is None or vc is None:
-        return None
-    return metric, vc, vb, (vc > vb if higher else vc < vb)
+    arms = [
+        Arm(
+            c.trial,
+            round_values(by_trial[c.trial], first.metric, higher),
+            by_trial[c.trial].passed,
+            baseline="baseline" in c.picks,
+        )
+        for c in candidates
+        if c.trial in by_trial
+    ]
+    return decide(arms, first.metric, higher, min_effect, rounds)
 
 
 def recommended(
     results: Sequence[ConfirmResult],
     candidates: Sequence[Candidate],
     picks: Sequence[str],
-    objective: ObjectiveConfig | None = None,
+    decided: Verdict | None = None,
 ) -> Candidate | None:
-    """The first pick (in ``confirm.picks`` order) whose candidate passed; without confirm runs,
-    the first pick's candidate. With ``objective``, when vLLM's defaults were re-measured (pick
-    ``baseline``) and did at least as well on the metric that pick is chosen on, the defaults:
-    a gain the confirm runs did not reproduce is not recommended."""
+    """The verdict's recommended trial (the best pick whose gain over the defaults is claimed,
+    else the defaults; :mod:`tuner.verdict`). Without a verdict, the first pick (in
+    ``confirm.picks`` order) that held; without confirm runs, the first pick's candidate."""
+    if decided is not None and results:
+        return next((c for c in candidates if c.trial == decided.recommended), None)
     passed = {r.trial for r in results if r.passed}
     for name in picks:
         for c in candidates:
             if name in c.picks and (not results or c.trial in passed):
-                if objective is not None and name != "baseline":
-                    vs = versus_baseline(c, name, results, candidates, objective)
-                    if vs is not None and not vs[3]:
-                        return next(x for x in candidates if "baseline" in x.picks)
                 return c
     return None

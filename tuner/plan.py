@@ -56,7 +56,9 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
     if cc.enabled and cc.picks:
         console.print(
             f"then confirm {', '.join(cc.picks)} at {cc.load_factor:g}x load, "
-            f"{cc.duration_factor:g}x duration, seeds {list(cc.seeds)}; export best-<pick>.yaml"
+            f"{cc.duration_factor:g}x duration, seeds {list(cc.seeds)}, {cc.rounds} round(s) "
+            f"(a fresh server per pick per round: up to {len(cc.picks) * cc.rounds} server "
+            "starts); export best-<pick>.yaml"
         )
     else:
         console.print(f"then export best-<pick>.yaml for {', '.join(cc.picks) or 'no pick'}")

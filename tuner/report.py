@@ -17,10 +17,11 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner import stored_trial
-from tuner.config import ObjectiveConfig, TunerConfig
-from tuner.confirm import Candidate, ConfirmResult, versus_baseline
+from tuner.config import TunerConfig
+from tuner.confirm import Candidate, ConfirmResult, round_values
 from tuner.records import TrialResult
 from tuner.space import changed_params
+from tuner.verdict import CONFIDENCE, Gain, Verdict, line, pct
 
 log = logging.getLogger("tuner")
 
@@ -38,6 +39,7 @@ __all__ = [
     "publish",
     "store_confirm",
     "stored_confirm",
+    "stored_verdict",
 ]
 
 _UNITS = {"output_throughput": "tok/s", "goodput": "req/s", "request_throughput": "req/s"}
@@ -216,6 +218,7 @@ class Published:
     files: dict[str, Path]
     recommended: Candidate | None
     results: tuple[ConfirmResult, ...]
+    verdict: Verdict | None = None
 
 
 def stored_confirm(data: Any) -> tuple[list[Candidate], list[ConfirmResult]] | None:
@@ -234,26 +237,69 @@ def stored_confirm(data: Any) -> tuple[list[Candidate], list[ConfirmResult]] | N
     return cands, results
 
 
+def stored_verdict(data: Any) -> Verdict | None:
+    """The verdict in the study's ``confirm`` user attr, if the confirm stage stored one."""
+    if not isinstance(data, dict) or not isinstance(data.get("verdict"), dict):
+        return None
+    try:
+        return Verdict.from_dict(data["verdict"])
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
 def store_confirm(
     study: Any, candidates: Sequence[Candidate], results: Sequence[ConfirmResult], cfg: TunerConfig
-) -> None:
+) -> Verdict:
+    """Store the candidates, their confirm results and the verdict (decided here, on
+    ``cfg.objective`` and ``confirm.min_effect``) as the study's ``confirm`` user attr."""
+    from tuner.confirm import verdict
     from tuner.records import to_jsonable
 
+    cc = cfg.confirm
+    decided = verdict(results, candidates, cfg.objective, cc.min_effect, cc.rounds)
     study.set_user_attr(
         "confirm",
         {
-            "load_factor": cfg.confirm.load_factor,
-            "duration_factor": cfg.confirm.duration_factor,
-            "seeds": list(cfg.confirm.seeds),
+            "load_factor": cc.load_factor,
+            "duration_factor": cc.duration_factor,
+            "seeds": list(cc.seeds),
+            "rounds": cc.rounds,
+            "min_effect": cc.min_effect,
             "n_trials": len(study.trials),
             "candidates": to_jsonable(list(candidates)),
             "results": to_jsonable(list(results)),
+            "verdict": decided.as_dict(),
         },
     )
+    return decided
+
+
+def _gain_text(g: Gain | None, metric: str = "") -> str:
+    """``+8.1 % goodput (95 % CI +4.2 … +12.3 %)`` for a :class:`~tuner.verdict.Gain`."""
+    if g is None or g.value is None:
+        return ""
+    ci = ""
+    if g.low is not None and g.high is not None:
+        ci = f" ({CONFIDENCE * 100:.0f} % CI {pct(g.low)} … {pct(g.high)} %)"
+    return f"{pct(g.value)} %{' ' + metric if metric else ''}{ci}"
+
+
+def _rounds_held(r: ConfirmResult) -> tuple[int, int]:
+    """Rounds in which every run of ``r`` held, and its rounds."""
+    ok: dict[int, bool] = {}
+    for row in r.runs:
+        rnd = int(row.get("round", 1))
+        ok[rnd] = ok.get(rnd, True) and bool(row.get("ok"))
+    return sum(ok.values()), len(ok)
 
 
 def _export_header(
-    name: str, c: Candidate, verdict: ConfirmResult | None, study: Any, stress: str
+    name: str,
+    c: Candidate,
+    confirmed: ConfirmResult | None,
+    study: Any,
+    stress: str,
+    decided: Verdict | None = None,
 ) -> list[str]:
     lines = [
         f"best-{name}: trial {c.trial} of tuner study {study.study_name!r}"
@@ -261,17 +307,27 @@ def _export_header(
         "searched: "
         + ", ".join(f"{m} {_fmt_metric(m, v)}" for m, v in c.search_metrics.items() if v == v),
     ]
-    if verdict is None:
+    if confirmed is None:
         lines.append("not stress-tested (confirm.enabled=false)")
-    elif verdict.passed:
+    elif confirmed.passed:
         lines.append(
             f"confirmed under {stress}: worst "
-            + ", ".join(f"{m} {_fmt_metric(m, v)}" for m, v in verdict.worst.items())
+            + ", ".join(f"{m} {_fmt_metric(m, v)}" for m, v in confirmed.worst.items())
         )
     else:
-        lines.append(f"DEMOTED under {stress}: {verdict.reason}")
+        lines.append(f"DEMOTED under {stress}: {confirmed.reason}")
+    if decided is not None:
+        gain = _gain_text(decided.gains.get(c.trial), decided.metric)
+        if gain:
+            lines.append(f"vs vLLM's defaults, re-measured in the same rounds: {gain}")
+        if decided.recommended == c.trial:
+            lines.append(f"recommended ({line(decided).removeprefix('Verdict: ')})")
     lines.append(f"use: vllm serve --config best-{name}.yaml")
-    return lines
+    return [x.translate(_ASCII) for x in lines]
+
+
+_ASCII = str.maketrans({"\u2212": "-", "\u2026": "...", "\u2014": "-", "\u2192": "->"})
+"""The export headers stay ASCII: whatever reads ``best-*.yaml`` and ``.sh``, in any locale."""
 
 
 def publish(
@@ -287,7 +343,7 @@ def publish(
     storage and the trial folders (``trial_dirs`` adds or replaces some), so a finished study can
     be re-published."""
     from tuner import plots
-    from tuner.confirm import pick, recommended
+    from tuner.confirm import pick, recommended, verdict
     from tuner.export import ExportError, write_export
 
     console = console or Console(width=160)
@@ -300,19 +356,31 @@ def publish(
     data = study.user_attrs.get("confirm")
     stored = stored_confirm(data)
     stress = ""
+    decided: Verdict | None = None
     if stored is not None:
         candidates, results = stored
+        rounds = int(data.get("rounds", 1))
         stress = (
             f"{data['load_factor']:g}x load, {data['duration_factor']:g}x duration, "
-            f"seeds {data['seeds']}"
+            f"seeds {data['seeds']}, {rounds} round{'s' if rounds != 1 else ''} on fresh servers"
         )
+        decided = stored_verdict(data)
         n_now = len(study.trials)
         if n_now > data.get("n_trials", n_now):
             # trials came after the confirm stage (a run with confirm.enabled=false): pick
-            # again; keep the verdicts of trials picked again
+            # again; keep the results of trials picked again, and decide again on them
             candidates = pick(study, cfg.objective, cfg.confirm.picks)
             held = {r.trial: r for r in results}
             results = [held[c.trial] for c in candidates if c.trial in held]
+            decided = None
+        if decided is None and results:
+            decided = verdict(
+                results,
+                candidates,
+                cfg.objective,
+                data.get("min_effect", cfg.confirm.min_effect),
+                rounds,
+            )
     else:
         candidates, results = pick(study, cfg.objective, cfg.confirm.picks), []
     verdicts = {r.trial: r for r in results}
@@ -324,7 +392,7 @@ def publish(
         if not c.serve_args:
             log.warning("trial %d has no recorded command line; best-%s not written", c.trial, name)
             continue
-        header = _export_header(name, c, verdicts.get(c.trial), study, stress)
+        header = _export_header(name, c, verdicts.get(c.trial), study, stress, decided)
         try:
             yml, sh = write_export(
                 out_dir, name, c.serve_args, drop=cfg.confirm.export_drop, header=header
@@ -339,7 +407,7 @@ def publish(
         path.write_text(json.dumps(data, indent=2, default=str) + "\n")
         files["confirm.json"] = path
 
-    best = recommended(results, candidates, picks, cfg.objective)
+    best = recommended(results, candidates, picks, decided)
     objectives = list(
         zip(
             study.metric_names or [o.metric for o in cfg.objective.objectives],
@@ -363,6 +431,7 @@ def publish(
             tracker.log_study_artifact(path)
         except Exception as exc:
             log.warning("could not log %s to MLflow: %s", path.name, exc)
+    tags: dict[str, str] = {}
     if best is not None:
         yml = out_dir / f"best-{next(p for p in picks if p in best.picks)}.yaml"
         tags = {
@@ -370,13 +439,31 @@ def publish(
             "tuner.recommended_picks": ",".join(best.picks),
             "tuner.recommended_config": yml.name,
         }
-        try:
-            tracker.set_tags(tags)
-        except Exception as exc:
-            log.warning("could not tag the MLflow run: %s", exc)
         study.set_user_attr("recommended_trial", best.trial)
-    print_confirm(results, candidates, best, out_dir, console, picks, cfg.objective)
-    return Published(files, best, tuple(results))
+    if decided is not None:
+        tags["tuner.verdict"] = decided.kind
+        tags["tuner.verdict_metric"] = decided.metric
+    try:
+        if tags:
+            tracker.set_tags(tags)
+        if decided is not None:
+            tracker.log_metrics(_verdict_metrics(decided))
+    except Exception as exc:
+        log.warning("could not tag the MLflow run: %s", exc)
+    print_confirm(results, candidates, best, out_dir, console, picks, decided)
+    return Published(files, best, tuple(results), decided)
+
+
+def _verdict_metrics(v: Verdict) -> dict[str, float]:
+    """``gain`` (the point) and ``gain_ci_low`` / ``gain_ci_high`` (the interval, where there is
+    one) of the pick the verdict shows, as fractions."""
+    g = v.gain
+    if g is None or g.value is None:
+        return {}
+    out = {"gain": g.value}
+    if g.low is not None and g.high is not None:
+        out |= {"gain_ci_low": g.low, "gain_ci_high": g.high}
+    return out
 
 
 def _baseline_number(study: Any) -> int | None:
@@ -391,16 +478,25 @@ def print_confirm(
     out_dir: Path,
     console: Console,
     picks: Sequence[str] = (),
-    objective: ObjectiveConfig | None = None,
+    decided: Verdict | None = None,
 ) -> None:
+    """The confirm table (each candidate's value per round on the verdict's metric, its gain over
+    the defaults with the interval, the worst run's key metrics), the verdict line and the
+    recommended config."""
     if results:
-        t = Table(title="Confirm: the picks under stress (worst run)")
+        metric = decided.metric if decided is not None else "goodput"
+        higher = decided.higher if decided is not None else True
+        t = Table(
+            title="Confirm: the picks under stress, once per round on a fresh server "
+            f"({metric} per round: its worst run)"
+        )
         cols = (
             "#",
             "picks",
-            "verdict",
+            "held",
+            f"{metric} per round",
+            "vs defaults",
             "goodput",
-            "per run",
             "tok/s",
             "TTFT p95",
             "TPOT p95",
@@ -410,46 +506,44 @@ def print_confirm(
             t.add_column(col, overflow="fold")
         for r in results:
             w = r.worst
-            # every run's goodput: the spread between runs of one config is the noise any gain
-            # must beat
-            each = [x.get("goodput") for x in r.runs]
+            per_round = round_values(r, metric, higher)
+            gain = decided.gains.get(r.trial) if decided is not None else None
+            if decided is not None and r.trial == decided.baseline:
+                vs = "(the reference)"
+            else:
+                vs = _gain_text(gain)
+            if gain is not None and decided is not None and gain.claimed(decided.min_effect):
+                vs += " ✓"
+            n_held, n_rounds = _rounds_held(r)
             t.add_row(
                 str(r.trial),
                 ", ".join(r.picks),
-                "confirmed" if r.passed else "DEMOTED",
+                f"{n_held}/{n_rounds}" + ("" if r.passed else " DEMOTED"),
+                " / ".join("—" if v is None else _fmt_value(metric, v) for v in per_round),
+                vs,
                 _fmt_metric("goodput", w.get("goodput")),
-                " / ".join("—" if v is None else f"{v:.1f}" for v in each) if len(each) > 1 else "",
                 _fmt_metric("output_throughput", w.get("output_throughput")),
                 _fmt_metric("ttft_p95_ms", w.get("ttft_p95_ms")),
                 _fmt_metric("tpot_p95_ms", w.get("tpot_p95_ms")),
                 r.reason or "",
             )
         console.print(t)
+    if decided is not None and results:
+        console.print(line(decided))
     if best is None:
         if candidates:
             console.print("No pick held up under stress: nothing is recommended.")
         return
-    passed = {r.trial for r in results if r.passed}
-    for p in picks if objective is not None else ():
-        c = next((c for c in candidates if p in c.picks and c.trial in passed), None)
-        if p == "baseline" or c is None:
-            continue
-        assert objective is not None
-        vs = versus_baseline(c, p, results, candidates, objective)
-        if vs is not None:
-            metric, mine, base, better = vs
-            console.print(
-                f"Trial {c.trial} ({p}) against vLLM's defaults, both re-measured (worst run): "
-                f"{metric} {_fmt_metric(metric, mine)} vs {_fmt_metric(metric, base)} "
-                f"({mine / base if base else float('nan'):.2f}x)"
-                + ("" if better else ": no gain over the defaults, which are recommended")
-            )
-        break
-    name = next(iter(best.picks))
+    name = next((p for p in picks if p in best.picks), next(iter(best.picks)))
     console.print(
         f"Recommended: trial {best.trial} ({', '.join(best.picks)}): "
         f"vllm serve --config {out_dir / f'best-{name}.yaml'}"
     )
+
+
+def _fmt_value(name: str, v: float) -> str:
+    """A value in a narrow column: no unit, a thousands separator."""
+    return f"{v:,.0f}" if name.endswith("_ms") or abs(v) >= 1000 else f"{v:,.1f}"
 
 
 def _trial_dirs_from_mlflow(study: Any, cfg: TunerConfig, dest: Path) -> dict[int, Path]:

@@ -266,37 +266,57 @@ async def _trials(
 
 
 async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[ConfirmResult]:
-    """Each candidate on one server, one stress replay per seed, one candidate at a time (so no
-    co-running trial biases the numbers that decide the recommendation)."""
+    """Every candidate once per round (``confirm.rounds``), interleaved (A, B, defaults, A, B,
+    defaults, ...) so a drift of the machine hits them alike, each run on a fresh server with one
+    stress replay per seed; one server at a time (no co-running trial biases the numbers that
+    decide the recommendation). A run's folder, ``confirm/trial_NNNN/round_R/seed_S/``, is written
+    as soon as it ends."""
     cfg = ctx.cfg
     cc = cfg.confirm
+    replays = []
+    for seed in cc.seeds:  # the same stress streams in every round and for every candidate
+        w = stressed(cfg.workload, cc, seed)
+        replays.append(Replay(f"seed_{seed}", build_requests(w, Path(cfg.model.path)), w))
+    runs: dict[int, list[tuple[int, int, TrialResult]]] = {c.trial: [] for c in candidates}
+    log.info(
+        "confirm: %d candidate(s) x %d round(s), each on a fresh server: %d server starts at %gx "
+        "load, %gx duration, seeds %s",
+        len(candidates),
+        cc.rounds,
+        len(candidates) * cc.rounds,
+        cc.load_factor,
+        cc.duration_factor,
+        list(cc.seeds),
+    )
+    step = 0
+    for rnd in range(1, cc.rounds + 1):
+        for c in candidates:
+            step += 1
+            log.info(
+                "confirm %d/%d: round %d, trial %d (%s)",
+                step,
+                len(candidates) * cc.rounds,
+                rnd,
+                c.trial,
+                ", ".join(c.picks),
+            )
+            tdir = ctx.run_dir / "confirm" / f"trial_{c.trial:04d}" / f"round_{rnd}"
+            got = await run_server(ctx, c.trial, c.params, c.baseline, tdir, replays, prune=False)
+            runs[c.trial] += [(rnd, seed, r) for seed, r in zip(cc.seeds, got, strict=True)]
+            failed = sorted({r.failure_reason for r in got if r.failure_reason})
+            if failed:
+                log.info("confirm: trial %d failed in round %d: %s", c.trial, rnd, failed)
     out = []
-    for i, c in enumerate(candidates, 1):
-        replays = []
-        for seed in cc.seeds:
-            w = stressed(cfg.workload, cc, seed)
-            replays.append(Replay(f"seed_{seed}", build_requests(w, Path(cfg.model.path)), w))
-        log.info(
-            "confirm %d/%d: trial %d (%s) at %gx load, %gx duration, seeds %s",
-            i,
-            len(candidates),
-            c.trial,
-            ", ".join(c.picks),
-            cc.load_factor,
-            cc.duration_factor,
-            list(cc.seeds),
-        )
-        tdir = ctx.run_dir / "confirm" / f"trial_{c.trial:04d}"
-        runs = await run_server(ctx, c.trial, c.params, c.baseline, tdir, replays, prune=False)
-        verdict = judge(c, list(zip(cc.seeds, runs, strict=True)), cfg.objective)
-        held = "holds" if verdict.passed else f"DEMOTED: {verdict.reason}"
+    for c in candidates:
+        judged = judge(c, runs[c.trial], cfg.objective)
+        held = "holds" if judged.passed else f"DEMOTED: {judged.reason}"
         log.info("confirm: trial %d %s", c.trial, held)
-        out.append(verdict)
+        out.append(judged)
     return out
 
 
 def _confirmed_before(study: optuna.Study, cfg: TunerConfig) -> dict[int, ConfirmResult]:
-    """Verdicts stored by an earlier run with the same stress settings, by trial."""
+    """Verdicts stored by an earlier run with the same stress settings and rounds, by trial."""
     from tuner.report import stored_confirm
 
     data = study.user_attrs.get("confirm")
@@ -307,6 +327,7 @@ def _confirmed_before(study: optuna.Study, cfg: TunerConfig) -> dict[int, Confir
         data.get("load_factor") == cfg.confirm.load_factor
         and data.get("duration_factor") == cfg.confirm.duration_factor
         and data.get("seeds") == list(cfg.confirm.seeds)
+        and data.get("rounds", 1) == cfg.confirm.rounds
     )
     return {r.trial: r for r in stored[1]} if same else {}
 

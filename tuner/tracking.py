@@ -39,6 +39,9 @@ class NullTracker:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         pass
 
+    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+        pass
+
     def finish(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None) -> None:
         pass
 
@@ -123,6 +126,15 @@ class Tracker:
         if self.parent_run_id is not None:
             for k, v in tags.items():
                 self.client.set_tag(self.parent_run_id, k, self.mask(str(v))[:_MAX_TAG])
+
+    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Metrics on the invocation's parent run (e.g. the confirm verdict's gain)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items() if _finite(v)]
+        if self.parent_run_id is not None and batch:
+            self.client.log_batch(self.parent_run_id, metrics=batch)
 
     def finish(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None) -> None:
         from mlflow.entities import Metric

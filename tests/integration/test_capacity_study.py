@@ -50,7 +50,9 @@ def test_each_trial_records_its_capacity_and_steps(tmp_path: Path) -> None:
         if held and failed and not m["capacity_censored"]:
             assert max(h for h in held if h < min(failed)) < min(failed)
     children = [
-        r for r in mlflow_runs(tmp_path, "chat-qwen3-8b") if r.data.tags.get("tuner.role") == "trial"
+        r
+        for r in mlflow_runs(tmp_path, "chat-qwen3-8b")
+        if r.data.tags.get("tuner.role") == "trial"
     ]
     from mlflow import MlflowClient
 

@@ -11,6 +11,8 @@ import optuna
 import pytest
 import yaml
 
+from tuner.verdict import VERDICTS
+
 from .test_study import FAST, mlflow_runs, storage, tuner
 from .trials import counted
 
@@ -24,9 +26,12 @@ def test_confirm_export_and_report_from_storage(tmp_path: Path) -> None:
         "study.n_trials=4",
         "study.name=res",
         *FAST,
+        "confirm.rounds=2",
+        "confirm.seeds=[1,2]",
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Confirm: the picks under stress" in p.stdout
+    assert "Verdict: " in p.stdout
     assert "Recommended: trial" in p.stdout
     assert "ETA" in p.stdout  # the per-trial progress line (Hydra logs to stdout)
     (run_dir,) = [
@@ -36,18 +41,25 @@ def test_confirm_export_and_report_from_storage(tmp_path: Path) -> None:
     study = optuna.load_study(study_name="res", storage=storage(tmp_path))
     confirm = study.user_attrs["confirm"]
     assert confirm["seeds"] == [1, 2] and confirm["load_factor"] == 2.0
+    assert confirm["rounds"] == 2 and confirm["verdict"]["kind"] in VERDICTS
     picked = {p for c in confirm["candidates"] for p in c["picks"]}
-    assert picked == {"goodput", "latency", "knee"}
+    assert picked == {"goodput", "latency", "knee", "baseline"}
     for r in confirm["results"]:
-        assert [run["seed"] for run in r["runs"]] == [1, 2]
-        for seed in (1, 2):  # 3x the requests (12 -> 36 measured) on a server of its own
-            rows = (
-                run_dir / "confirm" / f"trial_{r['trial']:04d}" / f"seed_{seed}" / "requests.jsonl"
-            )
+        assert [(run["round"], run["seed"]) for run in r["runs"]] == [
+            (1, 1),
+            (1, 2),
+            (2, 1),
+            (2, 2),
+        ]
+        for rnd, seed in ((1, 1), (1, 2), (2, 1), (2, 2)):  # 2x the requests (12 -> 24 measured)
+            tdir = run_dir / "confirm" / f"trial_{r['trial']:04d}" / f"round_{rnd}"
+            rows = tdir / f"seed_{seed}" / "requests.jsonl"
             measured = [json.loads(x) for x in rows.read_text().splitlines()]
-            assert sum(not x["warmup"] for x in measured) == 36
+            assert sum(not x["warmup"] for x in measured) == 24
             result = json.loads(rows.with_name("result.json").read_text())
+            # each round on a fresh server: its first run starts with clean caches
             assert result["metrics"].get("caches_reset") == (None if seed == 1 else 1.0)
+            assert (tdir / "server.log").is_file()
     assert study.user_attrs["recommended_trial"] in {c["trial"] for c in confirm["candidates"]}
 
     for name in ("goodput", "latency", "knee"):
@@ -62,6 +74,7 @@ def test_confirm_export_and_report_from_storage(tmp_path: Path) -> None:
     runs = mlflow_runs(tmp_path, "res")
     (parent,) = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     assert parent.data.tags["tuner.recommended_trial"] == str(study.user_attrs["recommended_trial"])
+    assert parent.data.tags["tuner.verdict"] == confirm["verdict"]["kind"]
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -75,6 +88,8 @@ def test_confirm_export_and_report_from_storage(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "report"
     assert (out / "best-goodput.yaml").read_text().count("confirmed under 2x load") == 1
+    verdict_line = next(x for x in p.stdout.splitlines() if x.startswith("Verdict: "))
+    assert verdict_line in r.stdout  # the stored verdict, printed the same
     cdf = (out / "latency_cdf.csv").read_text().splitlines()
     assert len(cdf) > 10  # trial folders came back from MLflow
     assert f"downloaded {len(study.trials)} trial folder(s) from MLflow" in r.stdout
@@ -117,7 +132,7 @@ def test_confirm_off_still_exports_unconfirmed(tmp_path: Path) -> None:
 
 
 def test_a_resumed_study_does_not_stress_a_trial_twice(tmp_path: Path) -> None:
-    args = ["+workload=chat", "study.name=again", "tracking=none", *FAST]
+    args = ["+workload=chat", "study.name=again", "tracking=none", *FAST, "confirm.rounds=2"]
     first = tuner(tmp_path, *args, "study.n_trials=3")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "confirm 1/" in first.stdout
@@ -126,6 +141,12 @@ def test_a_resumed_study_does_not_stress_a_trial_twice(tmp_path: Path) -> None:
     assert "confirm: reusing the stored verdicts of trials" in again.stdout
     assert "confirm 1/" not in again.stdout  # nothing new to stress
     assert "Recommended: trial" in again.stdout
+    verdict = next(x for x in first.stdout.splitlines() if x.startswith("Verdict: "))
+    assert verdict in again.stdout
+    # other rounds: the stored verdicts do not count
+    other = tuner(tmp_path, *args, "study.n_trials=0", "confirm.rounds=1")
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert "confirm: reusing" not in other.stdout and "confirm 1/" in other.stdout
     # more trials without the confirm stage: picked again; verdicts kept only for the same trials
     more = tuner(tmp_path, *args, "study.n_trials=2", "confirm.enabled=false")
     assert more.returncode == 0, more.stderr[-3000:]
@@ -134,3 +155,46 @@ def test_a_resumed_study_does_not_stress_a_trial_twice(tmp_path: Path) -> None:
     assert headers and all(
         h.startswith(("# confirmed under", "# not stress-tested", "# DEMOTED")) for h in headers
     ), headers
+
+
+def test_confirm_rounds_give_the_verdict_an_interval(tmp_path: Path) -> None:
+    # space=none: every trial runs vLLM's defaults, so the picks are other trials than the
+    # baseline about as often as not; whatever is picked, the baseline is confirmed beside them
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "space=none",
+        "study.n_trials=3",
+        "study.name=verdict",
+        *FAST,
+        "confirm.rounds=2",
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    study = optuna.load_study(study_name="verdict", storage=storage(tmp_path))
+    confirm = study.user_attrs["confirm"]
+    base = next(t.number for t in study.trials if t.user_attrs.get("baseline"))
+    results = {r["trial"]: r for r in confirm["results"]}
+    assert base in results and "baseline" in results[base]["picks"]
+    for r in results.values():
+        assert sorted({run["round"] for run in r["runs"]}) == [1, 2]
+    verdict = confirm["verdict"]
+    assert verdict["baseline"] == base and verdict["metric"] == "output_throughput"
+    (parent,) = [
+        r for r in mlflow_runs(tmp_path, "verdict") if r.data.tags.get("tuner.role") == "study"
+    ]
+    assert parent.data.tags["tuner.verdict"] == verdict["kind"]
+    assert parent.data.tags["tuner.verdict_metric"] == "output_throughput"
+    assert "Verdict: " in p.stdout
+    shown = verdict["gains"].get(str(verdict["shown"]))
+    if shown is not None and shown["low"] is not None:  # a pick other than the defaults
+        metrics = parent.data.metrics
+        assert metrics["gain_ci_low"] == pytest.approx(shown["low"])
+        assert metrics["gain_ci_high"] == pytest.approx(shown["high"])
+        assert metrics["gain_ci_low"] <= metrics["gain"] <= metrics["gain_ci_high"]
+        assert "95 % CI" in p.stdout and "2 rounds each" in p.stdout
+    else:
+        assert "gain_ci_low" not in parent.data.metrics
+    if not verdict["gains"]:  # every pick is the defaults' trial: nothing to compare
+        assert verdict["kind"] == "no_gain" and verdict["recommended"] == base
+    if verdict["recommended"] is not None:
+        assert study.user_attrs["recommended_trial"] == verdict["recommended"]

@@ -28,6 +28,8 @@ FAST = [
     "workload.output_tokens.low=8",
     "workload.output_tokens.high=24",
     "engine.env.TUNER_SIM_SPEEDUP=20",
+    # one confirm round (a fresh server per candidate); the confirm tests ask for more
+    "confirm.rounds=1",
 ]
 
 
@@ -643,7 +645,10 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     out = " ".join(p.stdout.split())  # rich wraps long lines
     assert "study chat-qwen3-8b · engine vllm" in out
     assert "argv with vLLM defaults: vllm serve" in out and "--load-format dummy" in out
-    assert "then confirm goodput, latency, knee at 2x load, 3x duration, seeds [1, 2]" in out
+    assert (
+        "then confirm goodput, latency, knee, baseline at 2x load, 2x duration, seeds [1], "
+        "3 round(s) (a fresh server per pick per round: up to 12 server starts)" in out
+    )
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()
     assert not list(tmp_path.glob("outputs/runs/*/trial_*"))
     assert "prescreen" not in out  # off by default

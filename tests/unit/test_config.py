@@ -15,6 +15,11 @@ def test_every_workload_composes(make_cfg, workload: str, engine: str) -> None:
     assert cfg.engine.kind == engine
 
 
+def test_confirm_defaults_include_the_baseline_and_rounds(make_cfg) -> None:
+    cc = make_cfg("+workload=chat").confirm
+    assert cc.picks[-1] == "baseline" and cc.rounds == 3 and cc.min_effect == 0.03
+
+
 def test_workloads_exist() -> None:
     assert {"chat", "long_docs", "image_heavy"} <= set(available("workload"))
 
@@ -33,6 +38,8 @@ def test_missing_workload_is_one_line(make_cfg) -> None:
         ("workload.arrival.kind=storm", "poisson"),
         ("model.path=/nonexistent", "config.json"),
         ("study.max_rejected=-1", r"study.max_rejected is -1; allowed: an integer >= 0"),
+        ("confirm.rounds=0", r"confirm.rounds is 0; allowed: an integer >= 1"),
+        ("confirm.min_effect=-0.1", r"confirm.min_effect is -0.1; allowed: 0.0"),
     ],
 )
 def test_semantic_errors(make_cfg, override: str, needle: str) -> None:

@@ -16,7 +16,16 @@ from tuner.config import (
     TraceConfig,
     WorkloadConfig,
 )
-from tuner.confirm import Candidate, judge, pick, recommended, stressed, versus_baseline
+from tuner.confirm import (
+    Candidate,
+    ConfirmResult,
+    judge,
+    pick,
+    recommended,
+    round_values,
+    stressed,
+    verdict,
+)
 from tuner.records import TrialResult
 
 OBJ = ObjectiveConfig(
@@ -162,68 +171,124 @@ CAND = Candidate(3, ("goodput",), {}, False, (), {"goodput": 12.0})
 
 
 def test_judge_keeps_the_worst_run_and_passes_a_good_candidate() -> None:
-    runs: list[tuple[int, Any]] = [
-        (1, _result({"goodput": 11.0, "ttft_p95_ms": 700.0}, {"slo_ttft": -0.6})),
-        (2, _result({"goodput": 9.0, "ttft_p95_ms": 900.0}, {"slo_ttft": -0.5})),
+    runs: list[tuple[int, int, Any]] = [
+        (1, 1, _result({"goodput": 11.0, "ttft_p95_ms": 700.0}, {"slo_ttft": -0.6})),
+        (1, 2, _result({"goodput": 9.0, "ttft_p95_ms": 900.0}, {"slo_ttft": -0.5})),
     ]
     v = judge(CAND, runs, OBJ)
     assert v.passed and v.reason is None
     assert v.worst == {"goodput": 9.0, "ttft_p95_ms": 900.0}
-    assert [r["seed"] for r in v.runs] == [1, 2]
+    assert [(r["round"], r["seed"]) for r in v.runs] == [(1, 1), (1, 2)]
 
 
 def test_judge_demotes_on_a_missed_slo_or_a_failure_with_the_reason() -> None:
     slo = judge(
         CAND,
         [
-            (1, _result({"goodput": 11.0, "ttft_p95_ms": 700.0}, {"slo_ttft": -0.6})),
-            (2, _result({"goodput": 5.0, "ttft_p95_ms": 2600.0}, {"slo_ttft": 0.3})),
+            (1, 1, _result({"goodput": 11.0, "ttft_p95_ms": 700.0}, {"slo_ttft": -0.6})),
+            (1, 2, _result({"goodput": 5.0, "ttft_p95_ms": 2600.0}, {"slo_ttft": 0.3})),
         ],
         OBJ,
     )
     assert not slo.passed
     assert slo.reason is not None and "seed 2" in slo.reason and "TTFT p95 2,600 ms" in slo.reason
-    dead = judge(CAND, [(1, _result({}, {"failed_engine_dead": 1.0}, "engine_dead"))], OBJ)
+    dead = judge(CAND, [(1, 1, _result({}, {"failed_engine_dead": 1.0}, "engine_dead"))], OBJ)
     assert not dead.passed and dead.reason is not None and "engine_dead" in dead.reason
     assert not judge(CAND, [], OBJ).passed
 
 
-def test_recommended_is_the_first_pick_that_held() -> None:
+def test_judge_over_rounds_names_the_round_and_keeps_each_rounds_worst() -> None:
+    ok = {"slo_ttft": -0.5}
+    runs: list[tuple[int, int, Any]] = [
+        (1, 1, _result({"output_throughput": 100.0, "goodput": 9.0}, ok)),
+        (1, 2, _result({"output_throughput": 96.0, "goodput": 8.0}, ok)),
+        (2, 1, _result({"output_throughput": 104.0, "goodput": 9.5}, ok)),
+        (2, 2, _result({}, {"failed_engine_dead": 1.0}, "engine_dead")),
+        (3, 1, _result({"output_throughput": 99.0, "goodput": 9.0}, ok)),
+        (3, 2, _result({"output_throughput": 101.0, "goodput": 9.0}, {"slo_ttft": 0.1})),
+    ]
+    v = judge(CAND, runs, OBJ)
+    assert not v.passed and v.reason is not None
+    assert "round 2, seed 2: engine_dead" in v.reason and "round 3, seed 2" in v.reason
+    assert v.worst["output_throughput"] == 96.0
+    # a round's value is its worst run; a round with a failed run has none; an SLO miss still
+    # measured a value
+    assert round_values(v, "output_throughput", True) == (96.0, None, 99.0)
+    assert round_values(v, "goodput", True) == (8.0, None, 9.0)
+    # verdicts stored before rounds existed: every run is round 1
+    old = ConfirmResult(3, ("goodput",), {}, True, None, {}, {}, ({"seed": 1, "goodput": 4.0},))
+    assert round_values(old, "goodput", True) == (4.0,)
+
+
+def test_judge_keeps_an_objective_that_is_not_a_key_metric() -> None:
+    obj = ObjectiveConfig(objectives=[ObjectiveSpec("ttft_p99_ms", "minimize")])
+    runs: list[tuple[int, int, Any]] = [
+        (1, 1, _result({"ttft_p99_ms": 300.0, "goodput": 5.0}, {})),
+        (1, 2, _result({"ttft_p99_ms": 500.0, "goodput": 6.0}, {})),
+    ]
+    v = judge(CAND, runs, obj)
+    assert v.worst["ttft_p99_ms"] == 500.0  # minimised: the worst is the highest
+    assert [r["ttft_p99_ms"] for r in v.runs] == [300.0, 500.0]
+    assert round_values(v, "ttft_p99_ms", False) == (500.0,)
+
+
+def _confirmed(c: Candidate, values: list[float], ok: bool = True) -> ConfirmResult:
+    """``c`` confirmed over len(values) rounds, one run each with that output_throughput."""
+    runs: list[tuple[int, int, Any]] = [
+        (i, 1, _result({"output_throughput": v}, {"slo_ttft": -0.1 if ok else 0.2}))
+        for i, v in enumerate(values, 1)
+    ]
+    r = judge(c, runs, OBJ)
+    return ConfirmResult(**{**r.__dict__, "trial": c.trial})
+
+
+def test_recommended_without_a_verdict_is_the_first_pick_that_held() -> None:
     a = Candidate(1, ("goodput",), {}, False, (), {})
     b = Candidate(2, ("latency", "knee"), {}, False, (), {})
-    ok = judge(b, [(1, _result({"goodput": 1.0}, {"slo_ttft": -0.1}))], OBJ)
-    bad = judge(a, [(1, _result({}, {"slo_ttft": 0.2}))], OBJ)
-    bad = type(bad)(**{**bad.__dict__, "trial": 1})
-    ok = type(ok)(**{**ok.__dict__, "trial": 2})
+    ok, bad = _confirmed(b, [1.0]), _confirmed(a, [1.0], ok=False)
     assert recommended([bad, ok], [a, b], ["goodput", "latency", "knee"]) == b
     assert recommended([], [a, b], ["goodput", "latency"]) == a  # unconfirmed: first pick
     assert recommended([bad], [a], ["goodput"]) is None
 
 
-def test_defaults_recommended_when_the_confirm_runs_do_not_reproduce_the_gain() -> None:
+def test_the_best_held_pick_on_the_objective_wins_not_the_first_listed() -> None:
+    # the goodput pick held at ~91 and the knee pick at ~168 (the study's objective): both beat
+    # the defaults (~80) beyond the noise; the knee pick is recommended, though listed later
+    good = Candidate(3, ("goodput",), {}, False, (), {})
+    knee = Candidate(6, ("knee",), {}, False, (), {})
+    base = Candidate(0, ("baseline",), {}, True, (), {})
+    cands = [good, knee, base]
+    results = [
+        _confirmed(good, [91.2, 92.0, 90.5]),
+        _confirmed(knee, [168.5, 170.1, 167.0]),
+        _confirmed(base, [80.0, 81.0, 79.5]),
+    ]
+    v = verdict(results, cands, OBJ, 0.03, 3)
+    assert v.kind == "gain" and v.recommended == knee.trial and v.metric == "output_throughput"
+    assert v.gains[good.trial].claimed(0.03) and v.gains[knee.trial].claimed(0.03)
+    assert recommended(results, cands, ["goodput", "knee", "baseline"], v) == knee
+
+
+def test_defaults_recommended_when_the_gain_is_inside_the_noise() -> None:
     pick_ = Candidate(6, ("goodput",), {}, False, (), {})
     base = Candidate(0, ("baseline",), {}, True, (), {})
+    # +2.7 % while the defaults' own rounds spread ±3 %: no claim
+    results = [_confirmed(pick_, [102.0, 105.5, 100.8]), _confirmed(base, [97.0, 103.0, 100.0])]
+    v = verdict(results, [pick_, base], OBJ, 0.03, 3)
+    assert v.kind == "no_gain" and v.recommended == base.trial and v.shown == pick_.trial
+    g = v.gains[pick_.trial]
+    assert g.value is not None and 0 < g.value < 0.03 + 0.01
+    assert g.low is not None and g.low < 0 < (g.high or 0)
+    assert recommended(results, [pick_, base], ["goodput", "baseline"], v) == base
+    # the pick lost in the same rounds: the defaults, never the pick
+    lost = [_confirmed(pick_, [90.0, 91.0, 89.0]), _confirmed(base, [100.0, 101.0, 99.0])]
+    v = verdict(lost, [pick_, base], OBJ, 0.03, 3)
+    assert v.kind == "no_gain" and v.recommended == base.trial
 
-    def res(c: Candidate, goodput: float, ok: bool = True) -> Any:
-        r = judge(c, [(1, _result({"goodput": goodput}, {"slo_ttft": -0.1 if ok else 0.2}))], OBJ)
-        return type(r)(**{**r.__dict__, "trial": c.trial})
 
-    picks = ["goodput", "baseline"]
-    # the pick measured 101 req/s and the defaults 110 in the same confirm runs: the defaults
-    lost = [res(pick_, 101.4), res(base, 109.6)]
-    assert recommended(lost, [pick_, base], picks, OBJ) == base
-    assert versus_baseline(pick_, "goodput", lost, [pick_, base], OBJ) == (
-        "goodput",
-        101.4,
-        109.6,
-        False,
-    )
-    # the gain held: the pick
-    won = [res(pick_, 120.0), res(base, 109.6)]
-    assert recommended(won, [pick_, base], picks, OBJ) == pick_
-    # defaults that missed the SLO in the confirm runs are no reference
-    base_bad = [res(pick_, 101.4), res(base, 109.6, ok=False)]
-    assert recommended(base_bad, [pick_, base], picks, OBJ) == pick_
-    # without the objective (old callers) or without a baseline pick: the first pick that held
-    assert recommended(lost, [pick_, base], picks) == pick_
-    assert recommended(lost[:1], [pick_], ["goodput"], OBJ) == pick_
+def test_a_demoted_pick_is_never_recommended() -> None:
+    pick_ = Candidate(6, ("goodput",), {}, False, (), {})
+    base = Candidate(0, ("baseline",), {}, True, (), {})
+    results = [_confirmed(pick_, [150.0, 151.0], ok=False), _confirmed(base, [100.0, 101.0])]
+    v = verdict(results, [pick_, base], OBJ, 0.03, 2)
+    assert v.kind == "no_gain" and v.recommended == base.trial and v.shown is None
