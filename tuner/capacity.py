@@ -30,8 +30,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from tuner.config import CapacityConfig, ObjectiveConfig, SLOConfig
 
 __all__ = [
@@ -118,9 +116,17 @@ Probe = Callable[[float], Awaitable[Step]]
 """Replays the workload at a load factor on the trial's server and judges it."""
 
 
-async def search(probe: Probe, settings: CapacityConfig, first: Step | None = None) -> Capacity:
+async def search(
+    probe: Probe,
+    settings: CapacityConfig,
+    first: Step | None = None,
+    loads: Callable[[float], float] | None = None,
+) -> Capacity:
     """Bracket and narrow the load at which the SLOs stop holding (module docstring).
-    ``first``: the workload's own replay at factor 1, if it ran already."""
+    ``first``: the workload's own replay at factor 1, if it ran already. ``loads``: the factor a
+    replay asked for at ``f`` really runs at (a closed loop's concurrency is whole); the search
+    ends when no load is left strictly inside the bracket."""
+    real = loads or (lambda f: f)
     steps: list[Step] = []
 
     async def at(f: float) -> Step:
@@ -156,14 +162,16 @@ async def search(probe: Probe, settings: CapacityConfig, first: Step | None = No
     while lo is not None and hi is not None and len(steps) < settings.max_steps:
         if (hi.factor - lo.factor) / lo.factor <= settings.rel_width:
             break
-        s = await at(_next_factor(lo, hi))
-        stuck = s.factor in (lo.factor, hi.factor)  # a whole-number concurrency: no load between
+        f = _next_factor(lo, hi)
+        if not lo.factor < real(f) < hi.factor:
+            f = lo.factor * (1 + 1e-9)  # the next load up from the one that held, if any
+            if not lo.factor < real(f) < hi.factor:
+                break  # no load left between the two
+        s = await at(f)
         if s.held:
             lo = s
         else:
             hi = s
-        if stuck:
-            break
     return _answer(lo, hi, steps)
 
 
@@ -177,15 +185,8 @@ def _next_factor(lo: Step, hi: Step) -> float:
     return a + t * (b - a)
 
 
-def _interpolate(lo: Step, hi: Step, steps: Sequence[Step]) -> float:
-    """The factor where the margin crosses zero, kept inside the bracket: on the least-squares
-    line through every step within a factor of 2 of the bracket (one noisy replay then moves
-    the answer less than on the line through the bracket's two ends alone)."""
-    near = [s for s in steps if lo.factor / 2 <= s.factor <= hi.factor * 2]
-    if len({s.factor for s in near}) >= 3:
-        slope, icpt = np.polyfit([s.factor for s in near], [s.margin for s in near], 1)
-        if slope < 0:
-            return float(min(max(-icpt / slope, lo.factor), hi.factor))
+def _interpolate(lo: Step, hi: Step) -> float:
+    """The factor where the margin crosses zero on the line through the bracket's two steps."""
     if lo.margin > 0 > hi.margin:
         t = lo.margin / (lo.margin - hi.margin)
         return lo.factor + t * (hi.factor - lo.factor)
@@ -200,6 +201,6 @@ def _answer(lo: Step | None, hi: Step | None, steps: Sequence[Step]) -> Capacity
         return Capacity(lo.rps, lo.rps, lo.rps, lo.factor, tuple(steps), censored=True)
     # requests/s in proportion to the load from the step that held: a failed step's own rate
     # may come from a replay stopped early (pruned), and within the bracket the load is linear
-    f = _interpolate(lo, hi, steps)
+    f = _interpolate(lo, hi)
     per_factor = lo.rps / lo.factor
     return Capacity(per_factor * f, lo.rps, per_factor * hi.factor, f, tuple(steps))

@@ -51,6 +51,7 @@ from tuner.recovery import LEASE_ENV, Lease
 from tuner.score import KEY_METRICS, constraints, needs_capacity, objective_values, summarize
 from tuner.space import changed_params, resolved
 from tuner.telemetry.gpu import gpu_memory, nvml_available, wait_for_free_memory
+from tuner.telemetry.prom import wait_idle
 from tuner.workload import at_load, build_requests
 
 __all__ = [
@@ -418,6 +419,8 @@ async def _capacity(run: ServerRun, server: Server) -> None:
         w = replace(w, num_requests=n)
         requests = await asyncio.to_thread(build_requests, w, Path(cfg.model.path))
         rp = Replay(f"capacity_{k}", requests, w)
+        if not await wait_idle(server.base_url):  # a step stopped early left requests running
+            log.warning("trial %d: the server was still busy 120 s after a replay", run.number)
         await reset_caches(server.base_url, key)
         log.info(
             "trial %d: capacity step %d at %.3gx the workload's load%s",
@@ -434,7 +437,13 @@ async def _capacity(run: ServerRun, server: Server) -> None:
         steps.append(step)
         return step
 
-    cap = await search(probe, cfg.objective.capacity, first=steps[0])
+    def loads(factor: float) -> float:  # a closed loop runs a whole number of requests
+        if not _closed(base):
+            return factor
+        c = base.workload.arrival.concurrency
+        return at_load(base.workload, factor).arrival.concurrency / c
+
+    cap = await search(probe, cfg.objective.capacity, first=steps[0], loads=loads)
     run.common.update(cap.metrics())
     write_json(
         run.tdir / "capacity.json",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -104,3 +105,24 @@ async def test_a_curved_margin_still_narrows_to_the_width() -> None:
     failed = min(s.factor for s in cap.steps if not s.held)
     assert (failed - held) / held <= 0.05, tried
     assert held <= 3.0 <= failed
+
+
+async def test_a_whole_number_load_is_never_tried_twice() -> None:
+    # concurrency 4: loads come in steps of 1/4; the SLOs hold up to 17 in flight (4.25)
+    def whole(f: float) -> float:
+        return math.ceil(4 * f) / 4
+
+    tried: list[float] = []
+
+    async def probe(f: float) -> Step:
+        g = whole(f)
+        tried.append(g)
+        m = 0.1 if g <= 4.25 else -0.1
+        return Step(factor=g, rps=2.0 * g, margin=m, held=m >= 0)
+
+    cap = await search(probe, CapacityConfig(rel_width=0.01, max_steps=20), loads=whole)
+    assert len(tried) == len(set(tried)), tried  # each load once
+    held = max(s.factor for s in cap.steps if s.held)
+    failed = min(s.factor for s in cap.steps if not s.held)
+    assert (held, failed) == (4.25, 4.5)  # nothing lies between: the search stopped there
+    assert len(tried) < 20

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.aio import cancel_and_wait
 
-__all__ = ["DEFAULT_NAMES", "MetricsScraper", "parse_metrics"]
+__all__ = ["DEFAULT_NAMES", "MetricsScraper", "parse_metrics", "wait_idle"]
 
 log = logging.getLogger(__name__)
 
@@ -197,3 +197,21 @@ class MetricsScraper:
 
     def to_jsonable(self) -> dict[str, Any]:
         return {"samples": self.samples, "errors": self.errors, "last_error": self.last_error}
+
+
+_BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+async def wait_idle(base_url: str, timeout_s: float = 120.0, poll_s: float = 0.25) -> bool:
+    """Wait until the server neither runs nor queues a request (its ``/metrics``), at most
+    ``timeout_s``; True if it did. After a replay stopped early, the server may still be working
+    through the requests the client gave up on: the next measurement must not start on them."""
+    async with MetricsScraper(base_url, interval_s=3600.0, names=_BUSY) as scraper:
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            sample = await scraper.scrape_once()
+            if sample is not None and sum(sample.get(n, 0.0) for n in _BUSY) == 0:
+                return True
+            if time.perf_counter() >= deadline:
+                return False
+            await asyncio.sleep(poll_s)
