@@ -1,11 +1,12 @@
 """The trial folder: where a trial's files go and how they are written, secrets masked.
 
-``<run dir>/trial_NNNN/`` (``confirm/trial_NNNN/seed_S/`` for the confirm stage) holds
+``<run dir>/trial_NNNN/`` (``confirm/trial_NNNN/round_R/seed_S/`` for the confirm stage) holds
 ``server.log`` (and ``server-attemptN.log`` for a launch retried after a port clash),
 ``requests.jsonl`` (one :class:`tuner.records.RequestRecord` a line), ``metrics.jsonl`` (the
 server's ``/metrics`` samples), ``gpu.jsonl`` (NVML samples) and ``result.json`` (the
 :class:`tuner.records.TrialResult`); with ``study.repeats`` each further replay has a
-``repeat_K/`` folder and the trial folder a ``repeats.json``.
+``repeat_K/`` folder and the trial folder a ``repeats.json``; with ``objective=capacity`` each
+step of the capacity search a ``capacity_K/`` folder and the trial folder a ``capacity.json``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Three kinds, each with the reason vLLM itself would give:
 * the tuner's own limits — TP larger than the GPU lease or not dividing the attention heads, a
   ``max_model_len`` shorter than more than the error budget of the workload's requests
   (``precheck``);
-* vLLM 0.24's config validation (vllm-facts.md §2, :mod:`tuner.vllm_rules`, the rules the
+* vLLM 0.24's config validation (:mod:`tuner.vllm_rules`, the rules the
   simulated server refuses with) on the flags the trial passes, after vLLM's defaults — e.g.
   chunked prefill off with ``max_num_batched_tokens < max_model_len``; ``max_num_batched_tokens <
   max_num_seqs``; a block size that is not a multiple of 16 (no Hopper attention backend takes it,

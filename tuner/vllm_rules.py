@@ -266,7 +266,8 @@ def api_refusal(
 
 def block_size_supported(block_size: int) -> bool:
     """Every non-MLA Hopper backend needs a multiple of 16 (FA3, Triton, Flex:
-    ``MultipleOf(16)``; FlashInfer: 16/32/64 and their multiples; vllm-facts.md §1.4)."""
+    ``MultipleOf(16)``; FlashInfer: 16/32/64 and their multiples; vLLM 0.24.0's attention
+    backends, https://github.com/vllm-project/vllm/tree/v0.24.0/vllm/v1/attention/backends)."""
     return block_size % 16 == 0
 
 

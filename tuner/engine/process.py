@@ -2,7 +2,8 @@
 
 ``Server`` starts an argv list (never a shell) in its own session/process group on a free
 loopback port, logs to a file, and is ready at the first ``GET /health`` == 200 while it watches
-both the process and every new log line: a fatal line (vllm-facts.md §3) fails the launch at once.
+both the process and every new log line: a fatal line (as :mod:`tuner.engine.logparse` classes
+it) fails the launch at once.
 Stopping sends SIGTERM to the whole group, waits, then SIGKILLs it, and checks through /proc that no
 member survived. A registry of live groups is killed on interpreter exit and on SIGTERM, so a
 dying tuner leaves no server behind.
