@@ -459,8 +459,12 @@ def test_engine_core_survives_sigkill_of_server(make_sim: Any) -> None:
 
 def test_hang_never_ready(make_sim: Any) -> None:
     sim = make_sim(env={"TUNER_SIM_HANG": "1"}, ready=False)
-    time.sleep(1.0)
+    deadline = time.monotonic() + 15  # the interpreter's start alone can take a second here
+    while "Model loading took" not in sim.log and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "Model loading took" in sim.log, sim.log
+    time.sleep(1.0)  # at TUNER_SIM_SPEEDUP=200 a start-up that went on would have ended by now
     assert sim.proc.poll() is None
-    assert "Model loading took" in sim.log and "Application startup complete." not in sim.log
+    assert "Application startup complete." not in sim.log
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", sim.port), timeout=1):
         pass
