@@ -49,6 +49,7 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
         "workload.output_tokens.low=8",
         "workload.output_tokens.high=16",
         "engine.env.TUNER_SIM_SPEEDUP=20",
+        "confirm.rounds=1",  # one fresh server per candidate: enough to see who confirms
     ]
     procs = []
     for i in range(2):  # two workers, each in its own directory (own run dir and state)
