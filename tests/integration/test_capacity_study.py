@@ -34,47 +34,46 @@ SMALL = [
 ]
 
 
-def test_each_trial_records_its_capacity_and_steps(tmp_path: Path) -> None:
-    p = tuner(tmp_path, *SMALL, "study.n_trials=2", timeout=600)
+def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
+    # vLLM's defaults on three fresh servers: each trial's capacity, bracket and steps in Optuna,
+    # the trial folder and MLflow, and the three capacities close to each other
+    p = tuner(tmp_path, *SMALL, "space=none", "study.n_trials=3", timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "SLO capacity" in p.stderr + p.stdout
     study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
-    measured = [t for t in study.trials if t.user_attrs.get("launched")]
-    assert measured
-    for t in measured:
+    assert len(study.trials) == 3
+    for t in study.trials:
         m = t.user_attrs["metrics"]
         assert m["capacity_rps_low"] <= m["capacity_rps"] <= m["capacity_rps_high"]
+        assert not m["capacity_censored"]  # the SLOs bind inside the loads tried
         assert t.values[0] == pytest.approx(m["capacity_rps"])
         tdir = Path(t.user_attrs["trial_dir"])
         steps = json.loads((tdir / "capacity.json").read_text())["steps"]
         assert len(steps) == m["capacity_steps"] >= 2
         assert steps[0]["factor"] == 1.0  # the workload's own replay is the first step
         assert (tdir / "capacity_1" / "requests.jsonl").is_file()
+        factors = [s["factor"] for s in steps]
+        assert len(factors) == len(set(factors))  # no load tried twice
         held = [s["factor"] for s in steps if s["held"]]
         failed = [s["factor"] for s in steps if not s["held"]]
-        if held and failed and not m["capacity_censored"]:
-            assert max(h for h in held if h < min(failed)) < min(failed)
+        assert held and failed and max(h for h in held if h < min(failed)) < min(failed)
+    # 2.3-2.4 % (max - min) / mean in two runs on an idle 2-core machine, 6.1 % with a second
+    # test suite running beside it: the simulator runs in wall-clock time, so a busy machine
+    # moves its latencies. 10 % still fails a search that brackets or interpolates wrongly.
+    caps = [t.user_attrs["metrics"]["capacity_rps"] for t in study.trials]
+    assert (max(caps) - min(caps)) / statistics.fmean(caps) <= 0.10, caps
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     children = [
         r
         for r in mlflow_runs(tmp_path, "chat-qwen3-8b")
         if r.data.tags.get("tuner.role") == "trial"
     ]
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    ok = [c for c in children if c.data.tags.get("trial.state") == "ok"]
-    assert len(ok) == len(measured)
-    for c in ok:
+    assert len(children) == 3
+    for c in children:
         d = c.data.metrics
         assert d["capacity_rps_low"] <= d["capacity_rps"] <= d["capacity_rps_high"]
         history = client.get_metric_history(c.info.run_id, "capacity_step.factor")
         assert len(history) == d["capacity_steps"]  # each step's metrics, one MLflow step each
-
-
-def test_the_defaults_on_fresh_servers_agree_within_5_percent(tmp_path: Path) -> None:
-    p = tuner(tmp_path, *SMALL, "space=none", "study.n_trials=3", "tracking=none", timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
-    caps = [t.user_attrs["metrics"]["capacity_rps"] for t in study.trials]
-    assert len(caps) == 3 and min(caps) > 0
-    assert (max(caps) - min(caps)) / statistics.fmean(caps) <= 0.05, caps
