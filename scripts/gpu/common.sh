@@ -28,11 +28,11 @@ CHAT_ARGS=(+workload=chat engine=$ENGINE model=qwen3-8b study.name=chat256-qwen3
 remaining() {
   python3 - "$1" "$W" "${2:-chat256-qwen3-8b}" "${3:-chat}" <<'PY'
 import sys, optuna
+from tuner.stored_trial import counted
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 try:
     s = optuna.load_study(study_name=sys.argv[3], storage=f"sqlite:///{sys.argv[2]}/{sys.argv[4]}/outputs/state/optuna.db")
-    refused = lambda t: t.user_attrs.get("launched") is False and not t.user_attrs.get("gpus")
-    done = sum(t.state.is_finished() and t.state.name != "FAIL" and not refused(t) for t in s.trials)
+    done = sum(t.state.is_finished() and t.state.name != "FAIL" and counted(t) for t in s.trials)
 except Exception:
     done = 0
 print(max(0, int(sys.argv[1]) - done))
