@@ -49,6 +49,7 @@ __all__ = [
     "serve_args",
     "tell",
     "trial_dir",
+    "tuner_error",
     "worker",
 ]
 
@@ -125,7 +126,7 @@ def is_baseline(t: Stored) -> bool:
 
 def failure_reason(t: Stored) -> str | None:
     """Why a COMPLETE trial could not be measured (a :class:`tuner.errors.FailureReason`
-    value), or None; an interrupted trial (FAIL) has none: see :func:`tuner_error`."""
+    value), or None; a FAIL trial has none (interrupted, or :func:`tuner_error`)."""
     return t.user_attrs.get("failure_reason") or None
 
 
