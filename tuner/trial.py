@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import statistics
@@ -407,11 +408,11 @@ async def _capacity(run: ServerRun, server: Server) -> None:
     # each step judged on every SLO (whatever objective.slo_constraints says), pruned when lost
     judged = replace(cfg.objective, slo_constraints=True, prune=True)
     probe_cfg = replace(cfg, objective=judged)
-    steps = [_step(1.0, base, first, judged)]
+    numbers = itertools.count(1)  # the capacity_K folders; step 0 is the workload's own replay
     key = api_key(cfg.engine, cfg.model)
 
     async def probe(factor: float) -> Step:
-        k = len(steps)
+        k = next(numbers)
         w = at_load(base.workload, factor)
         n = max(cfg.objective.capacity.requests or w.num_requests, MIN_STEP_REQUESTS)
         if _closed(base):  # a steady state needs several requests per slot: 3 each at least
@@ -433,9 +434,7 @@ async def _capacity(run: ServerRun, server: Server) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
             await server.check(http)  # the engine died: ReplayFailed, caught in run_server
         write_requests(run.tdir / rp.subdir, m.records)
-        step = _step(_factor(base, rp, factor), rp, m, judged)
-        steps.append(step)
-        return step
+        return _step(_factor(base, rp, factor), rp, m, judged)
 
     def loads(factor: float) -> float:  # a closed loop runs a whole number of requests
         if not _closed(base):
@@ -443,7 +442,8 @@ async def _capacity(run: ServerRun, server: Server) -> None:
         c = base.workload.arrival.concurrency
         return at_load(base.workload, factor).arrival.concurrency / c
 
-    cap = await search(probe, cfg.objective.capacity, first=steps[0], loads=loads)
+    first_step = _step(1.0, base, first, judged)
+    cap = await search(probe, cfg.objective.capacity, first=first_step, loads=loads)
     run.common.update(cap.metrics())
     write_json(
         run.tdir / "capacity.json",
