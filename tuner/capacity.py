@@ -19,9 +19,13 @@ limit`` over the SLOs, ``1 − error rate / budget``): ≥ 0 holds, < 0 does not
 monotone in the load (noise near the bound), the bracket still ends at a load that held below
 one that did not: the first crossing found, a conservative answer.
 
-The result is in requests/s: the highest load that held (the offered rate of open-loop
-workloads and traces, the served request throughput of a closed loop) scaled in proportion to
-the load up to the estimated crossing (``rps``) and to the load that failed (``high``).
+The result is in requests/s (the offered rate of open-loop workloads and traces, the served
+request throughput of a closed loop): ``low`` is the rate of the highest load that held,
+``high`` the rate of the load above it that failed, and ``rps`` lies on the line between them at
+the estimated crossing. A closed loop's served rate saturates as its concurrency grows, so the
+failed step's own rate is used, not the held one's scaled in proportion to the load (that read
+2–3 % high in three simulator trials and moved with where the bracket ended). A failed step
+that was pruned has no full rate: there the held step's rate scaled to its load stands in.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ __all__ = [
     "CAPACITY_METRICS",
     "Capacity",
     "Step",
+    "from_steps",
     "holds",
     "margin",
     "search",
@@ -52,6 +57,20 @@ class Step:
     held: bool
     metrics: Mapping[str, float] = field(default_factory=dict)
     pruned: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Step:
+        """A step back from its :meth:`row` (``capacity.json``'s ``steps``)."""
+        known = {"factor", "rps", "margin", "held", "pruned"}
+        metrics = {k: float(v) for k, v in row.items() if k not in known and v is not None}
+        return cls(
+            float(row["factor"]),
+            float(row["rps"]),
+            float(row["margin"]),
+            bool(row["held"]),
+            metrics,
+            row.get("pruned"),
+        )
 
     def row(self) -> dict[str, Any]:
         return {
@@ -175,6 +194,24 @@ async def search(
     return _answer(lo, hi, steps)
 
 
+def from_steps(steps: Sequence[Step]) -> Capacity:
+    """The answer again from a finished search's steps (e.g. ``capacity.json`` rows read back
+    with :meth:`Step.from_row`): the highest load that held below the lowest one above it that
+    failed, and that one, as :func:`search` ends. For reading old runs with this estimator."""
+    held = [s for s in steps if s.held]
+    failed = [s for s in steps if not s.held]
+    lo: Step | None = None
+    hi: Step | None = None
+    if held:
+        above = [s for s in failed if s.factor > min(h.factor for h in held)]
+        ceiling = min((s.factor for s in above), default=float("inf"))
+        lo = max((s for s in held if s.factor < ceiling), key=lambda s: s.factor)
+        hi = min((s for s in failed if s.factor > lo.factor), key=lambda s: s.factor, default=None)
+    elif failed:
+        hi = min(failed, key=lambda s: s.factor)
+    return _answer(lo, hi, steps)
+
+
 def _next_factor(lo: Step, hi: Step) -> float:
     a, b = lo.factor, hi.factor
     if lo.margin > 0 > hi.margin:
@@ -199,8 +236,13 @@ def _answer(lo: Step | None, hi: Step | None, steps: Sequence[Step]) -> Capacity
         return Capacity(0.0, 0.0, top, 0.0, tuple(steps))
     if hi is None:  # held everywhere tried: at least this much
         return Capacity(lo.rps, lo.rps, lo.rps, lo.factor, tuple(steps), censored=True)
-    # requests/s in proportion to the load from the step that held: a failed step's own rate
-    # may come from a replay stopped early (pruned), and within the bracket the load is linear
+    # requests/s on the line between the two steps' own rates, at the crossing: a closed loop's
+    # served rate grows more slowly than its concurrency (it saturates), so scaling the held
+    # step's rate in proportion to the load overstates it. A failed step stopped early (pruned)
+    # has no full rate of its own: its load's share of the held step's rate stands in. Never
+    # below the rate that held: that one was served within the SLOs.
     f = _interpolate(lo, hi)
-    per_factor = lo.rps / lo.factor
-    return Capacity(per_factor * f, lo.rps, per_factor * hi.factor, f, tuple(steps))
+    top = hi.rps if hi.pruned is None else lo.rps / lo.factor * hi.factor
+    top = max(top, lo.rps)
+    t = (f - lo.factor) / (hi.factor - lo.factor)
+    return Capacity(lo.rps + t * (top - lo.rps), lo.rps, top, f, tuple(steps))

@@ -173,10 +173,11 @@ def serve_args(t: Stored) -> tuple[str, ...]:
     return tuple(t.user_attrs.get("serve_args") or ())
 
 
-def trial_dir(t: Stored) -> Path | None:
-    """The trial's folder, if it was recorded and is on this machine."""
+def trial_dir(t: Stored, *, here: bool = True) -> Path | None:
+    """The trial's folder, if it was recorded and (``here``) is on this machine; ``here=False``:
+    the path as recorded, e.g. to find the folder copied elsewhere."""
     d = t.user_attrs.get("trial_dir")
-    return Path(d) if d and Path(d).is_dir() else None
+    return Path(d) if d and (not here or Path(d).is_dir()) else None
 
 
 def worker(t: Stored) -> str:

@@ -3,6 +3,11 @@ second with a flag the first lacks: each one's SLO capacity per server and its s
 gain of the first over the second with its interval and the verdict (tuner.verdict's rule).
 
     python scripts/gpu/capacity_verdict.py OPTUNA_DB PICK_STUDY DEFAULTS_STUDY [--min-effect 0.03]
+        [--steps RUNS_DIR]
+
+``--steps RUNS_DIR``: each trial's capacity again from its recorded steps
+(``RUNS_DIR/<run>/trial_NNNN/capacity.json``, the last two parts of its ``trial_dir``) with
+today's ``tuner.capacity.from_steps``: the estimator of an old run's code may differ.
 """
 
 from __future__ import annotations
@@ -18,16 +23,25 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tuner import stored_trial  # noqa: E402
+from tuner.capacity import Step, from_steps  # noqa: E402
 from tuner.verdict import gain, pct  # noqa: E402
 
 
-def capacities(db: str, name: str) -> list[dict[str, float]]:
+def capacities(db: str, name: str, steps_dir: Path | None = None) -> list[dict[str, float]]:
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
-    return [
-        stored_trial.metrics(t)
-        for t in study.trials
-        if stored_trial.measured(t) and stored_trial.metric(t, "capacity_rps") is not None
-    ]
+    rows = []
+    for t in study.trials:
+        if not stored_trial.measured(t) or stored_trial.metric(t, "capacity_rps") is None:
+            continue
+        row = dict(stored_trial.metrics(t))
+        if steps_dir is not None:
+            tdir = stored_trial.trial_dir(t, here=False)
+            assert tdir is not None, f"trial {t.number} of {name} has no trial folder"
+            path = steps_dir / tdir.parent.name / tdir.name / "capacity.json"
+            recorded = json.loads(path.read_text())["steps"]
+            row.update(from_steps([Step.from_row(r) for r in recorded]).metrics())
+        rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -36,12 +50,13 @@ def main() -> None:
     ap.add_argument("pick")
     ap.add_argument("defaults")
     ap.add_argument("--min-effect", type=float, default=0.03)
+    ap.add_argument("--steps", type=Path, default=None, help="re-derive from capacity.json here")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out: dict[str, object] = {}
     values: dict[str, list[float]] = {}
     for name in (args.defaults, args.pick):
-        rows = capacities(args.db, name)
+        rows = capacities(args.db, name, args.steps)
         caps = [r["capacity_rps"] for r in rows]
         values[name] = caps
         spread = (max(caps) - min(caps)) / statistics.fmean(caps) if caps else None

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tuner.capacity import Step, holds, margin, search
+from tuner.capacity import Step, from_steps, holds, margin, search
 from tuner.config import CapacityConfig, ObjectiveConfig, SLOConfig
 
 
@@ -126,3 +126,70 @@ async def test_a_whole_number_load_is_never_tried_twice() -> None:
     failed = min(s.factor for s in cap.steps if not s.held)
     assert (held, failed) == (4.25, 4.5)  # nothing lies between: the search stopped there
     assert len(tried) < 20
+
+
+async def test_a_saturating_served_rate_is_read_between_the_two_steps() -> None:
+    # a closed loop: the served rate grows ever more slowly with the concurrency, and the SLOs
+    # hold up to factor 4.6; the answer is the rate at the crossing, not the held step's rate
+    # scaled in proportion to the load (which reads above every rate measured)
+    def served(f: float) -> float:
+        return 40 * (1 - math.exp(-f / 3))
+
+    async def probe(f: float) -> Step:
+        m = 1 - (f / 4.6) ** 3
+        return Step(factor=f, rps=served(f), margin=m, held=m >= 0)
+
+    cap = await search(probe, CapacityConfig(rel_width=0.25, max_steps=12))
+    assert cap.low <= cap.rps <= cap.high
+    assert cap.rps == pytest.approx(served(4.6), rel=0.02)
+    lo = max((s for s in cap.steps if s.held), key=lambda s: s.factor)
+    assert lo.rps / lo.factor * cap.factor > served(4.6) * 1.02  # what scaling would say
+
+
+async def test_a_pruned_failed_step_stands_in_by_its_load() -> None:
+    # the failed step stopped early: its own rate (a few requests) is not used
+    async def probe(f: float) -> Step:
+        m = 1 - f / 1.5
+        if m >= 0:
+            return Step(factor=f, rps=10.0 * f, margin=m, held=True)
+        return Step(factor=f, rps=1.0, margin=m, held=False, pruned="ttft")
+
+    cap = await search(probe, CapacityConfig(rel_width=0.05, max_steps=8))
+    hi = min((s for s in cap.steps if not s.held), key=lambda s: s.factor)
+    assert cap.high == pytest.approx(10.0 * hi.factor)
+    assert cap.rps == pytest.approx(15.0, rel=0.02)
+
+
+async def test_a_failed_step_serving_less_than_the_held_one_keeps_the_held_rate() -> None:
+    # past saturation the failed load served less: the capacity is the rate that held
+    async def probe(f: float) -> Step:
+        m = 1 - f / 1.5
+        return Step(factor=f, rps=12.0 if m >= 0 else 9.0, margin=m, held=m >= 0)
+
+    cap = await search(probe, CapacityConfig(rel_width=0.05, max_steps=8))
+    assert cap.rps == cap.low == cap.high == pytest.approx(12.0)
+
+
+@pytest.mark.parametrize(
+    "margin_at",
+    [
+        lambda f: 1 - f / 3.3,  # monotone
+        lambda f: 0.2 if f < 1.5 or 2.5 <= f < 3.5 else -0.2,  # holds again above a failure
+        lambda f: -1.0,  # nothing holds
+        lambda f: 0.5,  # holds everywhere
+    ],
+)
+async def test_the_answer_is_read_back_from_the_recorded_steps(margin_at) -> None:
+    # what capacity.json keeps is enough to give the search's own answer again
+    probe, _ = probe_of(margin_at)
+    cap = await search(probe, CapacityConfig(rel_width=0.05, max_steps=10, min_factor=1 / 8))
+    rows = [s.row() | {"ttft_p95_ms": 12.5} for s in cap.steps]
+    again = from_steps([Step.from_row(r) for r in rows])
+    assert (again.rps, again.low, again.high, again.factor, again.censored) == (
+        cap.rps,
+        cap.low,
+        cap.high,
+        cap.factor,
+        cap.censored,
+    )
+    assert Step.from_row(rows[0]).metrics == {"ttft_p95_ms": 12.5}
