@@ -137,9 +137,9 @@ def client_cores(engine: EngineConfig) -> tuple[int, str]:
     if engine.cpu_pinning and engine.cpu_reserve > 0:
         n = min(cores, engine.cpu_reserve)
         return n, f"engine.cpu_reserve={engine.cpu_reserve} under engine.cpu_pinning"
-    n = max(1, cores - len(engine.gpus))
     gpus = len(engine.gpus)
-    return n, f"{cores} cores less {gpus} for the server{'s' if gpus > 1 else ''}"
+    have = f"{cores} core{'s' if cores > 1 else ''}"
+    return max(1, cores - gpus), f"{have} less {gpus} for the server{'s' if gpus > 1 else ''}"
 
 
 def processes_for(bound: int, cores: int) -> int:
@@ -206,8 +206,8 @@ class ClientChoice:
         if self.held:
             return (
                 f"auto was held to {self.processes} client process(es) by the cores usable "
-                f"({self.cores_from}): give it {self.wanted} (engine.cpu_pinning=true with "
-                "a larger engine.cpu_reserve), or set workload.client_processes"
+                f"({self.cores_from}); it would take {self.wanted}, one per "
+                f"{STREAMS_PER_PROCESS} requests in flight: give the client more cores"
             )
         return (
             f"auto chose {self.processes} client process(es) for {self.in_flight} in flight; "

@@ -250,8 +250,8 @@ def test_a_late_client_names_what_held_auto(caplog: pytest.LogCaptureFixture, co
     held, free, one = (r.getMessage() for r in caplog.records)
     assert held.endswith(
         "auto was held to 2 client process(es) by the cores usable (engine.cpu_reserve=2 under "
-        "engine.cpu_pinning): give it 8 (engine.cpu_pinning=true with a larger "
-        "engine.cpu_reserve), or set workload.client_processes"
+        "engine.cpu_pinning); it would take 8, one per 32 requests in flight: give the client "
+        "more cores"
     )
     assert free.endswith(
         "auto chose 8 client process(es) for 256 in flight; set workload.client_processes "
