@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -38,7 +39,7 @@ def specs(n: int, *, arrivals: list[float] | None = None, tokens: int = 100) -> 
 
 
 @pytest.fixture
-def cores(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def cores(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
     """``cores(n)``: this process may use ``n`` CPU cores (as ``tuner.replay`` sees them)."""
 
     def set_cores(n: int) -> None:
@@ -97,7 +98,7 @@ def test_in_flight_open_loop_from_the_busiest_stretch() -> None:
     assert in_flight(capped, specs(400, arrivals=steady)) == 30
 
 
-def test_client_cores_unpinned_leave_one_per_gpu(cores) -> None:  # type: ignore[no-untyped-def]
+def test_client_cores_unpinned_leave_one_per_gpu(cores) -> None:
     cores(32)
     assert client_cores(EngineConfig())[0] == 31
     assert client_cores(EngineConfig(gpus=[0, 1]))[0] == 30
@@ -108,7 +109,7 @@ def test_client_cores_unpinned_leave_one_per_gpu(cores) -> None:  # type: ignore
     assert client_cores(EngineConfig(gpus=[0, 1]))[0] == 1
 
 
-def test_client_cores_pinned_are_the_reserve(cores) -> None:  # type: ignore[no-untyped-def]
+def test_client_cores_pinned_are_the_reserve(cores) -> None:
     cores(32)
     pinned = EngineConfig(cpu_pinning=True, cpu_reserve=8, gpus=[0, 1])
     assert client_cores(pinned) == (8, "engine.cpu_reserve=8 under engine.cpu_pinning")
@@ -116,7 +117,7 @@ def test_client_cores_pinned_are_the_reserve(cores) -> None:  # type: ignore[no-
     assert client_cores(replace(pinned, cpu_reserve=0))[0] == 30
 
 
-def test_choose_client_follows_each_replays_load(cores) -> None:  # type: ignore[no-untyped-def]
+def test_choose_client_follows_each_replays_load(cores) -> None:
     cores(32)
     w = WorkloadConfig(name="chat", arrival=ArrivalConfig(concurrency=64))
     assert w.client_processes == "auto"  # the default
@@ -133,7 +134,7 @@ def test_choose_client_follows_each_replays_load(cores) -> None:  # type: ignore
     assert (choice.processes, choice.auto) == (3, False)
 
 
-def test_on_two_cores_auto_is_the_single_in_process_client(cores) -> None:  # type: ignore[no-untyped-def]
+def test_on_two_cores_auto_is_the_single_in_process_client(cores) -> None:
     cores(2)
     w = WorkloadConfig(name="chat", arrival=ArrivalConfig(concurrency=64))
     choice = choose_client(w, EngineConfig(), specs(300))
@@ -144,7 +145,7 @@ def test_on_two_cores_auto_is_the_single_in_process_client(cores) -> None:  # ty
     )
 
 
-def test_describe(cores) -> None:  # type: ignore[no-untyped-def]
+def test_describe(cores) -> None:
     cores(32)
     w = WorkloadConfig(name="chat", arrival=ArrivalConfig(concurrency=256))
     assert choose_client(w, EngineConfig(), specs(300)).describe() == (
@@ -164,9 +165,10 @@ def test_describe(cores) -> None:  # type: ignore[no-untyped-def]
 # --- the config knob ----------------------------------------------------------------------------
 
 
-def test_config_accepts_auto_and_counts(make_cfg) -> None:  # type: ignore[no-untyped-def]
+def test_config_accepts_auto_and_counts(make_cfg) -> None:
     assert make_cfg("+workload=chat").workload.client_processes == "auto"
-    assert make_cfg("+workload=chat", "workload.client_processes=auto").workload.client_processes
+    cfg = make_cfg("+workload=chat", "workload.client_processes=auto")
+    assert cfg.workload.client_processes == "auto"
     n = min(2, usable_cores())
     cfg = make_cfg("+workload=chat", f"workload.client_processes={n}")
     assert cfg.workload.client_processes == n
@@ -183,7 +185,7 @@ def test_config_accepts_auto_and_counts(make_cfg) -> None:  # type: ignore[no-un
         ("true", r"workload.client_processes"),
     ],
 )
-def test_config_rejects_bad_values_in_one_line(make_cfg, value: str, needle: str) -> None:  # type: ignore[no-untyped-def]
+def test_config_rejects_bad_values_in_one_line(make_cfg, value: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as err:
         make_cfg("+workload=chat", f"workload.client_processes={value}")
     assert "\n" not in str(err.value)
@@ -192,13 +194,13 @@ def test_config_rejects_bad_values_in_one_line(make_cfg, value: str, needle: str
 # --- what the dry run and a late client say -----------------------------------------------------
 
 
-def plan_text(cfg) -> str:  # type: ignore[no-untyped-def]
+def plan_text(cfg) -> str:
     buf = io.StringIO()
     print_plan(cfg, Console(file=buf, width=400))
     return buf.getvalue()
 
 
-def test_dry_run_says_what_auto_chose_and_why(make_cfg, cores) -> None:  # type: ignore[no-untyped-def]
+def test_dry_run_says_what_auto_chose_and_why(make_cfg, cores) -> None:
     cfg = make_cfg("+workload=chat", "study.precheck=false")
     cores(32)
     out = plan_text(cfg)
@@ -220,7 +222,7 @@ def test_dry_run_says_what_auto_chose_and_why(make_cfg, cores) -> None:  # type:
     assert "auto would take 2 processes given the cores" in out
 
 
-def test_dry_run_of_a_fixed_count(make_cfg, cores) -> None:  # type: ignore[no-untyped-def]
+def test_dry_run_of_a_fixed_count(make_cfg, cores) -> None:
     cores(32)
     n = min(2, usable_cores())
     cfg = make_cfg(
@@ -237,7 +239,7 @@ def test_dry_run_of_a_fixed_count(make_cfg, cores) -> None:  # type: ignore[no-u
     assert "auto would take 7 processes given the cores" in out
 
 
-def test_a_late_client_names_what_held_auto(caplog: pytest.LogCaptureFixture, cores) -> None:  # type: ignore[no-untyped-def]
+def test_a_late_client_names_what_held_auto(caplog: pytest.LogCaptureFixture, cores) -> None:
     caplog.set_level(logging.WARNING, logger="tuner")
     w = WorkloadConfig(name="chat", arrival=ArrivalConfig(concurrency=256))
     late = {"client_lag_p99_ms": 9.0, "client_lag_max_ms": 20.0, "client_cpu_max": 0.5}
@@ -259,4 +261,23 @@ def test_a_late_client_names_what_held_auto(caplog: pytest.LogCaptureFixture, co
     )
     assert one.endswith(
         "raise workload.client_processes (now 1) or try workload.client_loop=uvloop"
+    )
+
+
+def test_the_study_warns_when_the_reserve_holds_auto(make_cfg, caplog, cores) -> None:
+    from tuner.study import _note_own_cores
+
+    caplog.set_level(logging.INFO, logger="tuner")
+    cfg = make_cfg("+workload=chat")
+    cfg = replace(cfg, engine=replace(cfg.engine, cpu_pinning=True, cpu_reserve=2))
+    cores(2)  # the tuner's process on its 2 reserved cores
+    _note_own_cores(cfg, [0, 1], {0: [2, 3]}, specs(300))  # 64 in flight: 2 processes, no warning
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    busy = replace(cfg, workload=replace(cfg.workload, arrival=ArrivalConfig(concurrency=256)))
+    _note_own_cores(busy, [0, 1], {0: [2, 3]}, specs(300))
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning == (
+        "workload.client_processes=auto: the workload's 256 requests in flight call for 8 client "
+        "processes (at most 32 streams each) but engine.cpu_reserve=2 holds it to 2: raise "
+        "engine.cpu_reserve to 8 or more"
     )
