@@ -52,7 +52,7 @@ first (as ``--tuner-heap``), as the tuner's own process holds it. ``--reps`` (2)
 interleaved; a table of added p50/p99 per streams, client and process count, and whether auto
 stays under 1 ms p99; the JSON (default ``benchmarks/results/client_capacity-auto.json``) keeps
 each row with what auto chose and why (``auto_why``). About 2 minutes on the GPU host
-(``scripts/gpu/k_client_auto.sh``), 10 s with ``--quick``.
+(``scripts/gpu/k_client_auto.sh``), about 10 s with ``--quick``.
 
 ``python benchmarks/client_capacity.py [--processes 1 4 8] [--clients current gc-on uvloop]
 [--tokens N] [--quick] [--auto [--auto-streams 64 256 1000] [--reps 2]] [--out PATH]``;
@@ -737,7 +737,7 @@ async def auto_mode(args: argparse.Namespace, servers: ServerPool) -> dict[str, 
     await closed_loop(servers, "current", 50, 200, args.tokens, 1)  # imports, connections
     rows: list[dict[str, Any]] = []
     for streams in args.auto_streams:
-        n = 300 if args.quick else max(1000, 3 * streams)
+        n = max(300, streams) if args.quick else max(1000, 3 * streams)
         specs = paced_specs(streams, n, args.tokens, servers.tick_s)
         choice = choose_client(workload, EngineConfig(), specs)
         log(f"--- {streams} paced streams: auto takes {choice.describe()}")
