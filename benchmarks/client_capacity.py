@@ -42,8 +42,20 @@ loop, which only reads the server's stamps afterwards, is idle meanwhile). ``cli
 all client processes (1.0 = one core busy), ``parent_cpu`` the replaying process alone (with
 P > 1 it only collects records).
 
+**--auto**: the tuner's default client instead (``workload.client_processes=auto``,
+:func:`tuner.replay.choose_client`): at 64, 256 and 1,000 paced streams (``--auto-streams``) on
+25 ms engine steps (vLLM's at a study's loads, ``--tick-ms``), the processes auto takes for those
+requests on this process's cores (the server on 8 of them, a quarter of a smaller machine, auto on
+the others, with the default engine config: all cores but one for the server's engine), beside
+one process in this process, the client before ``auto``. This process imports the tuner's stack
+first (as ``--tuner-heap``), as the tuner's own process holds it. ``--reps`` (2) replays of each,
+interleaved; a table of added p50/p99 per streams, client and process count, and whether auto
+stays under 1 ms p99; the JSON (default ``benchmarks/results/client_capacity-auto.json``) keeps
+each row with what auto chose and why (``auto_why``). About 2 minutes on the GPU host
+(``scripts/gpu/k_client_auto.sh``), about 10 s with ``--quick``.
+
 ``python benchmarks/client_capacity.py [--processes 1 4 8] [--clients current gc-on uvloop]
-[--tokens N] [--quick] [--out PATH]``;
+[--tokens N] [--quick] [--auto [--auto-streams 64 256 1000] [--reps 2]] [--out PATH]``;
 prints a table and writes ``--out`` (default ``benchmarks/results/client_capacity.json``). P = 1
 takes about 2 minutes (``--quick``: ~20 s), each further P about as long. For the 1 ms target at
 1,000 streams, on a 16-core machine (as measured on the GPU host: one run per P)::
@@ -79,13 +91,14 @@ if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
 
 import tuner.replay as replay_mod  # noqa: E402
 import tuner.replay_client as client_mod  # noqa: E402
-from tuner.config import ArrivalConfig  # noqa: E402
+from tuner.config import ArrivalConfig, EngineConfig, WorkloadConfig  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
-from tuner.replay import replay  # noqa: E402
+from tuner.replay import STEP_S, choose_client, replay  # noqa: E402
 from tuner.replay_procs import Claims  # noqa: E402
 
 TICK_S = 0.05
-"""Paced scenarios: the server's engine step (one token for every open stream per step)."""
+"""Paced scenarios: the server's engine step (one token for every open stream per step), unless
+``--tick-ms`` says otherwise (``--auto``: 25 ms, vLLM's step at a study's loads)."""
 SEND_LAG_LIMIT_S = 0.050
 THROUGHPUT_SHARE = 0.95
 
@@ -104,10 +117,10 @@ def _raise_nofile() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _server_main(port: int, core: int | None, ready: Any) -> None:
+def _server_main(port: int, core: int | None, ready: Any, tick_s: float = TICK_S) -> None:
     """One server process: the traffic port is shared (SO_REUSEPORT, the kernel spreads the
     connections), ``/stamps`` is on a control port of its own, which the process binds (port 0)
-    and sends back through ``ready`` (a pipe end)."""
+    and sends back through ``ready`` (a pipe end). Paced streams get a chunk every ``tick_s``."""
     from aiohttp import web
 
     _pin(core)
@@ -134,11 +147,11 @@ def _server_main(port: int, core: int | None, ready: Any) -> None:
     loop_state: dict[str, Any] = {}
 
     async def ticker() -> None:
-        """Engine steps: every ``TICK_S`` one future fires for all paced streams at once."""
+        """Engine steps: every ``tick_s`` one future fires for all paced streams at once."""
         loop = asyncio.get_running_loop()
         loop_state["tick"] = loop.create_future()
-        while True:  # on multiples of TICK_S of the shared clock: every server process at once
-            await asyncio.sleep(TICK_S - time.perf_counter() % TICK_S)
+        while True:  # on multiples of tick_s of the shared clock: every server process at once
+            await asyncio.sleep(tick_s - time.perf_counter() % tick_s)
             fired, loop_state["tick"] = loop_state["tick"], loop.create_future()
             fired.set_result(None)
 
@@ -229,9 +242,11 @@ def _reserve_port() -> socket.socket:
 
 
 class ServerPool:
-    """``n`` server processes on one port, each pinned to one of ``cores`` (round robin)."""
+    """``n`` server processes on one port, each pinned to one of ``cores`` (round robin), with
+    an engine step of ``tick_s`` for paced streams."""
 
-    def __init__(self, n: int, cores: Sequence[int]) -> None:
+    def __init__(self, n: int, cores: Sequence[int], tick_s: float = TICK_S) -> None:
+        self.tick_s = tick_s
         self._reserved = _reserve_port()
         self.port = int(self._reserved.getsockname()[1])
         self.control_ports: list[int] = []
@@ -247,7 +262,9 @@ class ServerPool:
         ctx = mp.get_context("spawn")
         for core in self.cores:
             ours, theirs = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_server_main, args=(self.port, core, theirs), daemon=True)
+            proc = ctx.Process(
+                target=_server_main, args=(self.port, core, theirs, self.tick_s), daemon=True
+            )
             proc.start()
             theirs.close()
             self.procs.append(proc)
@@ -511,7 +528,7 @@ async def closed_loop(
     specs = _specs(n, tokens, paced=paced)
     arrival = ArrivalConfig(concurrency=concurrency)
     out = await _run(servers, client, specs, arrival, processes)
-    kind = f"paced {TICK_S * 1e3:.0f} ms steps" if paced else "zero delay"
+    kind = f"paced {servers.tick_s * 1e3:.0f} ms steps" if paced else "zero delay"
     return {
         "scenario": f"{concurrency} streams, {kind}",
         "concurrency": concurrency,
@@ -520,17 +537,22 @@ async def closed_loop(
     }
 
 
+def paced_specs(streams: int, n: int, tokens: int, tick_s: float) -> list[RequestSpec]:
+    """``n`` requests arriving at streams / (stream length) per second (spread out, as real
+    traffic), so that about ``streams`` are open at once, each streaming one chunk per ``tick_s``
+    engine step."""
+    rate = streams / ((tokens + 1) * tick_s)
+    return _specs(n, tokens, [i / rate for i in range(n)], paced=True)
+
+
 async def paced_streams(
     servers: ServerPool, client: str, streams: int, n: int, tokens: int, processes: int = 1
 ) -> dict[str, Any]:
-    """About ``streams`` streams open at once: arrivals at streams / (stream length) per second
-    (spread out, as real traffic), each streaming one chunk per ``TICK_S`` engine step."""
-    rate = streams / ((tokens + 1) * TICK_S)
-    arrivals = [i / rate for i in range(n)]
-    specs = _specs(n, tokens, arrivals, paced=True)
+    """About ``streams`` streams open at once (:func:`paced_specs`) on the servers' step."""
+    specs = paced_specs(streams, n, tokens, servers.tick_s)
     out = await _run(servers, client, specs, ArrivalConfig(kind="constant"), processes)
     return {
-        "scenario": f"{streams} streams, paced {TICK_S * 1e3:.0f} ms steps",
+        "scenario": f"{streams} streams, paced {servers.tick_s * 1e3:.0f} ms steps",
         "concurrency": streams,
         "paced": True,
         **out,
@@ -692,6 +714,98 @@ async def main_async(args: argparse.Namespace, servers: ServerPool) -> dict[str,
     }
 
 
+# --- --auto: the tuner's default client at a study's loads ------------------------------------
+
+AUTO_STREAMS = (64, 256, 1000)
+"""``--auto``'s paced streams: chat's 64 (the quick start's load), 256 (the chat study of
+docs/results.md) and 1,000."""
+
+
+async def auto_mode(args: argparse.Namespace, servers: ServerPool) -> dict[str, Any]:
+    """``--auto``: at each of ``args.auto_streams`` paced streams, the client processes the tuner
+    takes by default (``workload.client_processes=auto``: :func:`tuner.replay.choose_client` of
+    these requests, with the default engine config, on this process's cores), measured beside one
+    process in this process (the client before ``auto``; this process holds the tuner's heap),
+    interleaved, ``args.reps`` replays each."""
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    if args.client_pool:
+        os.sched_setaffinity(0, args.client_pool)  # what auto may use; its processes inherit it
+    workload = WorkloadConfig(name="client_capacity", arrival=ArrivalConfig(kind="constant"))
+    await closed_loop(servers, "current", 50, 200, args.tokens, 1)  # imports, connections
+    rows: list[dict[str, Any]] = []
+    for streams in args.auto_streams:
+        n = max(300, streams) if args.quick else max(1000, 3 * streams)
+        specs = paced_specs(streams, n, args.tokens, servers.tick_s)
+        choice = choose_client(workload, EngineConfig(), specs)
+        log(f"--- {streams} paced streams: auto takes {choice.describe()}")
+        variants = [("auto", choice.processes)]
+        if choice.processes > 1:  # else auto is the one process already
+            variants.append(("one process", 1))
+        for rep in range(1, args.reps + 1):
+            for label, procs in variants:
+                out = await _run(servers, "current", specs, workload.arrival, procs)
+                rows.append(
+                    {
+                        "scenario": f"{streams} streams, paced {servers.tick_s * 1e3:.0f} ms steps",
+                        "streams": streams,
+                        "variant": label,
+                        "rep": rep,
+                        "auto_in_flight": choice.in_flight,
+                        "auto_processes": choice.processes,
+                        "auto_cores": choice.cores,
+                        "auto_why": choice.describe(),
+                        **out,
+                    }
+                )
+                log(
+                    f"{streams:5d} streams {label:12s} x{procs:<3d} added p50 "
+                    f"{out['added_p50_ms']:7.3f} ms p99 {out['added_p99_ms']:7.3f} ms, probe lag "
+                    f"p99 {out['probe_lag_p99_ms'] or float('nan'):.2f} ms, {out['ok']}/{n} ok"
+                )
+    summary = {}
+    for streams in args.auto_streams:
+        mine = [r for r in rows if r["streams"] == streams and r["variant"] == "auto"]
+        worst = max(r["added_p99_ms"] for r in mine)
+        summary[str(streams)] = {
+            "auto_processes": mine[0]["auto_processes"],
+            "added_p99_ms": [r["added_p99_ms"] for r in mine],
+            "holds_1ms_p99": worst < 1.0,
+        }
+    return {"auto": rows, "auto_summary": summary}
+
+
+def auto_table(result: dict[str, Any]) -> str:
+    lines = [
+        "| streams | client | processes | added p50 ms | added p99 ms | added max ms | probe lag "
+        "p99 ms | client CPU | server CPU (busiest) | ok |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["auto"]:
+        lines.append(
+            f"| {r['streams']} | {r['variant']} | {r['processes']} | {r['added_p50_ms']:.3f} | "
+            f"{r['added_p99_ms']:.3f} | {r['added_max_ms']:.2f} | "
+            f"{r['probe_lag_p99_ms'] or float('nan'):.2f} | {r['client_cpu']:.0%} | "
+            f"{r['server_cpu']:.0%} ({r['server_cpu_max']:.0%}) | {r['ok']}/{r['requests']} |"
+        )
+    lines.append("")
+    for streams, v in result["auto_summary"].items():
+        p99 = ", ".join(f"{x:.2f}" for x in v["added_p99_ms"])
+        lines.append(
+            f"auto at {streams} streams: {v['auto_processes']} process(es), added p99 {p99} ms: "
+            f"< 1 ms {'holds' if v['holds_1ms_p99'] else 'does not hold'}"
+        )
+    busy = [r for r in result["auto"] if r.get("server_cpu_max", 0.0) > 0.8]
+    if busy:
+        lines.append(
+            f"warning: a server process was > 80 % busy in {len(busy)} row(s); the server may "
+            "have limited those (add --server-processes or cores)"
+        )
+    return "\n".join(lines)
+
+
 def table(result: dict[str, Any]) -> str:
     lines = [
         "| scenario | client | processes | added p50 ms | added p99 ms | req/s | client CPU "
@@ -784,14 +898,50 @@ def main() -> None:
         "client process the replay runs inside the tuner's process)",
     )
     ap.add_argument(
+        "--auto",
+        action="store_true",
+        help="the tuner's default client instead of the scenarios above: the processes "
+        "workload.client_processes=auto takes at each of --auto-streams paced streams (25 ms "
+        "steps), beside one process in this process, which holds the tuner's heap "
+        "(--tuner-heap); --processes is not used",
+    )
+    ap.add_argument(
+        "--auto-streams",
+        type=int,
+        nargs="+",
+        default=list(AUTO_STREAMS),
+        help="--auto: paced streams (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--reps", type=int, default=2, help="--auto: replays of each (default 2; --quick: 1)"
+    )
+    ap.add_argument(
+        "--tick-ms",
+        type=float,
+        default=None,
+        help=f"the server's engine step for paced streams (default {TICK_S * 1e3:.0f} ms; "
+        f"--auto: {STEP_S * 1e3:.0f} ms, the step the tuner's auto assumes)",
+    )
+    ap.add_argument(
         "--out",
         type=Path,
-        default=ROOT / "benchmarks/results/client_capacity.json",
-        help="JSON result file (default: %(default)s)",
+        default=None,
+        help="JSON result file (default: benchmarks/results/client_capacity.json; --auto: "
+        "client_capacity-auto.json)",
     )
     args = ap.parse_args()
     if min(args.processes) < 1:
         ap.error("--processes: counts must be >= 1")
+    if args.auto and (min(args.auto_streams) < 1 or args.reps < 1):
+        ap.error("--auto-streams and --reps must be >= 1")
+    if args.out is None:
+        name = "client_capacity-auto.json" if args.auto else "client_capacity.json"
+        args.out = ROOT / "benchmarks/results" / name
+    tick_s = args.tick_ms / 1e3 if args.tick_ms else (STEP_S if args.auto else TICK_S)
+    if args.auto:
+        args.tuner_heap = True
+        if args.quick:
+            args.reps = 1
     if args.tuner_heap:
         import tuner.study  # noqa: F401
 
@@ -805,6 +955,9 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     max_p = max(args.processes)
     n_servers = args.server_processes or max(1, min(max_p, len(cores) - max_p))
+    if args.auto:  # the servers on 8 cores (a quarter of a small machine), auto on the rest
+        n_servers = args.server_processes or max(1, min(8, len(cores) // 4))
+        max_p = max(1, len(cores) - n_servers)
     args.client_pool, server_cores = _layout(cores, max_p, n_servers)
     shared = bool(cores) and len(cores) < max_p + n_servers
     if shared:
@@ -814,14 +967,16 @@ def main() -> None:
             flush=True,
         )
     _raise_nofile()  # the client processes inherit the limit
-    servers = ServerPool(n_servers, server_cores)
+    servers = ServerPool(n_servers, server_cores, tick_s)
     servers.start()
     started = time.perf_counter()
     try:
-        result = asyncio.run(main_async(args, servers))
+        result = asyncio.run((auto_mode if args.auto else main_async)(args, servers))
     finally:
         servers.stop()
     result["setup"] = {
+        "mode": "auto" if args.auto else "scenarios",
+        "tick_ms": tick_s * 1e3,
         "tokens_per_response": args.tokens,
         "step_s": args.step_s,
         "processes": args.processes,
@@ -844,6 +999,12 @@ def main() -> None:
         },
     }
     print()
+    if args.auto:
+        result["setup"]["auto_streams"] = args.auto_streams
+        result["setup"]["reps"] = args.reps
+        print(auto_table(result))
+        _write(args.out, result)
+        return
     print(table(result))
     verdicts = {}
     for r in result["rows"]:
@@ -864,9 +1025,13 @@ def main() -> None:
                 f"{'holds' if ok else 'does not hold'} ({r['added_p99_ms']:.2f} ms)"
             )
     result["target_1ms_p99_at_1000"] = verdicts
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=float) + "\n")
-    print(f"wrote {args.out}")
+    _write(args.out, result)
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ from tuner.engine.process import Server, free_port, kill_all_groups, proc_table 
 from tuner.errors import ConfigError, TrialFailed  # noqa: E402
 from tuner.measure import reset_caches  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
-from tuner.replay import replay  # noqa: E402
+from tuner.replay import choose_client, replay  # noqa: E402
 from tuner.score import summarize  # noqa: E402
 from tuner.workload import build_requests  # noqa: E402
 
@@ -265,7 +265,7 @@ async def run_replay(
         request_timeout_s=w.request_timeout_s,
         api_key=api_key(cfg.engine, cfg.model),
         on_start=started.append,
-        processes=w.client_processes,
+        processes=choose_client(w, cfg.engine, requests).processes,  # as tuner.measure does
     )
     start = (started[0] if started else time.perf_counter()) - t0
     return records, start, time.perf_counter() - t0

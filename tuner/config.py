@@ -79,7 +79,8 @@ class EngineConfig:
     the tuner (its replay client processes, telemetry) to the ``cpu_reserve`` cores left out."""
     cpu_reserve: int = 2
     """With ``cpu_pinning``: the first this many cores run the tuner and its replay client (0:
-    the tuner stays unpinned); give ``workload.client_processes`` + 1."""
+    the tuner stays unpinned). ``workload.client_processes=auto`` takes at most this many client
+    processes; give it one per 32 requests in flight (8 at 256, ``tuner.replay.client_cores``)."""
 
 
 @dataclass
@@ -212,14 +213,18 @@ class WorkloadConfig:
     """Upper bound on the replay's wall time; unsent requests are not counted."""
     warmup_requests: int = 0
     request_timeout_s: float = 300.0
-    client_processes: int = 1
+    client_processes: Any = "auto"
     """Replay client processes (``tuner.replay_procs``): the requests in flight are split over
-    them. One process adds tens of ms at p99 at 1,000 streams (20,000 chunks/s at a 50 ms engine
-    step); 24 kept it under 1 ms on the H200 host (docs/replay-accuracy.md). Never more than the
-    in-flight bound or the cores usable."""
+    them; 1 replays in the tuner's own process. ``auto`` (the default) chooses per replay, from
+    its requests in flight (``tuner.replay.choose_client``): at most ``STREAMS_PER_PROCESS`` (32)
+    streams per process, up to ``IN_PROCESS_STREAMS`` (8) in the tuner's own, within the cores
+    the client may use (on 2 cores: the tuner's own). An integer >= 1 fixes the count, never
+    more than the cores usable (nor, when it runs, the requests in flight). One process adds tens
+    of ms at p99 at 1,000 streams (20,000 chunks/s at a 50 ms engine step); 24 kept it under 1 ms
+    on the H200 host (docs/replay-accuracy.md)."""
     client_loop: str = "asyncio"
-    """The event loop of the replay client (and of the tuner's process, which runs it when
-    ``client_processes`` is 1): ``asyncio`` (the standard library's) or ``uvloop`` (libuv's,
+    """The event loop of the replay client (and of the tuner's process, which runs it when it
+    takes one process): ``asyncio`` (the standard library's) or ``uvloop`` (libuv's,
     ``pip install 'tuner[fast]'``; less CPU per chunk)."""
     seed: int = 0
     system_prompt_tokens: int = 0
@@ -543,9 +548,12 @@ def check_workload(c: TunerConfig) -> None:
     if w.num_requests < 1:
         raise ConfigError(f"workload.num_requests is {w.num_requests}; allowed: >= 1")
     cores = usable_cores()
-    if not 1 <= w.client_processes <= cores:
+    procs = w.client_processes
+    if procs != "auto" and (
+        not isinstance(procs, int) or isinstance(procs, bool) or not 1 <= procs <= cores
+    ):
         raise ConfigError(
-            f"workload.client_processes is {w.client_processes}; allowed: 1 to {cores} "
+            f"workload.client_processes is {procs!r}; allowed: auto, or 1 to {cores} "
             "(the CPU cores this process may use)"
         )
     if w.arrival.kind == "concurrency" and w.arrival.concurrency < 1:

@@ -4,7 +4,9 @@ beyond doubt.
 
 :func:`measure` returns the request records, the telemetry summary (server, GPU and the replay
 client's own cost) and the prune reason; it writes ``metrics.jsonl`` and ``gpu.jsonl`` into the
-replay's folder. The trial (:mod:`tuner.trial`) turns that into a result.
+replay's folder. The trial (:mod:`tuner.trial`) turns that into a result. The replay client's
+processes are chosen for this replay's own load (:func:`tuner.replay.choose_client`) and recorded
+as ``client_processes`` beside its lag.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tuner.artifacts import make_dir, write_jsonl
 from tuner.config import TunerConfig, WorkloadConfig
 from tuner.engine.argv import api_key
 from tuner.records import RequestRecord, RequestSpec
-from tuner.replay import replay
+from tuner.replay import ClientChoice, choose_client, replay
 from tuner.replay_client import ClientStats
 from tuner.score import prune_reason
 from tuner.telemetry.gpu import GpuSampler
@@ -75,6 +77,9 @@ async def measure(
                 lost.set()
 
     client = ClientStats()
+    choice = choose_client(w, cfg.engine, rp.requests)  # this replay's load, on these cores
+    if choice.processes > 1:
+        log.info("  replay client: %s", choice.describe())
     with GpuSampler(gpus if cfg.engine.kind == "vllm" else [], 0.5) as gpu:
         async with MetricsScraper(base_url, interval_s=1.0) as prom:
             task = asyncio.create_task(
@@ -87,7 +92,7 @@ async def measure(
                     request_timeout_s=w.request_timeout_s,
                     api_key=api_key(cfg.engine, cfg.model),
                     on_record=on_record,
-                    processes=w.client_processes,
+                    processes=choice.processes,
                     client_loop=w.client_loop,
                     stats=client,
                 )
@@ -105,17 +110,17 @@ async def measure(
                 log.info("  pruned after %d requests: %s", len(records), pruned)
     write_jsonl(tdir / "metrics.jsonl", prom.samples)
     write_jsonl(tdir / "gpu.jsonl", gpu.samples)
-    own = client.summary()
-    warn_client_lag(own, w.client_processes, w.client_loop)
+    own = {**client.summary(), "client_processes": float(choice.processes)}
+    warn_client_lag(own, choice, w.client_loop)
     return Measured(records, {**prom.summary(), **gpu.summary(), **own}, pruned)
 
 
-def warn_client_lag(own: dict[str, float], processes: int, client_loop: str) -> None:
+def warn_client_lag(own: dict[str, float], choice: ClientChoice, client_loop: str) -> None:
     """Warn when the replay client's event loop ran late enough to show in TTFT/ITL."""
     lag = own.get("client_lag_p99_ms")
     if lag is None or lag <= replay_mod.CLIENT_LAG_WARN_MS:  # read at call time: tests lower it
         return
-    hint = f"raise workload.client_processes (now {processes})"
+    hint = choice.hint()
     if client_loop == "asyncio":
         hint += " or try workload.client_loop=uvloop"
     log.warning(

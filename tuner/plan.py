@@ -11,6 +11,8 @@ from rich.console import Console
 from tuner.config import TunerConfig
 from tuner.engine.argv import build_argv, mask_argv, secret_values
 from tuner.engine.pool import cpu_layout, describe_cores
+from tuner.records import RequestSpec
+from tuner.replay import IN_PROCESS_STREAMS, STREAMS_PER_PROCESS, choose_client
 from tuner.space import defaults, distributions
 
 __all__ = ["print_plan"]
@@ -18,13 +20,10 @@ __all__ = ["print_plan"]
 SPACE_DRAWS = 1000
 """Uniform draws from the space whose precheck verdicts the plan summarises."""
 
-STREAMS_PER_PROCESS_NOTE = 100
-"""Above this many requests in flight per client process the plan says the client adds
-latency of its own (docs/replay-accuracy.md)."""
-
 
 def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
     from tuner.storage import study_name
+    from tuner.workload import build_requests
 
     console = console or Console()
     console.print(f"study {study_name(cfg)} · engine {cfg.engine.kind} · model {cfg.model.name}")
@@ -43,8 +42,9 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
         "argv with vLLM defaults: "
         + " ".join(mask_argv(argv, secret_values(cfg.engine, model=cfg.model)))
     )
-    _print_refusals(cfg, console)
-    _print_client(cfg, console)
+    requests = build_requests(cfg.workload, Path(cfg.model.path))
+    _print_refusals(cfg, requests, console)
+    _print_client(cfg, requests, console)
     _print_cores(cfg, console)
     ps = cfg.study.prescreen
     if ps.trials:
@@ -65,22 +65,33 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
     console.print(f"state dir {Path(cfg.paths.state_dir).resolve()}")
 
 
-def _print_client(cfg: TunerConfig, console: Console) -> None:
+def _print_client(cfg: TunerConfig, requests: list[RequestSpec], console: Console) -> None:
+    """How many replay client processes the workload's replay takes, and why
+    (:func:`tuner.replay.choose_client`); with ``auto``, also at the confirm stage's load; a note
+    when a process would have more streams than ``auto`` gives one."""
     w = cfg.workload
-    p = w.client_processes
-    a = w.arrival
-    line = f"replay client: {p} process{'es' if p > 1 else ''} on {w.client_loop}"
-    bound = a.concurrency if a.kind == "concurrency" else a.max_concurrency
-    if bound:
-        per = math.ceil(bound / p)
-        line += f", {bound} requests in flight ({per} per process)"
-    console.print(line)
-    if bound and bound / p > STREAMS_PER_PROCESS_NOTE:
+    choice = choose_client(w, cfg.engine, requests)
+    console.print(f"replay client on {w.client_loop}: {choice.describe()}")
+    cc = cfg.confirm
+    if choice.auto:
+        from tuner.confirm import stressed
+        from tuner.workload import build_requests
+
+        line = "  auto chooses again for each replay's own load (capacity steps, confirm runs)"
+        if cc.enabled and cc.picks and cc.load_factor != 1:
+            harder = stressed(w, cc, w.seed)
+            at = choose_client(harder, cfg.engine, build_requests(harder, Path(cfg.model.path)))
+            line += f"; at the confirm stage's {cc.load_factor:g}x: {at.describe()}"
+        console.print(line)
+    if choice.processes < choice.wanted:
+        per = math.ceil(choice.in_flight / choice.processes)
+        where = "in the tuner's own process" if choice.processes == 1 else "per client process"
         console.print(
-            f"note: over {STREAMS_PER_PROCESS_NOTE} streams per client process the client adds "
-            "latency of its own at p99 (1,000 paced streams: 30-40 ms with one process, under "
-            "1 ms with 24; docs/replay-accuracy.md); every trial records client_lag_p99_ms, and "
-            "workload.client_processes spreads the load"
+            f"note: {per} streams {where}: the client adds latency of its own at p99 above "
+            f"{STREAMS_PER_PROCESS} streams a process, {IN_PROCESS_STREAMS} in the tuner's own "
+            "(1,000 paced streams: 30-40 ms with one process, under 1 ms with 24; "
+            f"docs/replay-accuracy.md); auto would take {choice.wanted} processes given the "
+            "cores; every trial records client_lag_p99_ms and client_processes"
         )
 
 
@@ -97,9 +108,15 @@ def _print_cores(cfg: TunerConfig, console: Console) -> None:
     console.print(f"CPU cores: {describe_cores(own, plan)}")
 
 
-def refusal_shares(cfg: TunerConfig, draws: int = SPACE_DRAWS, seed: int = 0) -> dict[str, float]:
+def refusal_shares(
+    cfg: TunerConfig,
+    draws: int = SPACE_DRAWS,
+    seed: int = 0,
+    requests: list[RequestSpec] | None = None,
+) -> dict[str, float]:
     """The share of ``draws`` uniform draws from the space that the precheck refuses before
-    launch, per failure reason (what random search would meet; TPE learns to avoid them)."""
+    launch, per failure reason (what random search would meet; TPE learns to avoid them), for
+    the workload's ``requests`` (built here if not given)."""
     import optuna
 
     from tuner.memory import ModelShape
@@ -109,7 +126,8 @@ def refusal_shares(cfg: TunerConfig, draws: int = SPACE_DRAWS, seed: int = 0) ->
 
     dists = distributions(cfg.space)
     shape = ModelShape.from_dir(cfg.model.path)
-    requests = build_requests(cfg.workload, Path(cfg.model.path))
+    if requests is None:
+        requests = build_requests(cfg.workload, Path(cfg.model.path))
     counts: dict[str, int] = {}
     with quiet_optuna():
         sampler = optuna.samplers.RandomSampler(seed=seed)
@@ -123,11 +141,11 @@ def refusal_shares(cfg: TunerConfig, draws: int = SPACE_DRAWS, seed: int = 0) ->
     return {reason: n / draws for reason, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
-def _print_refusals(cfg: TunerConfig, console: Console) -> None:
+def _print_refusals(cfg: TunerConfig, requests: list[RequestSpec], console: Console) -> None:
     """How much of the space the precheck refuses, and what that means for ``n_trials``."""
     if not cfg.study.precheck or not distributions(cfg.space):
         return
-    shares = refusal_shares(cfg)
+    shares = refusal_shares(cfg, requests=requests)
     total = sum(shares.values())
     detail = ", ".join(
         f"{reason} {share:.0%}" if share >= 0.01 else f"{reason} <1%"

@@ -35,8 +35,9 @@ from tuner.engine.argv import cache_root, mask, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, describe_cores, on_cores
 from tuner.measure import Replay
 from tuner.memory import ModelShape
-from tuner.records import TrialResult
+from tuner.records import RequestSpec, TrialResult
 from tuner.recovery import recover, worker_id
+from tuner.replay import STREAMS_PER_PROCESS, choose_client
 from tuner.replay_client import loop_factory
 from tuner.report import gpu_time, live_best, print_summary, progress_line
 from tuner.space import distributions
@@ -135,7 +136,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     try:
         with on_cores(own) as cores:
             if own:
-                _note_own_cores(cfg, cores, ctx.cpu_sets or {})
+                _note_own_cores(cfg, cores, ctx.cpu_sets or {}, requests)
             _run_on_loop(cfg, _trials(study, dists, ctx, tracker, outcome))
             print_summary(outcome.study, outcome.results, cfg)
             _after_search(study, ctx, tracker, outcome)
@@ -149,18 +150,37 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     return outcome
 
 
-def _note_own_cores(cfg: TunerConfig, cores: list[int], servers: dict[int, list[int]]) -> None:
+def _note_own_cores(
+    cfg: TunerConfig,
+    cores: list[int],
+    servers: dict[int, list[int]],
+    requests: list[RequestSpec],
+) -> None:
     """``engine.cpu_pinning``: say where the tuner and the servers run; warn when the replay
-    client has more processes than the cores kept for it."""
+    client has more processes than the cores kept for it, or when those cores hold ``auto`` to
+    fewer processes than the workload's own load calls for."""
     log.info("engine.cpu_pinning: %s", describe_cores(cores, servers))
     procs = cfg.workload.client_processes
-    if procs > len(cores):
+    if isinstance(procs, int) and procs > len(cores):
         log.warning(
             "workload.client_processes=%d shares engine.cpu_reserve=%d cores with the tuner: "
             "raise engine.cpu_reserve to %d or more so each client process has a core",
             procs,
             len(cores),
             procs + 1,
+        )
+    choice = choose_client(cfg.workload, cfg.engine, requests)
+    if choice.held:
+        log.warning(
+            "workload.client_processes=auto: the workload's %d requests in flight call for %d "
+            "client processes (at most %d streams each) but engine.cpu_reserve=%d holds it to %d: "
+            "raise engine.cpu_reserve to %d or more",
+            choice.in_flight,
+            choice.wanted,
+            STREAMS_PER_PROCESS,
+            cfg.engine.cpu_reserve,
+            choice.processes,
+            choice.wanted,
         )
 
 

@@ -49,6 +49,7 @@ from tuner.memory import ModelShape
 from tuner.precheck import precheck
 from tuner.records import LaunchInfo, RequestSpec, TrialResult
 from tuner.recovery import LEASE_ENV, Lease
+from tuner.replay import is_closed_loop
 from tuner.score import KEY_METRICS, constraints, needs_capacity, objective_values, summarize
 from tuner.space import changed_params, resolved
 from tuner.telemetry.gpu import gpu_memory, nvml_available, wait_for_free_memory
@@ -460,8 +461,7 @@ async def _capacity(run: ServerRun, server: Server) -> None:
 
 
 def _closed(rp: Replay) -> bool:
-    measured = [r for r in rp.requests if not r.warmup]
-    return rp.workload.arrival.kind == "concurrency" and all(r.arrival_s is None for r in measured)
+    return is_closed_loop(rp.workload.arrival, rp.requests)
 
 
 def _factor(base: Replay, rp: Replay, asked: float) -> float:

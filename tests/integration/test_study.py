@@ -655,19 +655,27 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert "do not count toward study.n_trials (at most study.max_rejected=50 per run)" in out
     assert re.search(r"precheck: refuses \d+% of 1000 random configs .*invalid_config", out)
     assert "study created in memory" not in p.stdout + p.stderr  # its Optuna study is quiet
-    assert "replay client: 1 process on asyncio, 64 requests in flight (64 per process)" in out
-    assert "note: over 100 streams per client process" not in out
+    # workload.client_processes=auto (tests/unit/test_client_choice.py has the rule's figures)
+    assert "replay client on asyncio: " in out and " (auto)" in out
+    assert "64 requests in flight" in out
+    assert "auto chooses again for each replay's own load" in out
     n = len(os.sched_getaffinity(0))
     assert f"CPU cores: not pinned; servers, the tuner and its replay client share {n} cores" in out
 
 
 def test_dry_run_notes_a_client_with_too_many_streams(tmp_path: Path) -> None:
     args = ["+workload=chat", "dry_run=true", "workload.arrival.concurrency=1000"]
-    out = " ".join(tuner(tmp_path, *args, timeout=60).stdout.split())
-    assert "1000 requests in flight (1000 per process)" in out
-    assert "note: over 100 streams per client process the client adds latency" in out
+    out = " ".join(tuner(tmp_path, *args, "workload.client_processes=1", timeout=60).stdout.split())
+    assert (  # 1,000 slots, but only the 300 requests of the workload to fill them
+        "replay client on asyncio: 1 process, the tuner's own (workload.client_processes=1), "
+        "300 requests in flight" in out
+    )
+    assert "note: 300 streams in the tuner's own process: the client adds latency" in out
+    assert "auto would take 10 processes given the cores" in out
     out = " ".join(tuner(tmp_path, *args, "workload.client_processes=2", timeout=60).stdout.split())
-    assert "replay client: 2 processes on asyncio, 1000 requests in flight (500 per process)" in out
+    assert (
+        "2 processes (workload.client_processes=2), 300 requests in flight (150 per process)" in out
+    )
 
 
 def test_dry_run_names_the_prescreen(tmp_path: Path) -> None:

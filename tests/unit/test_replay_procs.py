@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from test_replay import FakeVLLM, run, spec
 
-from tuner.config import ArrivalConfig, usable_cores
-from tuner.errors import ConfigError, ReplayClientError
+from tuner.config import ArrivalConfig
+from tuner.errors import ReplayClientError
 from tuner.records import RequestRecord
 from tuner.replay import replay
 from tuner.replay_procs import split_slots
@@ -306,25 +306,3 @@ async def test_bad_process_counts(server: tuple[str, FakeVLLM]) -> None:
                 request_timeout_s=1.0,
                 processes=bad,  # type: ignore[arg-type]
             )
-
-
-@pytest.mark.parametrize(
-    ("value", "needle"),
-    [
-        ("0", r"workload.client_processes is 0; allowed: 1 to \d+ \(the CPU cores"),
-        ("100000", r"workload.client_processes is 100000; allowed: 1 to \d+"),
-        ("auto", r"client_processes"),
-    ],
-)
-def test_config_knob_errors(make_cfg, value: str, needle: str) -> None:
-    with pytest.raises(ConfigError, match=needle) as err:
-        make_cfg("+workload=chat", f"workload.client_processes={value}")
-    assert "\n" not in str(err.value)
-
-
-def test_config_knob_default_and_override(make_cfg) -> None:
-    assert make_cfg("+workload=chat").workload.client_processes == 1
-    n = min(2, usable_cores())
-    assert (
-        make_cfg("+workload=chat", f"workload.client_processes={n}").workload.client_processes == n
-    )
