@@ -216,7 +216,7 @@ class WorkloadConfig:
     client_processes: Any = "auto"
     """Replay client processes (``tuner.replay_procs``): the requests in flight are split over
     them; 1 replays in the tuner's own process. ``auto`` (the default) chooses per replay, from
-    its requests in flight (``tuner.replay.choose_client``): at most ``STREAMS_PER_PROCESS`` (32)
+    its requests in flight (``tuner.replay.choose_client``): at most ``STREAMS_PER_PROCESS`` (16)
     streams per process, up to ``IN_PROCESS_STREAMS`` (8) in the tuner's own, within the cores
     the client may use (on 2 cores: the tuner's own). An integer >= 1 fixes the count, never
     more than the cores usable (nor, when it runs, the requests in flight). One process adds tens

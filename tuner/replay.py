@@ -74,20 +74,22 @@ client's own queueing (docs/replay-accuracy.md)."""
 
 # --- how many client processes a replay takes (workload.client_processes=auto) ----------------
 
-STREAMS_PER_PROCESS = 32
+STREAMS_PER_PROCESS = 16
 """``auto``: at most this many streams (requests in flight) per client process. An engine step
 delivers one chunk to every open stream at once, and a process reads its share of that burst one
-chunk at a time, so its last stream waits for the others: on the H200 host ~42 streams per process
-added 0.56 ms at p99 (1,000 paced streams over 24 processes) and ~62 added 1.2-1.4 ms (over 16),
-about 20 us a chunk (docs/replay-accuracy.md). 32 a process keeps that burst near 0.6 ms, with
-room for a host whose cores also run vLLM."""
+chunk at a time, so its last stream waits for the others. On the 16-core H200 host
+(docs/gpu-runs/2026-12-01-client-auto.md, 64 paced streams at 25 ms steps, two replays each):
+32 streams a process (2 processes) added 1.33-1.41 ms at p99, 16 a process (4) 0.91-0.98 ms.
+Beyond the cores usable the count is capped, and there the p99 varied from run to run (1,000
+streams over 11 processes: 0.84-4.2 ms in four replays)."""
 
 IN_PROCESS_STREAMS = 8
 """``auto``: up to this many streams the replay stays in the tuner's own process (no process to
 start, as before ``auto``); above it, separate client processes. The tuner's process reads a
 chunk several times slower than a client process of its own (it also runs the telemetry and the
 trials' bookkeeping, on a heap of Optuna, MLflow and SQLAlchemy): at 64 streams on vLLM its event
-loop ran 5.2-5.8 ms late at p99 (issue 21), ~85 us a stream, so 8 streams is about 0.7 ms."""
+loop ran 5.2-5.8 ms late at p99 (issue 21), ~85 us a stream, so 8 streams is about 0.7 ms; in
+the benchmark's process holding the tuner's heap, 64 streams added 2.4-3.3 ms (~45 us each)."""
 
 STEP_S = 0.025
 """``auto``, open loop: the engine step (one chunk per stream) assumed when estimating how long a

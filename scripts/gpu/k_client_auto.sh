@@ -3,7 +3,8 @@
 # client the tuner takes by default, workload.client_processes=auto, at 64, 256 and 1,000 paced
 # streams on 25 ms engine steps, each beside one process in the tuner's heavy process (the client
 # before auto), 2 replays each; CPU only, no GPU and no vLLM (benchmarks/client_capacity.py
-# --auto: the zero-delay server on 8 cores, auto on the others). On nvidia-h200-x2 (32 cores),
+# --auto: the zero-delay server on its own cores, auto on the others). Ran on nvidia-h200 (16 cores;
+# docs/gpu-runs/2026-12-01-client-auto.md),
 # with the tuner's wheels carried in .whl:
 #   OUT=$OUT T=300 CPU_ONLY=1 bash scripts/gpu/k_client_auto.sh          (about 2-3 minutes)
 # The JSON and the log come back in $OUT (client_capacity-auto-h200host.json, client_auto.log);

@@ -58,10 +58,11 @@ def test_small_loads_stay_in_the_tuners_process() -> None:
 
 def test_above_the_threshold_separate_processes_at_most_streams_per_process() -> None:
     assert processes_for(IN_PROCESS_STREAMS + 1, 64) == 2  # not the tuner's own process
-    assert processes_for(64, 64) == 2
-    assert processes_for(65, 64) == 3
-    assert processes_for(256, 64) == 8
-    assert processes_for(1000, 64) == 32
+    assert processes_for(64, 64) == 4
+    assert processes_for(65, 64) == 5
+    assert processes_for(256, 64) == 16
+    assert processes_for(1000, 64) == 63
+    assert processes_for(1000, 11) == 11  # the cores usable cap it
     for bound in range(IN_PROCESS_STREAMS + 1, 2000, 7):
         p = processes_for(bound, 10_000)
         assert p >= 2 and math.ceil(bound / p) <= STREAMS_PER_PROCESS
@@ -122,10 +123,10 @@ def test_choose_client_follows_each_replays_load(cores) -> None:
     w = WorkloadConfig(name="chat", arrival=ArrivalConfig(concurrency=64))
     assert w.client_processes == "auto"  # the default
     base = choose_client(w, EngineConfig(), specs(300))
-    assert (base.processes, base.in_flight, base.auto, base.held) == (2, 64, True, False)
+    assert (base.processes, base.in_flight, base.auto, base.held) == (4, 64, True, False)
     # a capacity step or a confirm run at 4x: the same workload at its own load
     harder = replace(w, arrival=ArrivalConfig(concurrency=256))
-    assert choose_client(harder, EngineConfig(), specs(800)).processes == 8
+    assert choose_client(harder, EngineConfig(), specs(800)).processes == 16
     small = replace(w, arrival=ArrivalConfig(concurrency=4))
     assert choose_client(small, EngineConfig(), specs(300)).processes == 1
     # an integer is used as given, whatever the load
@@ -138,9 +139,9 @@ def test_on_two_cores_auto_is_the_single_in_process_client(cores) -> None:
     cores(2)
     w = WorkloadConfig(name="chat", arrival=ArrivalConfig(concurrency=64))
     choice = choose_client(w, EngineConfig(), specs(300))
-    assert (choice.processes, choice.wanted, choice.held) == (1, 2, True)
+    assert (choice.processes, choice.wanted, choice.held) == (1, 4, True)
     assert choice.describe() == (
-        "1 process, the tuner's own (auto): 64 requests in flight call for 2 (at most 32 "
+        "1 process, the tuner's own (auto): 64 requests in flight call for 4 (at most 16 "
         "streams each), held to 1 by the cores usable (2 cores less 1 for the server)"
     )
 
@@ -149,8 +150,8 @@ def test_describe(cores) -> None:
     cores(32)
     w = WorkloadConfig(name="chat", arrival=ArrivalConfig(concurrency=256))
     assert choose_client(w, EngineConfig(), specs(300)).describe() == (
-        "8 processes (auto), 256 requests in flight: at most 32 streams each "
-        "(32 here; 31 cores usable)"
+        "16 processes (auto), 256 requests in flight: at most 16 streams each "
+        "(16 here; 31 cores usable)"
     )
     small = replace(w, arrival=ArrivalConfig(concurrency=4))
     assert choose_client(small, EngineConfig(), specs(300)).describe() == (
@@ -205,11 +206,11 @@ def test_dry_run_says_what_auto_chose_and_why(make_cfg, cores) -> None:
     cores(32)
     out = plan_text(cfg)
     assert (
-        "replay client on asyncio: 2 processes (auto), 64 requests in flight: at most 32 "
-        "streams each (32 here; 31 cores usable)\n"
+        "replay client on asyncio: 4 processes (auto), 64 requests in flight: at most 16 "
+        "streams each (16 here; 31 cores usable)\n"
         "  auto chooses again for each replay's own load (capacity steps, confirm runs); at the "
-        "confirm stage's 2x: 4 processes (auto), 128 requests in flight: at most 32 streams "
-        "each (32 here; 31 cores usable)\n"
+        "confirm stage's 2x: 8 processes (auto), 128 requests in flight: at most 16 streams "
+        "each (16 here; 31 cores usable)\n"
     ) in out
     assert "note:" not in out
     cores(2)
@@ -217,9 +218,9 @@ def test_dry_run_says_what_auto_chose_and_why(make_cfg, cores) -> None:
     assert "replay client on asyncio: 1 process, the tuner's own (auto): 64 requests" in out
     assert (
         "note: 64 streams in the tuner's own process: the client adds latency of its own at "
-        "p99 above 32 streams a process, 8 in the tuner's own"
+        "p99 above 16 streams a process, 8 in the tuner's own"
     ) in out
-    assert "auto would take 2 processes given the cores" in out
+    assert "auto would take 4 processes given the cores" in out
 
 
 def test_dry_run_of_a_fixed_count(make_cfg, cores) -> None:
@@ -236,7 +237,7 @@ def test_dry_run_of_a_fixed_count(make_cfg, cores) -> None:
     assert "auto chooses again" not in out
     where = "in the tuner's own process" if n == 1 else "per client process"
     assert f"note: {math.ceil(200 / n)} streams {where}: the client adds latency" in out
-    assert "auto would take 7 processes given the cores" in out
+    assert "auto would take 13 processes given the cores" in out
 
 
 def test_a_late_client_names_what_held_auto(caplog: pytest.LogCaptureFixture, cores) -> None:
@@ -252,11 +253,11 @@ def test_a_late_client_names_what_held_auto(caplog: pytest.LogCaptureFixture, co
     held, free, one = (r.getMessage() for r in caplog.records)
     assert held.endswith(
         "auto was held to 2 client process(es) by the cores usable (engine.cpu_reserve=2 under "
-        "engine.cpu_pinning); it would take 8, one per 32 requests in flight: give the client "
+        "engine.cpu_pinning); it would take 16, one per 16 requests in flight: give the client "
         "more cores"
     )
     assert free.endswith(
-        "auto chose 8 client process(es) for 256 in flight; set workload.client_processes "
+        "auto chose 16 client process(es) for 256 in flight; set workload.client_processes "
         "higher (up to 31 here)"
     )
     assert one.endswith(
@@ -271,13 +272,14 @@ def test_the_study_warns_when_the_reserve_holds_auto(make_cfg, caplog, cores) ->
     cfg = make_cfg("+workload=chat")
     cfg = replace(cfg, engine=replace(cfg.engine, cpu_pinning=True, cpu_reserve=2))
     cores(2)  # the tuner's process on its 2 reserved cores
-    _note_own_cores(cfg, [0, 1], {0: [2, 3]}, specs(300))  # 64 in flight: 2 processes, no warning
+    light = replace(cfg, workload=replace(cfg.workload, arrival=ArrivalConfig(concurrency=32)))
+    _note_own_cores(light, [0, 1], {0: [2, 3]}, specs(300))  # 32 in flight: 2, no warning
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     busy = replace(cfg, workload=replace(cfg.workload, arrival=ArrivalConfig(concurrency=256)))
     _note_own_cores(busy, [0, 1], {0: [2, 3]}, specs(300))
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warning == (
-        "workload.client_processes=auto: the workload's 256 requests in flight call for 8 client "
-        "processes (at most 32 streams each) but engine.cpu_reserve=2 holds it to 2: raise "
-        "engine.cpu_reserve to 8 or more"
+        "workload.client_processes=auto: the workload's 256 requests in flight call for 16 client "
+        "processes (at most 16 streams each) but engine.cpu_reserve=2 holds it to 2: raise "
+        "engine.cpu_reserve to 16 or more"
     )
