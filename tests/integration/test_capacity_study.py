@@ -57,11 +57,15 @@ def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
         held = [s["factor"] for s in steps if s["held"]]
         failed = [s["factor"] for s in steps if not s["held"]]
         assert held and failed and max(h for h in held if h < min(failed)) < min(failed)
-    # 2.3-2.4 % (max - min) / mean in two runs on an idle 2-core machine, 6.1 % with a second
-    # test suite running beside it: the simulator runs in wall-clock time, so a busy machine
-    # moves its latencies. 10 % still fails a search that brackets or interpolates wrongly.
+    # (max - min) / mean: 2.3-2.4 % in two runs on an idle 2-core machine; 2.9-5.7 % in four runs
+    # beside another test suite and three other jobs; 11.7 % once in CI. The simulator runs in
+    # wall-clock time on the same two cores as the tuner and its client, so a busy machine moves
+    # its latencies and its served rate (the same 25 slots served 37.6 and 41.1 requests/s in two
+    # trials of one run), and one slot of the ~18 in flight at the crossing is 5.5 %. 15 % still
+    # fails a search that brackets or interpolates wrongly (tests/unit/test_capacity.py checks
+    # the arithmetic). The 5 % target held on the H200 (3.7 %, docs/gpu-runs/2026-12-01-capacity.md).
     caps = [t.user_attrs["metrics"]["capacity_rps"] for t in study.trials]
-    assert (max(caps) - min(caps)) / statistics.fmean(caps) <= 0.10, caps
+    assert (max(caps) - min(caps)) / statistics.fmean(caps) <= 0.15, caps
 
     from mlflow import MlflowClient
 
