@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "INTERRUPTED",
     "ConfigError",
     "EngineError",
     "FailureReason",
@@ -56,6 +57,13 @@ class FailureReason(enum.StrEnum):
     """Rejected by the tuner before launch (e.g. TP does not divide the heads)."""
     REPLAY_ERRORS = "replay_errors"
     """The server was up but too many requests failed."""
+
+
+INTERRUPTED = "interrupted"
+"""The ``failure_reason`` of a trial that did not end because its tuner was stopped (Ctrl-C,
+SIGTERM, or ``kill -9`` found by the next run's recovery). Such a trial is FAIL, not COMPLETE, so
+this is no :class:`FailureReason`: those name the ``failed_<reason>`` constraints of measured
+failures."""
 
 
 class TunerError(Exception):

@@ -5,10 +5,15 @@ Before each launch the study writes a *lease* (``<state_dir>/leases/<id>.json``:
 host, the tuner's pid, the MLflow parent run) and gives the server the environment variable
 ``TUNER_LEASE=<id>``. The lease is removed after teardown. A lease whose tuner is no longer alive
 on this host means that tuner died: :func:`recover` SIGKILLs every process group that carries the
-lease's marker (found through ``/proc/<pid>/environ``, never by name), marks the Optuna trial FAIL
-with ``failure_reason=interrupted``, records a FAILED MLflow child run under the dead
-invocation's parent run and marks that parent FAILED. RUNNING trials whose tuner died before it
-launched anything (no lease) are marked FAIL too. Leases of other hosts are left to their hosts.
+lease's marker (found through ``/proc/<pid>/environ``, never by name) and marks the Optuna trial
+FAIL with ``failure_reason=interrupted``. RUNNING trials whose tuner died before it launched
+anything (no lease) are marked FAIL too. Leases of other hosts are left to their hosts.
+
+Then, once the new invocation's MLflow run is open, :func:`close_runs` records a FAILED child run
+(``failure_reason`` ``interrupted``) for each trial :func:`recover` marked, under the dead
+invocation's parent run, and ends KILLED every run of the study its dead tuner left RUNNING (its
+parent run, say during the confirm stage, when no trial was running; a child run it was writing)
+with the tag ``killed_reason``. Runs name their tuner by the tag ``tuner.worker``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import signal
 import socket
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +34,9 @@ import optuna
 
 from tuner import stored_trial
 from tuner.engine.process import group_members
+from tuner.tracking import close_open_runs, find_parent, log_interrupted
 
-__all__ = ["LEASE_ENV", "Lease", "recover", "worker_id"]
+__all__ = ["LEASE_ENV", "Interrupted", "Lease", "Recovered", "close_runs", "recover", "worker_id"]
 
 log = logging.getLogger(__name__)
 
@@ -119,49 +125,42 @@ def _kill_marked(lease_id: str) -> int:
     return len(groups)
 
 
+@dataclass(frozen=True)
+class Interrupted:
+    """A trial :func:`recover` marked FAIL because its tuner died."""
+
+    number: int
+    params: dict[str, Any]
+    detail: str
+    worker: str
+    """The dead tuner, ``host:pid``."""
+    parent_run_id: str | None = None
+    """Its MLflow parent run and store, as its lease recorded them (none without a lease)."""
+    tracking_uri: str | None = None
+
+
+@dataclass
+class Recovered:
+    """What :func:`recover` did: a line per action, and the trials it marked FAIL."""
+
+    notes: list[str] = field(default_factory=list)
+    interrupted: list[Interrupted] = field(default_factory=list)
+
+
 def _fail_trial(study: optuna.Study, number: int, detail: str) -> dict[str, Any] | None:
     """Mark a RUNNING trial FAIL (interrupted); its params, or None if it was not RUNNING."""
     trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
     if trial is None or trial.state != optuna.trial.TrialState.RUNNING:
         return None
-    storage = study._storage  # noqa: SLF001 - Optuna has no public API for a RUNNING trial's attrs
-    storage.set_trial_user_attr(trial._trial_id, "failure_reason", "interrupted")  # noqa: SLF001
-    storage.set_trial_user_attr(trial._trial_id, "failure_detail", detail)  # noqa: SLF001
-    study.tell(number, state=optuna.trial.TrialState.FAIL)
+    stored_trial.mark_interrupted(study, trial, detail)
     return dict(trial.params)
 
 
-def _record_mlflow(lease: Lease, params: dict[str, Any], detail: str) -> None:
-    if not lease.parent_run_id or not lease.tracking_uri:
-        return
-    from mlflow import MlflowClient
-    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-
-    client = MlflowClient(tracking_uri=lease.tracking_uri)
-    parent = client.get_run(lease.parent_run_id)
-    tags = {
-        MLFLOW_PARENT_RUN_ID: lease.parent_run_id,
-        "tuner.role": "trial",
-        "trial.number": str(lease.trial),
-        "trial.state": "failed",
-        "failure_reason": "interrupted",
-        "failure_detail": detail,
-        **{k: v for k, v in parent.data.tags.items() if k in ("engine", "model", "workload")},
-    }
-    run = client.create_run(
-        parent.info.experiment_id, run_name=f"trial-{lease.trial:04d}", tags=tags
-    )
-    for k, v in params.items():
-        client.log_param(run.info.run_id, k, str(v))
-    client.set_terminated(run.info.run_id, "FAILED")
-    if parent.info.status == "RUNNING":
-        client.set_terminated(lease.parent_run_id, "FAILED")
-
-
-def recover(study: optuna.Study, lease_dir: Path) -> list[str]:
-    """Clean up after dead tuners of this study on this host; returns what was done."""
+def recover(study: optuna.Study, lease_dir: Path) -> Recovered:
+    """Clean up after dead tuners of this study on this host: stop the servers they left, mark
+    their RUNNING trials FAIL (interrupted). MLflow is :func:`close_runs`'s."""
     host = socket.gethostname()
-    done: list[str] = []
+    out = Recovered()
     leased: set[int] = set()
     for path in sorted(lease_dir.glob("*.json")) if lease_dir.is_dir() else []:
         try:
@@ -178,14 +177,21 @@ def recover(study: optuna.Study, lease_dir: Path) -> list[str]:
         detail = f"the tuner (pid {lease.tuner_pid}) died during this trial"
         params = _fail_trial(study, lease.trial, detail)
         if params is not None:
-            try:
-                _record_mlflow(lease, params, detail)
-            except Exception as exc:  # tracking must not stop the recovery
-                log.warning("could not record interrupted trial %d in MLflow: %s", lease.trial, exc)
+            out.interrupted.append(
+                Interrupted(
+                    lease.trial,
+                    params,
+                    detail,
+                    f"{lease.host}:{lease.tuner_pid}",
+                    lease.parent_run_id,
+                    lease.tracking_uri,
+                )
+            )
         lease.release(lease_dir)
-        done.append(
+        what = "marked the trial failed (interrupted)" if params is not None else "its trial ended"
+        out.notes.append(
             f"trial {lease.trial}: its tuner died; stopped {killed} server process group(s) it "
-            "left, marked the trial failed (interrupted)"
+            f"left, {what}"
         )
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = stored_trial.worker(t)
@@ -193,6 +199,48 @@ def recover(study: optuna.Study, lease_dir: Path) -> list[str]:
         if t.number in leased or w_host != host or not w_pid.isdigit():
             continue
         if not _pid_alive(int(w_pid)):
-            _fail_trial(study, t.number, f"the tuner (pid {w_pid}) died before launching")
-            done.append(f"trial {t.number}: its tuner died before launching; marked failed")
+            detail = f"the tuner (pid {w_pid}) died before launching"
+            params = _fail_trial(study, t.number, detail)
+            if params is not None:
+                out.interrupted.append(Interrupted(t.number, params, detail, worker))
+            out.notes.append(f"trial {t.number}: its tuner died before launching; marked failed")
+    return out
+
+
+def _dead(worker: str) -> str | None:
+    """Why tuner ``worker`` (``host:pid``) counts as dead, or None while it may live (another
+    host's is left to that host)."""
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    if int(pid) == os.getpid() or _pid_alive(int(pid)):
+        return None
+    return f"its tuner ({worker}) no longer runs; closed by the next run ({worker_id()})"
+
+
+def close_runs(
+    recovered: Recovered, study: str, tracking_uri: str | None, experiment: str
+) -> list[str]:
+    """MLflow's side of :func:`recover`: a FAILED child run per trial it marked (under the dead
+    invocation's parent run: its lease's, else the run tagged with the dead tuner), then every
+    run of ``study`` a dead tuner left RUNNING ended KILLED with the tag ``killed_reason``, in
+    ``tracking_uri`` (None: tracking off) and in a lease's store if that is another. Returns a
+    line per run closed; a failing store is logged, never raised."""
+    stores = {tracking_uri} if tracking_uri else set()
+    for it in recovered.interrupted:
+        uri, parent = it.tracking_uri, it.parent_run_id
+        try:
+            if not (uri and parent) and tracking_uri:
+                uri, parent = tracking_uri, find_parent(tracking_uri, experiment, it.worker)
+            if uri and parent:
+                stores.add(uri)
+                log_interrupted(uri, parent, it.number, it.params, it.detail)
+        except Exception as exc:  # tracking must not stop the recovery
+            log.warning("could not record interrupted trial %d in MLflow: %s", it.number, exc)
+    done: list[str] = []
+    for uri in sorted(stores):
+        try:
+            done += close_open_runs(uri, experiment, study, _dead)
+        except Exception as exc:
+            log.warning("could not close the MLflow runs dead tuners left in %s: %s", uri, exc)
     return done

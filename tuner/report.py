@@ -587,8 +587,9 @@ def run_report(cfg: TunerConfig) -> Published:
     import optuna
 
     from tuner.errors import ConfigError
+    from tuner.recovery import worker_id
     from tuner.storage import storage_url, study_name
-    from tuner.tracking import open_tracker
+    from tuner.tracking import WORKER, open_tracker
 
     storage = storage_url(cfg)
     name = study_name(cfg)
@@ -608,7 +609,7 @@ def run_report(cfg: TunerConfig) -> Published:
         cfg.tracking.uri,
         cfg.tracking.experiment or name,
         f"report-{out_dir.name}",
-        {"tuner.study": name},
+        {"tuner.study": name, WORKER: worker_id()},
         lambda s: s,
         role="report",
     )

@@ -10,7 +10,8 @@ What a told trial holds:
 
 - **state**: COMPLETE when it was measured *or* failed (a failure is data: its constraint
   ``failed_<reason>`` is 1 and its values are the penalty values); PRUNED when its replay was
-  stopped early; FAIL only when it was interrupted or hit a bug in the tuner (``tuner_error``).
+  stopped early; FAIL only when it was interrupted (``failure_reason`` ``interrupted``, see
+  :func:`mark_interrupted`) or hit a bug in the tuner (``tuner_error``).
 - **constraints** (Optuna's, > 0 = violated): ``error_rate``, ``slo_*`` and ``failed_<reason>``.
 - **user attributes**: ``metrics`` (every metric of :mod:`tuner.score` and telemetry),
   ``failure_reason`` / ``failure_detail``, ``predicted_kv_tokens``, ``launched``, ``server_s``,
@@ -29,6 +30,7 @@ import optuna
 
 from tuner.config import TunerConfig
 from tuner.engine.argv import command_prefix
+from tuner.errors import INTERRUPTED
 from tuner.records import TrialResult
 from tuner.score import failure_values
 
@@ -39,6 +41,7 @@ __all__ = [
     "failure_reason",
     "feasible",
     "is_baseline",
+    "mark_interrupted",
     "mark_tuner_error",
     "mark_worker",
     "measured",
@@ -107,6 +110,21 @@ def mark_worker(trial: optuna.Trial, worker_id: str) -> None:
     trial.set_user_attr("worker", worker_id)
 
 
+def mark_interrupted(study: optuna.Study, t: Stored, detail: str) -> None:
+    """A RUNNING trial that will not end (its tuner was stopped, or died): ``failure_reason``
+    ``interrupted`` and ``failure_detail`` saying how, then told FAIL. ``t`` is the live trial
+    (Ctrl-C) or one read back from storage (the next run's crash recovery)."""
+    attrs = {"failure_reason": INTERRUPTED, "failure_detail": detail}
+    if isinstance(t, optuna.Trial):
+        for k, v in attrs.items():
+            t.set_user_attr(k, v)
+    else:  # Optuna has no public API for the attrs of a RUNNING trial read back from storage
+        storage = study._storage  # noqa: SLF001
+        for k, v in attrs.items():
+            storage.set_trial_user_attr(t._trial_id, k, v)  # noqa: SLF001
+    study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+
+
 def mark_tuner_error(trial: optuna.Trial, exc: BaseException) -> None:
     trial.set_user_attr("tuner_error", repr(exc)[:1000])
 
@@ -126,7 +144,8 @@ def is_baseline(t: Stored) -> bool:
 
 def failure_reason(t: Stored) -> str | None:
     """Why a COMPLETE trial could not be measured (a :class:`tuner.errors.FailureReason`
-    value), or None; a FAIL trial has none (interrupted, or :func:`tuner_error`)."""
+    value), or None; a FAIL trial's is ``interrupted`` (:func:`mark_interrupted`), or none after
+    a bug in the tuner (:func:`tuner_error`)."""
     return t.user_attrs.get("failure_reason") or None
 
 

@@ -12,7 +12,8 @@ Each stage lives in its own module; this one only sequences them. A trial that c
 measure is *data*: it is told to Optuna as COMPLETE with its ``failed_<reason>`` constraint
 violated (so the sampler learns the region) and recorded in MLflow with its ``failure_reason``. A
 replay stopped early because a constraint was already lost is PRUNED. ``FAIL`` is used only for an
-interrupted trial or a bug in the tuner itself.
+interrupted trial (``failure_reason`` ``interrupted``, and a FAILED MLflow child run) or a bug in
+the tuner itself.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from tuner.engine.pool import GpuPool, cpu_layout, describe_cores, on_cores
 from tuner.measure import Replay
 from tuner.memory import ModelShape
 from tuner.records import RequestSpec, TrialResult
-from tuner.recovery import recover, worker_id
+from tuner.recovery import close_runs, recover, worker_id
 from tuner.replay import STREAMS_PER_PROCESS, choose_client
 from tuner.replay_client import loop_factory
 from tuner.report import gpu_time, live_best, print_summary, progress_line
@@ -48,8 +49,14 @@ from tuner.storage import (
     retry_schema_race,
     study_name,
 )
-from tuner.stored_trial import is_baseline, mark_tuner_error, mark_worker, tell
-from tuner.tracking import NullTracker, Tracker, open_tracker
+from tuner.stored_trial import (
+    is_baseline,
+    mark_interrupted,
+    mark_tuner_error,
+    mark_worker,
+    tell,
+)
+from tuner.tracking import WORKER, NullTracker, Tracker, open_tracker
 from tuner.trial import TrialContext, lease_dir, run_server, run_trial
 from tuner.workload import build_requests
 
@@ -59,12 +66,17 @@ log = logging.getLogger("tuner")
 
 T = TypeVar("T")
 
+STOPPED = "the tuner was stopped (Ctrl-C or SIGTERM) while this trial ran"
+"""The ``failure_detail`` of a trial interrupted in this process."""
+
 
 @dataclass
 class StudyOutcome:
     study: optuna.Study
     results: list[TrialResult] = field(default_factory=list)
     interrupted: bool = False
+    stopped: list[tuple[int, dict[str, Any], str]] = field(default_factory=list)
+    """Trials interrupted before they ended (number, params, how): FAIL, ``interrupted``."""
     confirmed: list[ConfirmResult] = field(default_factory=list)
 
 
@@ -77,7 +89,8 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     study = open_study(cfg)
     n_stored = len(study.trials)
     # what a killed tuner left behind, first: a trial it was running is FAIL from here on
-    for note in recover(study, lease_dir(cfg)):
+    recovered = recover(study, lease_dir(cfg))
+    for note in recovered.notes:
         log.warning("recovered: %s", note)
     requests = build_requests(cfg.workload, Path(cfg.model.path))
     shape = ModelShape.from_dir(cfg.model.path)
@@ -102,6 +115,12 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         ),
         "MLflow store",
     )
+    # MLflow's side of the recovery, once the store's schema exists: the dead tuner's
+    # interrupted trials as child runs, and the runs it left RUNNING closed
+    experiment = cfg.tracking.experiment or study.study_name
+    uri = cfg.tracking.uri if cfg.tracking.enabled else None
+    for note in close_runs(recovered, study.study_name, uri, experiment):
+        log.warning("recovered: %s", note)
     own: list[int] = []  # engine.cpu_pinning: the tuner's cores, and each server's
     servers_cores: dict[int, list[int]] | None = None
     if cfg.engine.cpu_pinning:
@@ -132,7 +151,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         sum(not r.warmup for r in requests),
         run_dir,
     )
-    status = "FINISHED"
+    status, reason = "FINISHED", None
     try:
         with on_cores(own) as cores:
             if own:
@@ -140,13 +159,18 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             _run_on_loop(cfg, _trials(study, dists, ctx, tracker, outcome))
             print_summary(outcome.study, outcome.results, cfg)
             _after_search(study, ctx, tracker, outcome)
-    except KeyboardInterrupt:
-        outcome.interrupted = True
-        status = "KILLED"
-        log.warning("interrupted: running trials are marked FAIL; stored trials are kept")
+    except BaseException as exc:  # Ctrl-C or SIGTERM (KeyboardInterrupt), or a tuner bug
+        outcome.interrupted = isinstance(exc, KeyboardInterrupt)
+        if outcome.interrupted:
+            status, reason = "KILLED", "interrupted (Ctrl-C or SIGTERM)"
+            log.warning("interrupted: running trials are marked FAIL; stored trials are kept")
+        else:
+            status = "FAILED"
+        for number, params, detail in outcome.stopped:
+            _record_stopped(tracker, number, params, detail, ctx)
         raise
     finally:
-        tracker.finish(status, _parent_summary(outcome))
+        tracker.finish(status, _parent_summary(outcome), reason)
     return outcome
 
 
@@ -207,20 +231,30 @@ async def _trials(
     free = 0  # configs rejected before launch that did not count
     t_start = time.monotonic()
 
+    untold: dict[int, optuna.Trial] = {}  # asked, not told yet
+    why = STOPPED  # how a trial still running is interrupted
+
+    def stop(trial: optuna.Trial) -> None:  # interrupted: FAIL, with the reason
+        if untold.pop(trial.number, None) is not None:
+            mark_interrupted(study, trial, why)
+            outcome.stopped.append((trial.number, dict(trial.params), why))
+
     async def one(trial: optuna.Trial) -> None:
         nonlocal finished, free
         baseline = is_baseline(trial)
         try:
             result = await run_trial(ctx, trial.number, dict(trial.params), baseline)
         except (KeyboardInterrupt, asyncio.CancelledError):
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            stop(trial)
             raise
         except Exception as exc:  # a bug in the tuner itself: FAIL, and stop loudly
+            untold.pop(trial.number, None)
             mark_tuner_error(trial, exc)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
         finally:
             slots.release()
+        untold.pop(trial.number, None)
         # no await between the release above and this: the asking loop sees the new count
         not_counted = result.rejected_before_launch and free < free_limit
         if not_counted:
@@ -275,13 +309,18 @@ async def _trials(
                 )
                 break
             trial = study.ask(dists)
+            untold[trial.number] = trial
             mark_worker(trial, worker_id())
             tasks.append(asyncio.create_task(one(trial)))
         await asyncio.gather(*tasks)
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, Exception):  # a trial hit a tuner bug: the others stop with it
+            why = f"the study stopped on a tuner error in another trial: {exc!r}"[:1000]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for trial in list(untold.values()):  # a task cancelled before it ran at all
+            stop(trial)
         raise
 
 
@@ -405,8 +444,23 @@ def _record(tracker: Tracker | NullTracker, result: TrialResult, ctx: TrialConte
         log.error("MLflow logging of trial %d failed: %s", result.number, exc)
 
 
+def _record_stopped(
+    tracker: Tracker | NullTracker,
+    number: int,
+    params: dict[str, Any],
+    detail: str,
+    ctx: TrialContext,
+) -> None:
+    """An interrupted trial's FAILED child run (``failure_reason`` ``interrupted``)."""
+    try:
+        tracker.log_interrupted(number, params, detail, trial_dir(ctx.run_dir, number))
+    except Exception as exc:  # tracking must never lose the study: log and go on
+        log.error("MLflow logging of interrupted trial %d failed: %s", number, exc)
+
+
 def _tags(cfg: TunerConfig) -> dict[str, str]:
     return {
+        WORKER: worker_id(),
         "tuner.study": study_name(cfg),
         "engine": cfg.engine.kind,
         "model": cfg.model.name,

@@ -4,6 +4,13 @@ per trial with params, metrics, tags and the trial's artifact folder.
 Uses ``MlflowClient`` (explicit run ids, no global active run), in the shape of optuna-integration's
 deprecated ``MLflowCallback``. Every string passes through ``mask`` first, so secrets the server
 needs never reach the tracking store.
+
+A trial that did not end (the tuner was stopped, or died) gets a FAILED child run too, tagged
+``failure_reason`` ``interrupted`` like any failed trial (:meth:`Tracker.log_interrupted`;
+:func:`log_interrupted` for the next run's crash recovery). Every run carries the tag
+``tuner.worker`` (``host:pid`` of the tuner that opened it), so a run left RUNNING by a tuner that
+no longer exists can be found and closed (:func:`close_open_runs`: KILLED, with the tag
+``killed_reason``).
 """
 
 from __future__ import annotations
@@ -15,14 +22,31 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tuner.errors import INTERRUPTED
 from tuner.records import TrialResult
 
-__all__ = ["NullTracker", "Tracker", "open_tracker"]
+__all__ = [
+    "KILLED_REASON",
+    "WORKER",
+    "NullTracker",
+    "Tracker",
+    "close_open_runs",
+    "find_parent",
+    "log_interrupted",
+    "open_tracker",
+]
 
 log = logging.getLogger(__name__)
 
 _MAX_PARAM = 6000
 _MAX_TAG = 5000
+
+WORKER = "tuner.worker"
+"""The tag naming the tuner (``host:pid``) that opened a run."""
+KILLED_REASON = "killed_reason"
+"""The tag saying why a run was ended KILLED (interrupted, or its tuner died)."""
+_INHERITED = ("tuner.study", "engine", "model", "workload", "tuner.version", "optuna.version")
+"""The parent's tags a child run made by crash recovery takes over (with :data:`WORKER`)."""
 
 
 class NullTracker:
@@ -31,6 +55,11 @@ class NullTracker:
     parent_run_id: str | None = None
 
     def log_trial(self, result: TrialResult, trial_dir: Path, tags: Mapping[str, str]) -> None:
+        pass
+
+    def log_interrupted(
+        self, number: int, params: Mapping[str, Any], detail: str, trial_dir: Path
+    ) -> None:
         pass
 
     def log_study_artifact(self, path: Path) -> None:
@@ -42,7 +71,12 @@ class NullTracker:
     def log_metrics(self, metrics: Mapping[str, float]) -> None:
         pass
 
-    def finish(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None) -> None:
+    def finish(
+        self,
+        status: str = "FINISHED",
+        summary: Mapping[str, float] | None = None,
+        reason: str | None = None,
+    ) -> None:
         pass
 
 
@@ -116,6 +150,24 @@ class Tracker:
         status = "KILLED" if result.pruned else "FINISHED" if result.ok else "FAILED"
         self.client.set_terminated(rid, status)
 
+    def log_interrupted(
+        self, number: int, params: Mapping[str, Any], detail: str, trial_dir: Path
+    ) -> None:
+        """Trial ``number``, stopped before it ended: a FAILED child run with ``failure_reason``
+        ``interrupted``, its params and what its folder holds so far."""
+        if self.parent_run_id is None:
+            return
+        _interrupted_run(
+            self.client,
+            self.experiment_id,
+            self.parent_run_id,
+            self.base_tags,
+            number,
+            {k: self.mask(str(v)) for k, v in params.items()},
+            self.mask(detail),
+            trial_dir,
+        )
+
     def log_study_artifact(self, path: Path) -> None:
         """A file for the invocation's parent run (e.g. the Pareto plot)."""
         if self.parent_run_id is not None:
@@ -136,7 +188,14 @@ class Tracker:
         if self.parent_run_id is not None and batch:
             self.client.log_batch(self.parent_run_id, metrics=batch)
 
-    def finish(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None) -> None:
+    def finish(
+        self,
+        status: str = "FINISHED",
+        summary: Mapping[str, float] | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """End the parent run with ``status``; ``reason`` (why it was KILLED) goes to the tag
+        :data:`KILLED_REASON`."""
         from mlflow.entities import Metric
 
         if self.parent_run_id is None:
@@ -146,8 +205,127 @@ class Tracker:
             self.client.log_batch(
                 self.parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in summary.items()]
             )
+        if reason:
+            self.client.set_tag(self.parent_run_id, KILLED_REASON, self.mask(reason)[:_MAX_TAG])
         self.client.set_terminated(self.parent_run_id, status)
         self.parent_run_id = None
+
+
+def _interrupted_run(
+    client: Any,
+    experiment_id: str,
+    parent_run_id: str,
+    tags: Mapping[str, str],
+    number: int,
+    params: Mapping[str, str],
+    detail: str,
+    trial_dir: Path | None,
+) -> str:
+    """A FAILED child run of ``parent_run_id`` for trial ``number``, which did not end; its id.
+    Tagged like any failed trial (``trial.state`` failed, ``failure_reason``, ``failure_detail``);
+    ``params`` and ``detail`` are already masked."""
+    from mlflow.entities import Param
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+    run = client.create_run(
+        experiment_id,
+        run_name=f"trial-{number:04d}",
+        tags={
+            **tags,
+            MLFLOW_PARENT_RUN_ID: parent_run_id,
+            "tuner.role": "trial",
+            "trial.number": str(number),
+            "trial.state": "failed",
+            "failure_reason": INTERRUPTED,
+            "failure_detail": detail[:_MAX_TAG],
+        },
+    )
+    rid = str(run.info.run_id)
+    if params:
+        client.log_batch(rid, params=[Param(k, v[:_MAX_PARAM]) for k, v in params.items()])
+    if trial_dir is not None and trial_dir.is_dir():
+        client.log_artifacts(rid, str(trial_dir))
+    client.set_terminated(rid, "FAILED")
+    return rid
+
+
+def log_interrupted(
+    uri: str, parent_run_id: str, number: int, params: Mapping[str, Any], detail: str
+) -> None:
+    """Crash recovery: trial ``number`` of the (dead) invocation ``parent_run_id`` did not end;
+    its FAILED child run, with the parent's study, engine, model, workload and worker tags."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(parent_run_id)
+    tags = {k: v for k, v in parent.data.tags.items() if k in (*_INHERITED, WORKER)}
+    strs = {k: str(v) for k, v in params.items()}
+    _interrupted_run(
+        client, parent.info.experiment_id, parent_run_id, tags, number, strs, detail, None
+    )
+
+
+def _experiment_id(client: Any, experiment: str) -> str | None:
+    exp = client.get_experiment_by_name(experiment)
+    return None if exp is None else str(exp.experiment_id)
+
+
+def find_parent(uri: str, experiment: str, worker: str) -> str | None:
+    """The id of the study run (the invocation's parent) that tuner ``worker`` opened in
+    ``experiment``, or None."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = _experiment_id(client, experiment)
+    if exp_id is None:
+        return None
+    if "'" in worker:  # host:pid never has one; no quoting in a search filter then
+        return None
+    runs = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.`{WORKER}` = '{worker}' and tags.`tuner.role` = 'study'",
+        max_results=1,
+    )
+    return str(runs[0].info.run_id) if runs else None
+
+
+def close_open_runs(
+    uri: str, experiment: str, study: str, dead: Callable[[str], str | None]
+) -> list[str]:
+    """End KILLED every run of ``study`` in ``experiment`` still RUNNING whose tuner is gone:
+    ``dead(worker)`` says why (the tag :data:`KILLED_REASON`), or None for a live one. Runs
+    without a :data:`WORKER` tag are left alone. Returns a line per run closed."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = _experiment_id(client, experiment)
+    if exp_id is None:
+        return []
+    found: list[Any] = []  # every page first: a run closed would move the later pages
+    token: str | None = None
+    while True:
+        page = client.search_runs(
+            [exp_id],
+            filter_string="attributes.status = 'RUNNING'",
+            max_results=500,
+            page_token=token,
+        )
+        found += [r for r in page if r.data.tags.get("tuner.study") == study]
+        token = page.token
+        if not token:
+            break
+    done: list[str] = []
+    for run in found:
+        worker = run.data.tags.get(WORKER)
+        why = dead(worker) if worker else None
+        if why is None:
+            continue
+        rid = run.info.run_id
+        client.set_tag(rid, KILLED_REASON, why[:_MAX_TAG])
+        client.set_terminated(rid, "KILLED")
+        role = run.data.tags.get("tuner.role", "run")
+        done.append(f"MLflow {role} run {run.info.run_name or rid} ({rid}): {why}")
+    return done
 
 
 def _metrics(result: TrialResult) -> dict[str, float]:

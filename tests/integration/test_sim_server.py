@@ -23,7 +23,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
+from tuner.config import TraceConfig, WorkloadConfig
 from tuner.memory import GPU_PROFILES, ModelShape, estimate
+from tuner.replay import replay
+from tuner.workload import build_requests, load_trace
 
 from .procs import sim_argv
 
@@ -245,6 +248,25 @@ async def test_streaming_chat_with_usage(make_sim: Any, http: aiohttp.ClientSess
     n_prompt = len(tokenizer().encode(chatml, add_special_tokens=False).ids)
     usage = events[-2]["usage"]
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (n_prompt, 5)
+
+
+async def test_a_trace_row_reaches_the_server_at_its_input_tokens(make_sim: Any) -> None:
+    """A trace counts the whole prompt: the server's usage (the streamed final chunk, as the
+    replay client records it) must show the row's input tokens, chat template included."""
+    sim = make_sim()
+    trace = TraceConfig(
+        path=str(ROOT / "workloads" / "traces" / "guidellm_sample.csv"), limit=6, time_scale=0.01
+    )
+    w = WorkloadConfig(
+        name="t", corpus=str(ROOT / "workloads" / "corpus.txt"), trace=trace, warmup_requests=0
+    )
+    assert w.endpoint == "chat"
+    specs = build_requests(w, ROOT / MODEL)
+    records = await replay(sim.url, "m", specs, w.arrival, duration_s=60, request_timeout_s=30)
+    rows = load_trace(trace).input_tokens.tolist()
+    assert [r.status for r in records] == ["ok"] * len(rows)
+    assert [r.prompt_tokens for r in records] == rows
+    assert [s.prompt_tokens for s in specs] == rows  # what the tuner expects the server to count
 
 
 async def test_non_streaming_and_errors(make_sim: Any, http: aiohttp.ClientSession) -> None:

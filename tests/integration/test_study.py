@@ -11,9 +11,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
+
+from tuner import stored_trial
 
 from .procs import marked_pids
 from .trials import counted
@@ -50,10 +53,14 @@ def storage(cwd: Path) -> str:
     return f"sqlite:///{cwd / 'outputs' / 'state' / 'optuna.db'}"
 
 
-def mlflow_runs(cwd: Path, experiment: str) -> list:
+def mlflow_client(cwd: Path) -> Any:
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
+    return MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
+
+
+def mlflow_runs(cwd: Path, experiment: str) -> list:
+    client = mlflow_client(cwd)
     exp = client.get_experiment_by_name(experiment)
     assert exp is not None
     return client.search_runs([exp.experiment_id], max_results=1000)
@@ -203,7 +210,9 @@ def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], nee
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
+def test_interrupt_leaves_no_process_and_records_the_trial(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
     mark = f"TUNER_TEST_MARK={uuid.uuid4().hex}"
     env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
     proc = subprocess.Popen(
@@ -213,7 +222,6 @@ def test_interrupt_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> Non
             "tuner",
             "+workload=chat",
             "study.n_trials=5",
-            "tracking=none",
             "engine.env.TUNER_SIM_SPEEDUP=1",
             "workload.num_requests=400",
         ],
@@ -240,7 +248,20 @@ def test_interrupt_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> Non
         time.sleep(0.5)
         assert marked_pids(mark) == [], "a process started by the tuner survived"
         study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
-        assert study.trials[0].state == optuna.trial.TrialState.FAIL
+        (trial,) = study.trials
+        assert trial.state == optuna.trial.TrialState.FAIL
+        assert stored_trial.failure_reason(trial) == "interrupted"
+        runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+        (parent,) = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
+        (child,) = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
+        assert (parent.info.status, child.info.status) == ("KILLED", "FAILED")
+        assert "interrupted" in parent.data.tags["killed_reason"]
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.tags["failure_reason"] == "interrupted"
+        assert child.data.tags["trial.number"] == "0"
+        assert "server.log" in {
+            a.path for a in mlflow_client(tmp_path).list_artifacts(child.info.run_id)
+        }
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -549,10 +570,55 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
         (r for r in runs if r.data.tags.get("tuner.role") == "study"),
         key=lambda r: r.info.start_time,
     )
-    assert [r.info.status for r in parents] == ["FAILED", "FINISHED"]
+    assert [r.info.status for r in parents] == ["KILLED", "FINISHED"]
+    assert "no longer runs" in parents[0].data.tags["killed_reason"]
     interrupted = [r for r in runs if r.data.tags.get("failure_reason") == "interrupted"]
     assert len(interrupted) == 1 and interrupted[0].info.status == "FAILED"
     assert interrupted[0].data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+
+
+def test_kill_9_in_the_confirm_stage_then_the_next_run_closes_its_mlflow_run(
+    tmp_path: Path,
+) -> None:
+    """The tuner dies while it confirms (no trial running, so no trial to fail): the next run of
+    the study ends the parent run the dead one left RUNNING, KILLED with the reason, and stops
+    the confirm server it left."""
+    mark = f"TUNER_TEST_MARK={uuid.uuid4().hex}"
+    marker = {mark.split("=")[0]: mark.split("=")[1]}
+    args = ["+workload=chat", *FAST]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", *args, "study.n_trials=1"],
+        cwd=tmp_path,
+        env={**os.environ, **marker},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if list(tmp_path.glob("outputs/runs/*/confirm/trial_*/round_1")):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the confirm stage did not start")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    (dead,) = [r for r in mlflow_runs(tmp_path, "chat-qwen3-8b") if r.info.status == "RUNNING"]
+
+    p = tuner(tmp_path, *args, "study.n_trials=0", "confirm.enabled=false", env=marker)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "recovered: MLflow study run" in p.stdout + p.stderr
+    assert marked_pids(mark) == [], "the confirm server the dead tuner left was not stopped"
+    runs = {r.info.run_id: r for r in mlflow_runs(tmp_path, "chat-qwen3-8b")}
+    assert runs[dead.info.run_id].info.status == "KILLED"
+    assert f":{proc.pid}) no longer runs" in runs[dead.info.run_id].data.tags["killed_reason"]
+    assert [r.info.status for r in runs.values()].count("RUNNING") == 0
+    trials = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path)).trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE]  # confirmed, not failed
 
 
 def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import optuna
 import pandas as pd
 
 from tuner import stored_trial
+from tuner.errors import INTERRUPTED
 
 __all__ = [
     "PARAM_PREFIX",
@@ -78,7 +79,7 @@ def trial_points(study: optuna.Study) -> pd.DataFrame:
         status = _status(t, best)
         reason = stored_trial.failure_reason(t)
         if status == "failed" and not reason:
-            reason = "tuner_error" if stored_trial.tuner_error(t) else "interrupted"
+            reason = "tuner_error" if stored_trial.tuner_error(t) else INTERRUPTED
         measured = status in ("pareto", "feasible", "infeasible") and t.values is not None
         values = list(t.values) if measured and t.values is not None else []
         violated = sorted(k for k, v in t.constraints.items() if v > 0)

@@ -92,6 +92,7 @@ class _Server:
         self.engine: AsyncEngine | None = None
         self.exit_code = 0
         self._tokenizer: Any = None
+        self._template: Any = None
         self.image_grid = model_image_grid(s.model_dir)
 
     # ---------------------------------------------------------------- start-up
@@ -204,8 +205,10 @@ class _Server:
 
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
-            from tuner.workload.prompts import load_tokenizer  # the one vLLM would count with
+            # the tokenizer vLLM would count with, and the model's chat template it renders
+            from tuner.workload.prompts import ChatTemplate, load_tokenizer
 
+            self._template = ChatTemplate(self.s.model_dir)
             self._tokenizer = load_tokenizer(self.s.model_dir)
         return self._tokenizer
 
@@ -241,7 +244,7 @@ class _Server:
     def chat_tokens(self, messages: Any) -> list[int]:
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "messages must be a non-empty list")
-        text = ""
+        rendered: list[dict[str, str]] = []
         images: list[int] = []
         count = 0
         for msg in messages:
@@ -268,9 +271,11 @@ class _Server:
                     else:
                         raise ApiError(400, f"Unknown part type: {kind}")
                 content = "\n".join(texts)
-            text += f"<|im_start|>{msg.get('role', 'user')}\n{content}<|im_end|>\n"
-        text += "<|im_start|>assistant\n"
-        return self.encode(text, special=False) + images
+            rendered.append({"role": str(msg.get("role", "user")), "content": str(content)})
+        self.tokenizer()
+        # as vLLM: the model's chat template with the generation prompt, encoded without adding
+        # special tokens (the template writes its own); each image's tokens after the text
+        return self.encode(self._template.render(rendered), special=False) + images
 
     def check_length(self, n_prompt: int, max_tokens: int) -> None:
         mml = self.s.max_model_len

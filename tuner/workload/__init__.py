@@ -46,6 +46,7 @@ __all__ = [
     "at_load",
     "make_image",
     "model_image_limit",
+    "overhead",
     "ramp_rate",
     "sample_lengths",
     "token_corpus",
@@ -75,6 +76,26 @@ def at_load(w: WorkloadConfig, factor: float) -> WorkloadConfig:
     return dataclasses.replace(w, arrival=arrival, trace=trace)
 
 
+_PROBE = "Hello"
+"""A user text for :func:`overhead` to measure the prompt around."""
+
+
+def overhead(template: ChatTemplate | None, tokenizer: Any, system: str | None) -> int:
+    """Tokens the server counts in a single-turn prompt besides the user's text: with a chat
+    ``template`` what it renders around the message (Qwen's ChatML: 8), the system message
+    included; else (the completions endpoint) the tokenizer's special tokens and the system
+    prompt with its separator, as :func:`build_requests` joins them."""
+    bare = len(tokenizer.encode(_PROBE, add_special_tokens=False).ids)
+    if template is not None:
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        messages.append({"role": "user", "content": _PROBE})
+        text, specials = template.render(messages), False
+    else:
+        text = _PROBE if system is None else f"{system}\n\n{_PROBE}"
+        specials = True
+    return max(0, len(tokenizer.encode(text, add_special_tokens=specials).ids) - bare)
+
+
 def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
     """The request stream for ``w``: warm-ups (``warmup=True``, no arrival time) then measured.
 
@@ -86,9 +107,13 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
     the template puts around it (:meth:`ChatTemplate.image_wrapper_tokens`).
 
     With ``w.trace`` the measured requests are the trace's selected rows (``num_requests``,
-    the length distributions and ``w.arrival``'s schedule are ignored): a token-exact prompt of
-    the row's input tokens, ``max_tokens`` of its output tokens, ``arrival_s`` its scaled time
-    since the first selected row. Warm-ups take the lengths of the first rows, cycled.
+    the length distributions and ``w.arrival``'s schedule are ignored): a prompt the server
+    counts as the row's input tokens, ``max_tokens`` of its output tokens, ``arrival_s`` its
+    scaled time since the first selected row. A trace counts the whole prompt, so the user's
+    text is the row's input tokens less what the request adds around it (:func:`overhead`: the
+    chat template's tokens and the system prompt, or a completions prompt's special tokens);
+    a row no longer than that gets 1 token of text. Images add their tokens on top. Warm-ups
+    take the lengths of the first rows, cycled.
     """
     if w.endpoint not in ("chat", "completions"):
         raise ConfigError(f"workload.endpoint is {w.endpoint!r}; allowed: chat, completions")
@@ -129,6 +154,9 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
         arrivals = arrival_times(w.arrival, n_meas, r_arr)
     total = n_warm + n_meas
     system = corpus.text(w.system_prompt_tokens, r_sys) if w.system_prompt_tokens > 0 else None
+    if trace is not None:  # the row counts the whole prompt: the user's text is what is left
+        around = overhead(template, tokenizer, system)
+        in_lens = [max(1, n - around) for n in in_lens]
 
     specs: list[RequestSpec] = []
     to_count: list[str] = []  # per spec: the text the server tokenises
