@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
+import chromium
 import numpy as np
 import optuna
 import pandas as pd
@@ -17,6 +19,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import TrialState, create_trial
+from plotly.offline import get_plotlyjs
 
 from tuner import plots
 from tuner.plots import write as plots_write
@@ -518,6 +521,7 @@ def test_write_figures(study: optuna.Study, trial_dirs: dict[int, Path], tmp_pat
     out = tmp_path / "figures"
     written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[0, 3])
     expected = {
+        "plotly.min.js",
         "pareto.html",
         "pareto.csv",
         "parallel_coordinates.html",
@@ -532,11 +536,13 @@ def test_write_figures(study: optuna.Study, trial_dirs: dict[int, Path], tmp_pat
     assert set(written) == expected
     assert {p.name for p in out.iterdir()} == expected
     assert all(written[name] == out / name for name in expected)
+    assert (out / "plotly.min.js").read_text() == get_plotlyjs()  # this plotly's, once
     for name in expected:
         if name.endswith(".html"):
             text = (out / name).read_text()
-            assert "cdn.plot.ly" in text, name
-            assert len(text) < 500_000, name  # plotly.js not inlined
+            assert not SCRIPT_URL.findall(text), name  # nothing loaded from a CDN
+            assert text.count('src="plotly.min.js"') == 1, name
+            assert len(text) < 500_000, name  # plotly.js not inlined in each page
     assert (out / "parallel_coordinates.html").read_text().count("Plotly.newPlot") == 2
     pts = pd.read_csv(out / "pareto.csv")
     assert dict(zip(pts["number"], pts["status"], strict=True)) == EXPECTED
@@ -562,6 +568,7 @@ def test_write_figures_survives_a_failing_figure(
     with caplog.at_level(logging.INFO, logger="tuner"):
         written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[42])
     assert "pareto.html" not in written
+    assert "plotly.min.js" in written
     assert not (out / "pareto.html").exists()
     for name in ("parallel_coordinates.html", "importances.html", "latency_cdf.html"):
         assert (out / name).is_file(), name
@@ -572,3 +579,60 @@ def test_write_figures_survives_a_failing_figure(
     (absent,) = [r for r in records if "timeline_42" in r.getMessage()]
     assert absent.levelno == logging.INFO
     assert "not on this machine" in absent.getMessage()
+
+
+# --- the figures as a person opens them: a browser without network ------------------------------
+
+SCRIPT_URL = re.compile(r"<script[^>]*\bsrc=[\"']?(?:https?:)?//", re.IGNORECASE)
+"""A script tag that loads from the network (``http://``, ``https://`` or ``//``)."""
+
+
+def test_self_contained_copy_inlines_plotly(
+    study: optuna.Study, trial_dirs: dict[int, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "figures"
+    plots.write_figures(study, out, trial_dirs, OBJECTIVES)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    copy = plots.self_contained(out / "pareto.html", alone)
+    assert copy == alone / "pareto.html"
+    text = copy.read_text()
+    assert "plotly.min.js" not in text and get_plotlyjs() in text
+    assert not SCRIPT_URL.findall(text)
+    with pytest.raises(ValueError, match="does not load plotly.min.js"):
+        plots.self_contained(copy, tmp_path)  # already inline
+
+
+def test_figures_draw_in_a_browser_without_network(
+    study: optuna.Study, trial_dirs: dict[int, Path], tmp_path: Path
+) -> None:
+    """Every kind of figure, opened from its folder (file://) in headless Chromium with no
+    network, is drawn by plotly; so is the self-contained copy MLflow gets, alone in a folder.
+    A page that loads plotly.js from the CDN draws nothing there: the check can fail."""
+    _write_telemetry(trial_dirs[0])
+    out = tmp_path / "figures"
+    written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[0])
+    pages = sorted(p for p in written.values() if p.suffix == ".html")
+    assert {p.name for p in pages} == {
+        "pareto.html",
+        "parallel_coordinates.html",
+        "importances.html",
+        "latency_cdf.html",
+        "timeline_0.html",
+    }
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    mlflow_copy = plots.self_contained(out / "latency_cdf.html", alone)
+    cdn = tmp_path / "cdn" / "pareto.html"
+    cdn.parent.mkdir()
+    plots.pareto_figure(plots.trial_points(study), OBJECTIVES).write_html(
+        cdn, include_plotlyjs="cdn"
+    )
+    assert SCRIPT_URL.findall(cdn.read_text())  # what the network check catches
+    for page in [*pages, mlflow_copy]:
+        assert not SCRIPT_URL.findall(page.read_text()), page.name
+    seen = chromium.drawn([*pages, mlflow_copy, cdn])
+    for page in [*pages, mlflow_copy]:
+        n = 2 if page.name == "parallel_coordinates.html" else 1  # a plot per objective
+        assert seen[page] == chromium.Drawn(figures=n, drawn=n, plotly=True), page
+    assert seen[cdn] == chromium.Drawn(figures=1, drawn=0, plotly=False)  # offline: blank
