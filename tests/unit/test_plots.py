@@ -17,22 +17,15 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
-from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import TrialState, create_trial
 from plotly.offline import get_plotlyjs
 
-from tuner import plots
+from tuner import plots, stored_trial
 from tuner.plots import write as plots_write
 
 OBJECTIVES = [("output_throughput", "maximize"), ("ttft_p95_ms", "minimize")]
 DISTS = {"x": FloatDistribution(0.0, 1.0), "mode": CategoricalDistribution(["a", "b"])}
 CONSTRAINT_NAMES = ("failed_cuda_oom", "failed_invalid_config", "slo_ttft")
-
-
-def _constraints(**violated: float) -> dict[str, float]:
-    """System attrs as Optuna 5 stores named constraints (``constraints:<name>``)."""
-    values = {name: violated.get(name, -0.5) for name in CONSTRAINT_NAMES}
-    return {f"{_CONSTRAINTS_KEY}:{k}": v for k, v in values.items()}
 
 
 def _add(
@@ -42,16 +35,29 @@ def _add(
     *,
     state: TrialState = TrialState.COMPLETE,
     user_attrs: dict[str, Any] | None = None,
+    per_name: bool = False,
     **violated: float,
 ) -> None:
+    """A trial with the constraints of CONSTRAINT_NAMES (-0.5 unless ``violated``) stored as
+    the tuner stores them, or (``per_name``) in Optuna's per-name keys, as studies stored before
+    hold them."""
+    system: dict[str, Any] = {}
+    user = dict(user_attrs or {})
+    if state == TrialState.COMPLETE:
+        constraints = {name: violated.get(name, -0.5) for name in CONSTRAINT_NAMES}
+        if per_name:
+            system = {f"constraints:{k}": v for k, v in constraints.items()}
+        else:
+            system, names = stored_trial.constraint_attrs(constraints)
+            user |= names
     study.add_trial(
         create_trial(
             state=state,
             values=values,
             params={"x": x, "mode": "a" if x < 0.5 else "b"},
             distributions=DISTS,
-            user_attrs=user_attrs or {},
-            system_attrs=_constraints(**violated) if state == TrialState.COMPLETE else {},
+            user_attrs=user,
+            system_attrs=system,
         )
     )
 
@@ -105,11 +111,42 @@ def study() -> optuna.Study:
 # --- trial points ---------------------------------------------------------------------------
 
 
-def test_constraints_are_stored_as_optuna_reads_them(study: optuna.Study) -> None:
-    assert study.trials[4].constraints["slo_ttft"] == 0.5
-    assert study.trials[0].constraints == {n: -0.5 for n in CONSTRAINT_NAMES}
+def test_constraints_are_stored_as_optuna_and_its_dashboard_read_them(
+    study: optuna.Study,
+) -> None:
+    t4 = study.trials[4]
+    assert stored_trial.constraints(t4)["slo_ttft"] == 0.5
+    assert stored_trial.violated(t4) == ["slo_ttft"]
+    assert stored_trial.constraints(study.trials[0]) == {n: -0.5 for n in CONSTRAINT_NAMES}
+    # the list optuna-dashboard reads, in the order of the names
+    assert t4.system_attrs["constraints"] == [-0.5, -0.5, 0.5]
+    assert t4.user_attrs["constraint_names"] == list(CONSTRAINT_NAMES)
+    # Optuna reads each once (its samplers sum or model them: none may count twice)
+    assert sorted(t4.constraints.values()) == [-0.5, -0.5, 0.5]
     # Optuna's own front honours them: trial 4 would dominate 0, 1 and 2 otherwise
     assert {t.number for t in study.best_trials} == {0, 1, 2}
+    infeasible = [
+        d
+        for d in optuna.visualization.plot_pareto_front(study).data
+        if "Infeasible" in d.hovertemplate
+    ]
+    assert len(infeasible[0].x) == 3  # trial 4 and the failed 5 and 7, at the penalty values
+
+
+def test_constraints_stored_per_name_are_read() -> None:
+    """A study stored before the tuner kept the names apart: Optuna's per-name keys."""
+    s = _new_study()
+    _add(s, [1.0, 2.0], 0.3, per_name=True, slo_ttft=0.25)
+    _add(s, [2.0, 1.0], 0.6, per_name=True)
+    old, ok = s.trials
+    assert stored_trial.constraints(old) == {
+        "failed_cuda_oom": -0.5,
+        "failed_invalid_config": -0.5,
+        "slo_ttft": 0.25,
+    }
+    assert stored_trial.violated(old) == ["slo_ttft"]
+    assert not stored_trial.feasible(old) and stored_trial.feasible(ok)
+    assert plots.trial_points(s)["status"].tolist() == ["infeasible", "pareto"]
 
 
 def test_trial_points_statuses_and_columns(study: optuna.Study) -> None:
@@ -400,9 +437,29 @@ def test_latency_cdf_data_itl_and_unknown_metric(trial_dirs: dict[int, Path]) ->
     assert plots.latency_cdf_data({}).empty
 
 
+def test_trial_labels_say_why_a_trial_is_not_feasible(study: optuna.Study) -> None:
+    labels = plots.trial_labels(plots.trial_points(study))
+    assert labels == {
+        0: "trial 0 (vLLM defaults)",
+        1: "trial 1",
+        2: "trial 2",
+        3: "trial 3",
+        4: "trial 4 (infeasible: slo_ttft)",
+        5: "trial 5 (failed: cuda_oom)",
+        6: "trial 6 (pruned)",
+        7: "trial 7 (failed: invalid_config)",
+        8: "trial 8 (failed: interrupted)",
+        9: "trial 9 (running)",
+    }
+
+
 def test_latency_cdf_figure(trial_dirs: dict[int, Path]) -> None:
     frame = plots.latency_cdf_data(trial_dirs)
-    fig = plots.latency_cdf_figure(frame, labels={0: "trial 0 (vLLM defaults)"}, highlight=[0, 2])
+    fig = plots.latency_cdf_figure(
+        frame, labels={0: "trial 0 (vLLM defaults)"}, highlight=[0, 2], infeasible={1}
+    )
+    dashed = {tr.legendgroup for tr in fig.data if tr.line.dash == "dash"}
+    assert dashed == {"trial 1"}  # the infeasible trial, in every panel
     assert len(fig.data) == 9  # 3 trials x 3 metric panels
     assert {tr.xaxis for tr in fig.data} == {"x", "x2", "x3"}
     legend = [tr for tr in fig.data if tr.showlegend]
@@ -518,8 +575,9 @@ def test_timeline_figure_without_gpu_samples_or_any(tmp_path: Path) -> None:
 
 def test_write_figures(study: optuna.Study, trial_dirs: dict[int, Path], tmp_path: Path) -> None:
     _write_telemetry(trial_dirs[0])
+    trial_dirs[4] = _write_requests(tmp_path / "trial_0004", _ok_rows(trial_dirs[1]))
     out = tmp_path / "figures"
-    written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[0, 3])
+    written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[0, 3, 4])
     expected = {
         "plotly.min.js",
         "pareto.html",
@@ -532,6 +590,8 @@ def test_write_figures(study: optuna.Study, trial_dirs: dict[int, Path], tmp_pat
         "timeline_0.csv",
         "timeline_3.html",
         "timeline_3.csv",
+        "timeline_4.html",
+        "timeline_4.csv",
     }
     assert set(written) == expected
     assert {p.name for p in out.iterdir()} == expected
@@ -547,7 +607,10 @@ def test_write_figures(study: optuna.Study, trial_dirs: dict[int, Path], tmp_pat
     pts = pd.read_csv(out / "pareto.csv")
     assert dict(zip(pts["number"], pts["status"], strict=True)) == EXPECTED
     cdf = pd.read_csv(out / "latency_cdf.csv")
-    assert set(cdf["trial"]) == {0, 1, 2}
+    assert set(cdf["trial"]) == {0, 1, 2, 4}
+    # the infeasible trial says so in the legend (dashed) and in its timeline's title
+    assert '"name":"trial 4 (infeasible: slo_ttft)"' in (out / "latency_cdf.html").read_text()
+    assert "Trial 4 (infeasible: slo_ttft): telemetry" in (out / "timeline_4.html").read_text()
     timeline = pd.read_csv(out / "timeline_0.csv")
     assert "KV cache usage (%)" in set(timeline["series"])
 

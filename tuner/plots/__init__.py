@@ -4,7 +4,8 @@ Each figure has a pure data function that returns a :class:`pandas.DataFrame` (t
 plotly) and a drawing function that takes that frame and returns a
 :class:`plotly.graph_objects.Figure`:
 
-- :func:`trial_points` (and :func:`pareto_step`) → :func:`pareto_figure`
+- :func:`trial_points` (and :func:`pareto_step`) → :func:`pareto_figure`; :func:`trial_labels`
+  names each trial in the other figures, saying which are infeasible and why
 - :func:`latency_cdf_data` → :func:`latency_cdf_figure`
 - :func:`timeline_data` → :func:`timeline_figure`
 - Optuna's own plots, on the measured trials: :func:`parallel_coordinates_figure`,
@@ -34,7 +35,7 @@ from tuner.plots.latency import (
 )
 from tuner.plots.optuna_figures import importance_figure, parallel_coordinates_figure
 from tuner.plots.pareto import pareto_figure
-from tuner.plots.points import PARAM_PREFIX, STATUSES, pareto_step, trial_points
+from tuner.plots.points import PARAM_PREFIX, STATUSES, pareto_step, trial_labels, trial_points
 from tuner.plots.timeline import timeline_data, timeline_figure
 from tuner.plots.write import PLOTLY_JS, self_contained, write_figures
 
@@ -53,6 +54,7 @@ __all__ = [
     "self_contained",
     "timeline_data",
     "timeline_figure",
+    "trial_labels",
     "trial_points",
     "write_figures",
 ]

@@ -23,7 +23,7 @@ from tuner import stored_trial
 from tuner.plots.latency import latency_cdf_data, latency_cdf_figure
 from tuner.plots.optuna_figures import importance_figure, parallel_coordinates_figure
 from tuner.plots.pareto import pareto_figure
-from tuner.plots.points import trial_points
+from tuner.plots.points import trial_labels, trial_points
 from tuner.plots.timeline import timeline_data, timeline_figure
 
 __all__ = ["PLOTLY_JS", "self_contained", "write_figures"]
@@ -125,9 +125,19 @@ def write_figures(
         baseline = _baseline_numbers(study)
         shown = {t.number for t in study.best_trials} | baseline
         present = set(int(t) for t in frame["trial"].unique()) if not frame.empty else set()
-        labels = {n: f"trial {n} (vLLM defaults)" for n in baseline}
+        points = trial_points(study)
+        infeasible = {
+            int(n)
+            for n, status in zip(points["number"], points["status"], strict=True)
+            if status not in ("pareto", "feasible")
+        }
         highlight = sorted(shown & present) or None  # none of them measured: show all
-        html("latency_cdf.html", latency_cdf_figure(frame, labels=labels, highlight=highlight))
+        html(
+            "latency_cdf.html",
+            latency_cdf_figure(
+                frame, labels=trial_labels(points), highlight=highlight, infeasible=infeasible
+            ),
+        )
 
     def timeline(number: int) -> Callable[[], None]:
         def job() -> None:
@@ -141,7 +151,9 @@ def write_figures(
                 return
             frame = timeline_data(trial_dirs[number])
             csv(f"timeline_{number}.csv", frame)
-            html(f"timeline_{number}.html", timeline_figure(frame, f"Trial {number}: telemetry"))
+            name = trial_labels(trial_points(study)).get(number, f"trial {number}")
+            title = f"{name[0].upper()}{name[1:]}: telemetry"  # "Trial 3 (infeasible: ...)"
+            html(f"timeline_{number}.html", timeline_figure(frame, title))
 
         return job
 
