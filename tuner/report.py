@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -426,11 +427,7 @@ def publish(
         )
     except Exception as exc:  # a report must never cost the study
         log.warning("could not draw the figures: %s", exc)
-    for path in files.values():
-        try:
-            tracker.log_study_artifact(path)
-        except Exception as exc:
-            log.warning("could not log %s to MLflow: %s", path.name, exc)
+    _log_files(tracker, files.values())
     tags: dict[str, str] = {}
     if best is not None:
         yml = out_dir / f"best-{next(p for p in picks if p in best.picks)}.yaml"
@@ -452,6 +449,25 @@ def publish(
         log.warning("could not tag the MLflow run: %s", exc)
     print_confirm(results, candidates, best, out_dir, console, picks, decided)
     return Published(files, best, tuple(results), decided)
+
+
+def _log_files(tracker: Any, paths: Iterable[Path]) -> None:
+    """Log the published files to the tracker's parent run. A figure goes as a self-contained
+    copy (:func:`tuner.plots.self_contained`): MLflow's artifact view shows a page alone, where the
+    ``plotly.min.js`` beside it in the run folder cannot load; so the bundle is not logged."""
+    from tuner import plots
+
+    if getattr(tracker, "parent_run_id", None) is None:  # tracking off: nothing to log
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in paths:
+            if path.name == plots.PLOTLY_JS:
+                continue
+            try:
+                alone = path.suffix == ".html"
+                tracker.log_study_artifact(plots.self_contained(path, Path(tmp)) if alone else path)
+            except Exception as exc:
+                log.warning("could not log %s to MLflow: %s", path.name, exc)
 
 
 def _verdict_metrics(v: Verdict) -> dict[str, float]:

@@ -12,17 +12,27 @@ What a told trial holds:
   ``failed_<reason>`` is 1 and its values are the penalty values); PRUNED when its replay was
   stopped early; FAIL only when it was interrupted (``failure_reason`` ``interrupted``, see
   :func:`mark_interrupted`) or hit a bug in the tuner (``tuner_error``).
-- **constraints** (Optuna's, > 0 = violated): ``error_rate``, ``slo_*`` and ``failed_<reason>``.
-- **user attributes**: ``metrics`` (every metric of :mod:`tuner.score` and telemetry),
-  ``failure_reason`` / ``failure_detail``, ``predicted_kv_tokens``, ``launched``, ``server_s``,
-  ``pruned``, ``gpus``, ``argv`` (masked), ``serve_args`` (argv after the engine command),
-  ``trial_dir``, and after a launch ``kv_cache_tokens``, ``startup_s``, ``engine_version``; set
-  when it was asked or enqueued: ``worker`` (``host:pid``), ``baseline`` (vLLM's defaults),
-  ``prescreen`` (the simulator's prediction), and ``tuner_error`` on a tuner bug.
+- **constraints** (> 0 = violated): ``error_rate``, ``slo_*`` and ``failed_<reason>``, stored
+  where all of Optuna's own tools read them: the values as the list in the system attribute
+  ``constraints`` (what a sampler's ``constraints_func`` stores; Optuna's samplers, its plots
+  such as ``plot_pareto_front`` and ``study.best_trials`` read it as ``trial.constraints``, and
+  optuna-dashboard reads only this list), their names in the user attribute ``constraint_names``.
+  Optuna's per-name keys (``Trial.set_constraint``) are not used: optuna-dashboard does not read
+  them (it showed every failed config as a feasible trial at the penalty values), and both forms
+  at once would count each constraint twice. Read them with :func:`constraints`, which also reads
+  the per-name keys of a trial stored before.
+- **user attributes**: ``constraint_names``, ``metrics`` (every metric of :mod:`tuner.score`
+  and telemetry), ``failure_reason`` / ``failure_detail``, ``predicted_kv_tokens``, ``launched``,
+  ``server_s``, ``pruned``, ``gpus``, ``argv`` (masked), ``serve_args`` (argv after the engine
+  command), ``trial_dir``, and after a launch ``kv_cache_tokens``, ``startup_s``,
+  ``engine_version``; set when it was asked or enqueued: ``worker`` (``host:pid``), ``baseline``
+  (vLLM's defaults), ``prescreen`` (the simulator's prediction), and ``tuner_error`` on a tuner
+  bug.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +46,11 @@ from tuner.score import failure_values
 
 __all__ = [
     "BASELINE",
+    "CONSTRAINTS",
+    "CONSTRAINT_NAMES",
     "LIVE",
+    "constraint_attrs",
+    "constraints",
     "counted",
     "failure_reason",
     "feasible",
@@ -53,6 +67,7 @@ __all__ = [
     "tell",
     "trial_dir",
     "tuner_error",
+    "violated",
     "worker",
 ]
 
@@ -67,6 +82,13 @@ LIVE = (
 )
 """States of a trial that has run, runs or will run; a FAIL (interrupted, tuner bug) has not."""
 
+CONSTRAINTS = "constraints"
+"""The system attribute of a trial's constraint values, a list: where a sampler's
+``constraints_func`` stores them, and the only place optuna-dashboard reads them."""
+
+CONSTRAINT_NAMES = "constraint_names"
+"""The user attribute naming the values of :data:`CONSTRAINTS`, in their order."""
+
 Stored = optuna.trial.FrozenTrial | optuna.Trial
 
 
@@ -77,9 +99,11 @@ def tell(
     study: optuna.Study, trial: optuna.Trial, result: TrialResult, cfg: TunerConfig, tdir: Path
 ) -> None:
     """Store ``result`` on ``trial`` (run in folder ``tdir``) and tell Optuna its state."""
-    for key, value in result.constraints.items():
-        trial.set_constraint(key, value)
+    system, user = constraint_attrs(result.constraints)
+    for key, value in system.items():  # Optuna has no public setter for a system attribute
+        trial.storage.set_trial_system_attr(trial._trial_id, key, value)
     attrs: dict[str, Any] = {
+        **user,
         "metrics": result.metrics,
         "failure_reason": result.failure_reason,
         "failure_detail": result.failure_detail,
@@ -103,6 +127,13 @@ def tell(
         return
     values = result.values if result.values is not None else failure_values(cfg.objective)
     study.tell(trial, list(values))
+
+
+def constraint_attrs(values: Mapping[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The system attributes and the user attributes that store the constraints ``values``
+    (:data:`CONSTRAINTS`, :data:`CONSTRAINT_NAMES`)."""
+    names = list(values)
+    return {CONSTRAINTS: [float(values[n]) for n in names]}, {CONSTRAINT_NAMES: names}
 
 
 def mark_worker(trial: optuna.Trial, worker_id: str) -> None:
@@ -162,9 +193,25 @@ def measured(t: optuna.trial.FrozenTrial) -> bool:
     )
 
 
+def constraints(t: Stored) -> dict[str, float]:
+    """The trial's constraints by name (> 0 = violated); empty for a trial not told (FAIL,
+    RUNNING). A trial stored with Optuna's per-name keys (before :data:`CONSTRAINT_NAMES`) is
+    read by those names."""
+    values = t.constraints  # Optuna's reading: the list's as "0", "1", ..., per-name keys by name
+    names = t.user_attrs.get(CONSTRAINT_NAMES)
+    if not names:
+        return dict(values)
+    return {name: values[str(i)] for i, name in enumerate(names) if str(i) in values}
+
+
+def violated(t: Stored) -> list[str]:
+    """The names of the constraints the trial violates, sorted."""
+    return sorted(k for k, v in constraints(t).items() if v > 0)
+
+
 def feasible(t: optuna.trial.FrozenTrial) -> bool:
     """Measured, and within every constraint (error budget and SLOs)."""
-    return measured(t) and bool(t.constraints) and all(c <= 0 for c in t.constraints.values())
+    return measured(t) and bool(constraints(t)) and not violated(t)
 
 
 def rejected_before_launch(t: Stored) -> bool:

@@ -1,7 +1,10 @@
-"""notebooks/pareto.ipynb runs top to bottom on a study the CLI just wrote."""
+"""notebooks/*.ipynb run top to bottom as a person runs them headless (``jupyter nbconvert
+--to notebook --execute``, from the ``notebooks`` extra; ``dev`` has it too) on two small studies
+the CLI just wrote on the simulator, made once for both notebooks."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,24 +13,66 @@ from typing import Any
 import nbformat
 import optuna
 import pytest
-from nbclient import NotebookClient
+
+from tuner import stored_trial
 
 from .trials import counted
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
+SMALL = [
+    "study.n_trials=3",
+    "workload.warmup_requests=0",
+    "workload.output_tokens.low=8",
+    "workload.output_tokens.high=16",
+    "engine.env.TUNER_SIM_SPEEDUP=20",
+    "confirm.rounds=1",  # a recommendation to export, from one fresh server per candidate
+]
 
 
-def execute(
-    name: str, cwd: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[list[dict[str, Any]], str]:
-    """Run notebooks/NAME top to bottom in ``cwd``; its outputs (none an error) and printed text."""
-    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
-    monkeypatch.setenv("TUNER_CWD", str(cwd))
-    NotebookClient(
-        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
-    ).execute()
+@pytest.fixture(scope="module")
+def cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder where ``python -m tuner`` ran a chat and a long_docs study (with MLflow)."""
+    here = tmp_path_factory.mktemp("notebooks")
+    for workload, n in (("chat", 8), ("long_docs", 4)):
+        p = subprocess.run(
+            [sys.executable, "-m", "tuner", f"+workload={workload}", f"workload.num_requests={n}"]
+            + SMALL,
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+    return here
+
+
+def execute(name: str, cwd: Path, **env: str) -> tuple[list[dict[str, Any]], str]:
+    """Run notebooks/NAME with ``jupyter nbconvert --execute``, pointed at the studies in
+    ``cwd``; its outputs (none an error: nbconvert stops on one) and its printed text."""
+    out = cwd / "executed"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "nbconvert",
+            "--to",
+            "notebook",
+            "--execute",
+            "--ExecutePreprocessor.timeout=180",
+            f"--output-dir={out}",
+            str(ROOT / "notebooks" / name),
+        ],
+        cwd=cwd,
+        env={**os.environ, "TUNER_CWD": str(cwd), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    nb = nbformat.read(out / name, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
@@ -39,65 +84,37 @@ def stored_trials(cwd: Path, name: str) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(study_name=name, storage=url).trials
 
 
-def test_pareto_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tuner",
-            "+workload=chat",
-            "study.n_trials=4",
-            "tracking=none",
-            "workload.num_requests=8",
-            "workload.warmup_requests=0",
-            "workload.output_tokens.low=8",
-            "workload.output_tokens.high=16",
-            "engine.env.TUNER_SIM_SPEEDUP=20",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr[-2000:]
-    outputs, text = execute("pareto.ipynb", tmp_path, monkeypatch)
-    trials = stored_trials(tmp_path, "chat-qwen3-8b")
-    assert len(counted(trials)) == 4  # and the configs refused before launch, if any
-    assert f"study chat-qwen3-8b: {len(trials)} trials" in text
-    assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
-
-
-def test_pareto_fronts_notebook_compares_two_studies(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    small = [
-        "study.n_trials=3",
-        "workload.warmup_requests=0",
-        "workload.output_tokens.low=8",
-        "workload.output_tokens.high=16",
-        "engine.env.TUNER_SIM_SPEEDUP=20",
+def plotly_outputs(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        o["data"]["application/vnd.plotly.v1+json"]
+        for o in outputs
+        if "application/vnd.plotly.v1+json" in o.get("data", {})
     ]
-    for workload, n in (("chat", 8), ("long_docs", 4)):
-        p = subprocess.run(
-            [sys.executable, "-m", "tuner", f"+workload={workload}", f"workload.num_requests={n}"]
-            + small,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert p.returncode == 0, p.stderr[-2000:]
-    outputs, text = execute("pareto_fronts.ipynb", tmp_path, monkeypatch)
+
+
+def test_pareto_notebook_executes(cwd: Path) -> None:
+    outputs, text = execute("pareto.ipynb", cwd, TUNER_STUDY="chat-qwen3-8b")
+    trials = stored_trials(cwd, "chat-qwen3-8b")
+    assert len(counted(trials)) == 3  # and the configs refused before launch, if any
+    assert f"study chat-qwen3-8b: {len(trials)} trials" in text
+    n_feasible = sum(stored_trial.feasible(t) for t in trials)
+    assert f"{n_feasible} feasible trials" in text
+    figures = plotly_outputs(outputs)
+    assert len(figures) == 2  # the Pareto figure and the importances
+    assert figures[1]["layout"]["title"]["text"].startswith("Param importances")
+
+
+def test_pareto_fronts_notebook_compares_two_studies(cwd: Path) -> None:
+    outputs, text = execute("pareto_fronts.ipynb", cwd)
     for workload in ("chat", "long_docs"):
-        trials = stored_trials(tmp_path, f"{workload}-qwen3-8b")
+        trials = stored_trials(cwd, f"{workload}-qwen3-8b")
         assert len(counted(trials)) == 3
         assert f"study {workload}-qwen3-8b: {len(trials)} trials, workload {workload}" in text
     # each study's exported config came back from the MLflow run that published it
     assert text.count("(MLflow run ") == 2
     assert text.count("model: ") == 2 and "# best-" in text
-    (fig,) = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
-    layout = fig["data"]["application/vnd.plotly.v1+json"]["layout"]
-    titles = {a["text"] for a in layout["annotations"]}
+    (fig,) = plotly_outputs(outputs)
+    titles = {a["text"] for a in fig["layout"]["annotations"]}
     assert {"chat-qwen3-8b", "long_docs-qwen3-8b"} <= titles  # side by side
     for nb_file in ("pareto.ipynb", "pareto_fronts.ipynb"):  # committed without outputs
         stored = nbformat.read(ROOT / "notebooks" / nb_file, as_version=4)

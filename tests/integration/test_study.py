@@ -19,7 +19,7 @@ import pytest
 from tuner import stored_trial
 
 from .procs import marked_pids
-from .trials import counted
+from .trials import counted, dashboard_constraints, pareto_front_kinds
 
 pytestmark = pytest.mark.integration
 
@@ -77,10 +77,11 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     assert first.user_attrs["baseline"] is True
     assert first.user_attrs["failure_reason"] is None
     assert first.user_attrs["kv_cache_tokens"] > 0
-    assert first.constraints["error_rate"] == pytest.approx(-0.05)
-    assert first.constraints["failed_no_kv_memory"] == 0.0
-    assert all(v <= 0 for v in first.constraints.values()), first.constraints
-    assert {"slo_ttft", "slo_tpot"} <= set(first.constraints)  # the chat profile's SLOs
+    constraints = stored_trial.constraints(first)
+    assert constraints["error_rate"] == pytest.approx(-0.05)
+    assert constraints["failed_no_kv_memory"] == 0.0
+    assert all(v <= 0 for v in constraints.values()), constraints
+    assert {"slo_ttft", "slo_tpot"} <= set(constraints)  # the chat profile's SLOs
 
     runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
     parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
@@ -111,6 +112,13 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     assert {"server.log", "requests.jsonl", "result.json", "metrics.jsonl"} <= names
     parent_files = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"pareto.html", "pareto.json", "best-goodput.yaml", "latency_cdf.html"} <= parent_files
+    # the run folder's pages load plotly.min.js beside them; MLflow's copies carry it inline
+    run_dir = next((tmp_path / "outputs" / "runs").glob("*/pareto.html")).parent
+    assert 'src="plotly.min.js"' in (run_dir / "pareto.html").read_text()
+    assert (run_dir / "plotly.min.js").stat().st_size > 1_000_000
+    assert "plotly.min.js" not in parent_files
+    logged = Path(client.download_artifacts(parents[0].info.run_id, "pareto.html", str(tmp_path)))
+    assert "plotly.min.js" not in logged.read_text() and logged.stat().st_size > 1_000_000
     pareto = json.loads(next((tmp_path / "outputs" / "runs").glob("*/pareto.json")).read_text())
     assert pareto and all("output_throughput_vs_baseline_pct" in row for row in pareto)
 
@@ -153,8 +161,8 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
     for t in study.trials:
         assert t.user_attrs["failure_reason"] == "no_kv_memory"
         assert "No available memory for the cache blocks" in t.user_attrs["failure_detail"]
-        assert t.constraints["failed_no_kv_memory"] == 1.0
-        assert t.constraints["slo_ttft"] > 0
+        assert stored_trial.constraints(t)["failed_no_kv_memory"] == 1.0
+        assert stored_trial.constraints(t)["slo_ttft"] > 0
         assert t.user_attrs["predicted_kv_tokens"] == 0
         assert t.user_attrs["launched"] is True
     children = [
@@ -324,6 +332,17 @@ def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> 
     assert "[not counted] trial 1: FAILED no_kv_memory" in p.stdout
     assert "[not counted] trial 2: FAILED invalid_config" in p.stdout
     assert "(0.0%) on launches that failed" in p.stdout
+    # Optuna's own tools see the refused configs as infeasible, not as trials at the penalty
+    # values: its Pareto plot, and optuna-dashboard (which reads only the constraints list)
+    assert stored_trial.feasible(base)
+    kinds = pareto_front_kinds(study)
+    assert kinds[low.number] == kinds[chunk.number] == "Infeasible"
+    assert kinds[base.number] in ("Best", "Feasible")
+    shown = dashboard_constraints(storage(tmp_path), "pre")
+    for refused in (low, chunk):  # an empty list would show as feasible there
+        assert shown[refused.number] and max(shown[refused.number]) > 0, shown
+    assert shown[base.number] and max(shown[base.number]) <= 0
+    assert len(shown[base.number]) == len(stored_trial.constraints(base))
 
 
 def test_rejections_count_past_max_rejected(tmp_path: Path) -> None:
@@ -343,7 +362,7 @@ def test_rejections_count_past_max_rejected(tmp_path: Path) -> None:
     study = optuna.load_study(study_name="norej", storage=storage(tmp_path))
     assert len(study.trials) == 3 + 2  # 3 free rejections, then 2 that count
     assert all(t.user_attrs["launched"] is False for t in study.trials)
-    assert all(t.constraints and max(t.constraints.values()) > 0 for t in study.trials)
+    assert all(stored_trial.violated(t) for t in study.trials)
     assert p.stdout.count("[not counted]") == 3
     assert "[1/2]" in p.stdout and "[2/2]" in p.stdout
     assert "the precheck has rejected 3 configs in this run (study.max_rejected)" in p.stdout
@@ -363,7 +382,7 @@ def test_replay_is_pruned_once_the_slo_is_lost(tmp_path: Path) -> None:
     t = optuna.load_study(study_name="prune", storage=storage(tmp_path)).trials[0]
     assert t.state == optuna.trial.TrialState.PRUNED
     assert "TTFT SLO" in t.user_attrs["pruned"]
-    assert t.constraints["slo_ttft"] > 0
+    assert stored_trial.constraints(t)["slo_ttft"] > 0
     done = t.user_attrs["metrics"]["completed"]
     assert 4 <= done < 60, done  # stopped early, with its partial metrics
     children = [

@@ -5,31 +5,27 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import warnings
 from pathlib import Path
 from typing import Any
 
+import chromium
 import numpy as np
 import optuna
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
-from optuna.samplers._base import _CONSTRAINTS_KEY
 from optuna.trial import TrialState, create_trial
+from plotly.offline import get_plotlyjs
 
-from tuner import plots
+from tuner import plots, stored_trial
 from tuner.plots import write as plots_write
 
 OBJECTIVES = [("output_throughput", "maximize"), ("ttft_p95_ms", "minimize")]
 DISTS = {"x": FloatDistribution(0.0, 1.0), "mode": CategoricalDistribution(["a", "b"])}
 CONSTRAINT_NAMES = ("failed_cuda_oom", "failed_invalid_config", "slo_ttft")
-
-
-def _constraints(**violated: float) -> dict[str, float]:
-    """System attrs as Optuna 5 stores named constraints (``constraints:<name>``)."""
-    values = {name: violated.get(name, -0.5) for name in CONSTRAINT_NAMES}
-    return {f"{_CONSTRAINTS_KEY}:{k}": v for k, v in values.items()}
 
 
 def _add(
@@ -39,16 +35,29 @@ def _add(
     *,
     state: TrialState = TrialState.COMPLETE,
     user_attrs: dict[str, Any] | None = None,
+    per_name: bool = False,
     **violated: float,
 ) -> None:
+    """A trial with the constraints of CONSTRAINT_NAMES (-0.5 unless ``violated``) stored as
+    the tuner stores them, or (``per_name``) in Optuna's per-name keys, as studies stored before
+    hold them."""
+    system: dict[str, Any] = {}
+    user = dict(user_attrs or {})
+    if state == TrialState.COMPLETE:
+        constraints = {name: violated.get(name, -0.5) for name in CONSTRAINT_NAMES}
+        if per_name:
+            system = {f"constraints:{k}": v for k, v in constraints.items()}
+        else:
+            system, names = stored_trial.constraint_attrs(constraints)
+            user |= names
     study.add_trial(
         create_trial(
             state=state,
             values=values,
             params={"x": x, "mode": "a" if x < 0.5 else "b"},
             distributions=DISTS,
-            user_attrs=user_attrs or {},
-            system_attrs=_constraints(**violated) if state == TrialState.COMPLETE else {},
+            user_attrs=user,
+            system_attrs=system,
         )
     )
 
@@ -102,11 +111,42 @@ def study() -> optuna.Study:
 # --- trial points ---------------------------------------------------------------------------
 
 
-def test_constraints_are_stored_as_optuna_reads_them(study: optuna.Study) -> None:
-    assert study.trials[4].constraints["slo_ttft"] == 0.5
-    assert study.trials[0].constraints == {n: -0.5 for n in CONSTRAINT_NAMES}
+def test_constraints_are_stored_as_optuna_and_its_dashboard_read_them(
+    study: optuna.Study,
+) -> None:
+    t4 = study.trials[4]
+    assert stored_trial.constraints(t4)["slo_ttft"] == 0.5
+    assert stored_trial.violated(t4) == ["slo_ttft"]
+    assert stored_trial.constraints(study.trials[0]) == {n: -0.5 for n in CONSTRAINT_NAMES}
+    # the list optuna-dashboard reads, in the order of the names
+    assert t4.system_attrs["constraints"] == [-0.5, -0.5, 0.5]
+    assert t4.user_attrs["constraint_names"] == list(CONSTRAINT_NAMES)
+    # Optuna reads each once (its samplers sum or model them: none may count twice)
+    assert sorted(t4.constraints.values()) == [-0.5, -0.5, 0.5]
     # Optuna's own front honours them: trial 4 would dominate 0, 1 and 2 otherwise
     assert {t.number for t in study.best_trials} == {0, 1, 2}
+    infeasible = [
+        d
+        for d in optuna.visualization.plot_pareto_front(study).data
+        if "Infeasible" in d.hovertemplate
+    ]
+    assert len(infeasible[0].x) == 3  # trial 4 and the failed 5 and 7, at the penalty values
+
+
+def test_constraints_stored_per_name_are_read() -> None:
+    """A study stored before the tuner kept the names apart: Optuna's per-name keys."""
+    s = _new_study()
+    _add(s, [1.0, 2.0], 0.3, per_name=True, slo_ttft=0.25)
+    _add(s, [2.0, 1.0], 0.6, per_name=True)
+    old, ok = s.trials
+    assert stored_trial.constraints(old) == {
+        "failed_cuda_oom": -0.5,
+        "failed_invalid_config": -0.5,
+        "slo_ttft": 0.25,
+    }
+    assert stored_trial.violated(old) == ["slo_ttft"]
+    assert not stored_trial.feasible(old) and stored_trial.feasible(ok)
+    assert plots.trial_points(s)["status"].tolist() == ["infeasible", "pareto"]
 
 
 def test_trial_points_statuses_and_columns(study: optuna.Study) -> None:
@@ -397,9 +437,29 @@ def test_latency_cdf_data_itl_and_unknown_metric(trial_dirs: dict[int, Path]) ->
     assert plots.latency_cdf_data({}).empty
 
 
+def test_trial_labels_say_why_a_trial_is_not_feasible(study: optuna.Study) -> None:
+    labels = plots.trial_labels(plots.trial_points(study))
+    assert labels == {
+        0: "trial 0 (vLLM defaults)",
+        1: "trial 1",
+        2: "trial 2",
+        3: "trial 3",
+        4: "trial 4 (infeasible: slo_ttft)",
+        5: "trial 5 (failed: cuda_oom)",
+        6: "trial 6 (pruned)",
+        7: "trial 7 (failed: invalid_config)",
+        8: "trial 8 (failed: interrupted)",
+        9: "trial 9 (running)",
+    }
+
+
 def test_latency_cdf_figure(trial_dirs: dict[int, Path]) -> None:
     frame = plots.latency_cdf_data(trial_dirs)
-    fig = plots.latency_cdf_figure(frame, labels={0: "trial 0 (vLLM defaults)"}, highlight=[0, 2])
+    fig = plots.latency_cdf_figure(
+        frame, labels={0: "trial 0 (vLLM defaults)"}, highlight=[0, 2], infeasible={1}
+    )
+    dashed = {tr.legendgroup for tr in fig.data if tr.line.dash == "dash"}
+    assert dashed == {"trial 1"}  # the infeasible trial, in every panel
     assert len(fig.data) == 9  # 3 trials x 3 metric panels
     assert {tr.xaxis for tr in fig.data} == {"x", "x2", "x3"}
     legend = [tr for tr in fig.data if tr.showlegend]
@@ -515,9 +575,11 @@ def test_timeline_figure_without_gpu_samples_or_any(tmp_path: Path) -> None:
 
 def test_write_figures(study: optuna.Study, trial_dirs: dict[int, Path], tmp_path: Path) -> None:
     _write_telemetry(trial_dirs[0])
+    trial_dirs[4] = _write_requests(tmp_path / "trial_0004", _ok_rows(trial_dirs[1]))
     out = tmp_path / "figures"
-    written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[0, 3])
+    written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[0, 3, 4])
     expected = {
+        "plotly.min.js",
         "pareto.html",
         "pareto.csv",
         "parallel_coordinates.html",
@@ -528,20 +590,27 @@ def test_write_figures(study: optuna.Study, trial_dirs: dict[int, Path], tmp_pat
         "timeline_0.csv",
         "timeline_3.html",
         "timeline_3.csv",
+        "timeline_4.html",
+        "timeline_4.csv",
     }
     assert set(written) == expected
     assert {p.name for p in out.iterdir()} == expected
     assert all(written[name] == out / name for name in expected)
+    assert (out / "plotly.min.js").read_text() == get_plotlyjs()  # this plotly's, once
     for name in expected:
         if name.endswith(".html"):
             text = (out / name).read_text()
-            assert "cdn.plot.ly" in text, name
-            assert len(text) < 500_000, name  # plotly.js not inlined
+            assert not SCRIPT_URL.findall(text), name  # nothing loaded from a CDN
+            assert text.count('src="plotly.min.js"') == 1, name
+            assert len(text) < 500_000, name  # plotly.js not inlined in each page
     assert (out / "parallel_coordinates.html").read_text().count("Plotly.newPlot") == 2
     pts = pd.read_csv(out / "pareto.csv")
     assert dict(zip(pts["number"], pts["status"], strict=True)) == EXPECTED
     cdf = pd.read_csv(out / "latency_cdf.csv")
-    assert set(cdf["trial"]) == {0, 1, 2}
+    assert set(cdf["trial"]) == {0, 1, 2, 4}
+    # the infeasible trial says so in the legend (dashed) and in its timeline's title
+    assert '"name":"trial 4 (infeasible: slo_ttft)"' in (out / "latency_cdf.html").read_text()
+    assert "Trial 4 (infeasible: slo_ttft): telemetry" in (out / "timeline_4.html").read_text()
     timeline = pd.read_csv(out / "timeline_0.csv")
     assert "KV cache usage (%)" in set(timeline["series"])
 
@@ -562,6 +631,7 @@ def test_write_figures_survives_a_failing_figure(
     with caplog.at_level(logging.INFO, logger="tuner"):
         written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[42])
     assert "pareto.html" not in written
+    assert "plotly.min.js" in written
     assert not (out / "pareto.html").exists()
     for name in ("parallel_coordinates.html", "importances.html", "latency_cdf.html"):
         assert (out / name).is_file(), name
@@ -572,3 +642,60 @@ def test_write_figures_survives_a_failing_figure(
     (absent,) = [r for r in records if "timeline_42" in r.getMessage()]
     assert absent.levelno == logging.INFO
     assert "not on this machine" in absent.getMessage()
+
+
+# --- the figures as a person opens them: a browser without network ------------------------------
+
+SCRIPT_URL = re.compile(r"<script[^>]*\bsrc=[\"']?(?:https?:)?//", re.IGNORECASE)
+"""A script tag that loads from the network (``http://``, ``https://`` or ``//``)."""
+
+
+def test_self_contained_copy_inlines_plotly(
+    study: optuna.Study, trial_dirs: dict[int, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "figures"
+    plots.write_figures(study, out, trial_dirs, OBJECTIVES)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    copy = plots.self_contained(out / "pareto.html", alone)
+    assert copy == alone / "pareto.html"
+    text = copy.read_text()
+    assert "plotly.min.js" not in text and get_plotlyjs() in text
+    assert not SCRIPT_URL.findall(text)
+    with pytest.raises(ValueError, match="does not load plotly.min.js"):
+        plots.self_contained(copy, tmp_path)  # already inline
+
+
+def test_figures_draw_in_a_browser_without_network(
+    study: optuna.Study, trial_dirs: dict[int, Path], tmp_path: Path
+) -> None:
+    """Every kind of figure, opened from its folder (file://) in headless Chromium with no
+    network, is drawn by plotly; so is the self-contained copy MLflow gets, alone in a folder.
+    A page that loads plotly.js from the CDN draws nothing there: the check can fail."""
+    _write_telemetry(trial_dirs[0])
+    out = tmp_path / "figures"
+    written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[0])
+    pages = sorted(p for p in written.values() if p.suffix == ".html")
+    assert {p.name for p in pages} == {
+        "pareto.html",
+        "parallel_coordinates.html",
+        "importances.html",
+        "latency_cdf.html",
+        "timeline_0.html",
+    }
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    mlflow_copy = plots.self_contained(out / "latency_cdf.html", alone)
+    cdn = tmp_path / "cdn" / "pareto.html"
+    cdn.parent.mkdir()
+    plots.pareto_figure(plots.trial_points(study), OBJECTIVES).write_html(
+        cdn, include_plotlyjs="cdn"
+    )
+    assert SCRIPT_URL.findall(cdn.read_text())  # what the network check catches
+    for page in [*pages, mlflow_copy]:
+        assert not SCRIPT_URL.findall(page.read_text()), page.name
+    seen = chromium.drawn([*pages, mlflow_copy, cdn])
+    for page in [*pages, mlflow_copy]:
+        n = 2 if page.name == "parallel_coordinates.html" else 1  # a plot per objective
+        assert seen[page] == chromium.Drawn(figures=n, drawn=n, plotly=True), page
+    assert seen[cdn] == chromium.Drawn(figures=1, drawn=0, plotly=False)  # offline: blank

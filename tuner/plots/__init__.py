@@ -4,14 +4,17 @@ Each figure has a pure data function that returns a :class:`pandas.DataFrame` (t
 plotly) and a drawing function that takes that frame and returns a
 :class:`plotly.graph_objects.Figure`:
 
-- :func:`trial_points` (and :func:`pareto_step`) → :func:`pareto_figure`
+- :func:`trial_points` (and :func:`pareto_step`) → :func:`pareto_figure`; :func:`trial_labels`
+  names each trial in the other figures, saying which are infeasible and why
 - :func:`latency_cdf_data` → :func:`latency_cdf_figure`
 - :func:`timeline_data` → :func:`timeline_figure`
 - Optuna's own plots, on the measured trials: :func:`parallel_coordinates_figure`,
   :func:`importance_figure`
 
-:func:`write_figures` writes them all as HTML (plotly.js from the CDN) with each frame as CSV
-beside its figure; a figure that fails is logged and skipped.
+:func:`write_figures` writes them all as HTML with each frame as CSV beside its figure and one
+``plotly.min.js`` (:data:`PLOTLY_JS`) that the pages load, so they open without network; a figure
+that fails is logged and skipped. :func:`self_contained` copies a page with plotly.js inline, for
+a viewer that shows it alone (MLflow's artifact view).
 
 The modules, one figure family each: ``points`` (the trial points and the Pareto staircase) and
 ``pareto`` (their figure), ``latency`` (latency CDFs), ``timeline`` (a trial's telemetry),
@@ -32,14 +35,15 @@ from tuner.plots.latency import (
 )
 from tuner.plots.optuna_figures import importance_figure, parallel_coordinates_figure
 from tuner.plots.pareto import pareto_figure
-from tuner.plots.points import PARAM_PREFIX, STATUSES, pareto_step, trial_points
+from tuner.plots.points import PARAM_PREFIX, STATUSES, pareto_step, trial_labels, trial_points
 from tuner.plots.timeline import timeline_data, timeline_figure
-from tuner.plots.write import write_figures
+from tuner.plots.write import PLOTLY_JS, self_contained, write_figures
 
 __all__ = [
     "CDF_QUANTILES",
     "LATENCY_METRICS",
     "PARAM_PREFIX",
+    "PLOTLY_JS",
     "STATUSES",
     "importance_figure",
     "latency_cdf_data",
@@ -47,8 +51,10 @@ __all__ = [
     "parallel_coordinates_figure",
     "pareto_figure",
     "pareto_step",
+    "self_contained",
     "timeline_data",
     "timeline_figure",
+    "trial_labels",
     "trial_points",
     "write_figures",
 ]

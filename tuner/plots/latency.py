@@ -4,7 +4,7 @@ frame (:func:`latency_cdf_data`) and their CDFs, a panel per metric (:func:`late
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,12 +110,15 @@ def latency_cdf_figure(
     *,
     labels: Mapping[int, str] | None = None,
     highlight: Sequence[int] | None = None,
+    infeasible: Collection[int] = (),
 ) -> go.Figure:
     """The CDFs of :func:`latency_cdf_data`: a panel per metric, a line per trial (one colour
     and legend entry per trial across panels), dotted guides at p50/p95/p99.
 
-    ``labels`` names trials in the legend (default ``trial <n>``); with ``highlight``, the
-    other trials start hidden (``legendonly``: a click on the legend shows them).
+    ``labels`` names trials in the legend (default ``trial <n>``; :func:`trial_labels` says
+    why a trial is infeasible); with ``highlight``, the other trials start hidden
+    (``legendonly``: a click on the legend shows them); the ``infeasible`` trials (a constraint
+    violated, failed or pruned) are drawn dashed.
     """
     if frame.empty:
         return message_figure("Latency CDFs", "no measured requests in these trials")
@@ -141,7 +144,11 @@ def latency_cdf_figure(
                     x=sub["value_ms"],
                     y=sub["quantile"],
                     mode="lines",
-                    line={"color": colors[trial], "width": 2},
+                    line={
+                        "color": colors[trial],
+                        "width": 2,
+                        "dash": "dash" if trial in infeasible else "solid",
+                    },
                     name=name,
                     legendgroup=f"trial {trial}",
                     showlegend=col == 1,

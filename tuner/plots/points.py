@@ -25,6 +25,7 @@ __all__ = [
     "metric_names",
     "objective_signs",
     "pareto_step",
+    "trial_labels",
     "trial_points",
 ]
 
@@ -51,7 +52,7 @@ def _status(t: optuna.trial.FrozenTrial, best: set[int]) -> str:
         return "failed"
     if t.number in best:
         return "pareto"
-    if any(v > 0 for v in t.constraints.values()):
+    if stored_trial.violated(t):
         return "infeasible"
     return "feasible"
 
@@ -82,7 +83,7 @@ def trial_points(study: optuna.Study) -> pd.DataFrame:
             reason = "tuner_error" if stored_trial.tuner_error(t) else INTERRUPTED
         measured = status in ("pareto", "feasible", "infeasible") and t.values is not None
         values = list(t.values) if measured and t.values is not None else []
-        violated = sorted(k for k, v in t.constraints.items() if v > 0)
+        violated = stored_trial.violated(t)
         row: dict[str, Any] = {"number": t.number, "state": t.state.name}
         for i, name in enumerate(names):
             row[name] = float(values[i]) if i < len(values) else math.nan
@@ -133,3 +134,21 @@ def pareto_step(points: pd.DataFrame, objectives: Objectives) -> pd.DataFrame:
             rows.append({mx: sx * u, my: sy * pts[i - 1][1], "number": None})
         rows.append({mx: sx * u, my: sy * v, "number": n})
     return pd.DataFrame(rows, columns=[mx, my, "number"])
+
+
+def trial_labels(points: pd.DataFrame) -> dict[int, str]:
+    """A name per trial of :func:`trial_points` for a legend or a title: ``trial <n>``, with
+    ``vLLM defaults`` for the baseline and, unless it is feasible, why: ``trial 4 (infeasible:
+    slo_ttft)``, ``trial 0 (vLLM defaults, failed: cuda_oom)``, ``trial 6 (pruned)``."""
+    labels: dict[int, str] = {}
+    for row in points.itertuples(index=False):
+        notes = ["vLLM defaults"] if bool(row.baseline) else []
+        if row.status == "infeasible":
+            notes.append(f"infeasible: {row.violated}")
+        elif row.status == "failed":
+            notes.append(f"failed: {row.failure_reason}")
+        elif row.status in ("pruned", "running"):
+            notes.append(str(row.status))
+        number = int(row.number)
+        labels[number] = f"trial {number}" + (f" ({', '.join(notes)})" if notes else "")
+    return labels

@@ -1,5 +1,12 @@
-"""Writing every figure of a study as HTML (plotly.js from the CDN) with its frame as CSV beside
-it (:func:`write_figures`); a figure that fails is logged and skipped."""
+"""Writing every figure of a study as HTML with its frame as CSV beside it (:func:`write_figures`);
+a figure that fails is logged and skipped.
+
+The figures open without network (a GPU cluster often has none): each page loads plotly.js from
+one ``plotly.min.js`` written beside it (plotly's ``include_plotlyjs="directory"``), 4.8 MB once
+per folder instead of inlined in each of the six pages (~29 MB a run). A copy for a viewer that
+shows one file on its own (MLflow's artifact view renders a page from a ``blob:`` URL, where no
+sibling file can load) carries plotly.js inline: :func:`self_contained`.
+"""
 
 from __future__ import annotations
 
@@ -10,32 +17,52 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
 
 from tuner import stored_trial
 from tuner.plots.latency import latency_cdf_data, latency_cdf_figure
 from tuner.plots.optuna_figures import importance_figure, parallel_coordinates_figure
 from tuner.plots.pareto import pareto_figure
-from tuner.plots.points import trial_points
+from tuner.plots.points import trial_labels, trial_points
 from tuner.plots.timeline import timeline_data, timeline_figure
 
-__all__ = ["write_figures"]
+__all__ = ["PLOTLY_JS", "self_contained", "write_figures"]
 
 log = logging.getLogger("tuner")
 
 
+PLOTLY_JS = "plotly.min.js"
+"""The plotly.js bundle :func:`write_figures` writes beside its pages; they load it by this name."""
+
+_SCRIPT = f'<script charset="utf-8" src="{PLOTLY_JS}"></script>'
+"""How a page of plotly's ``include_plotlyjs="directory"`` loads the bundle."""
+
+
 def _write_html(path: Path, figures: Sequence[go.Figure]) -> None:
-    """One figure as ``write_html``; several in one page (plotly.js loaded once, from the CDN)."""
-    if len(figures) == 1:
-        figures[0].write_html(str(path), include_plotlyjs="cdn")
-        return
+    """One figure, or several in one page (plotly.js loaded once), loading ``plotly.min.js``
+    from the page's folder."""
     parts = [
-        fig.to_html(full_html=False, include_plotlyjs="cdn" if i == 0 else False)
+        fig.to_html(full_html=False, include_plotlyjs="directory" if i == 0 else False)
         for i, fig in enumerate(figures)
     ]
     body = "\n".join(parts)
     path.write_text(
-        f'<html>\n<head><meta charset="utf-8" /></head>\n<body>\n{body}\n</body>\n</html>\n'
+        f'<html>\n<head><meta charset="utf-8" /></head>\n<body>\n{body}\n</body>\n</html>\n',
+        encoding="utf-8",
     )
+
+
+def self_contained(page: Path, out_dir: Path) -> Path:
+    """A copy of ``page`` (written by :func:`write_figures`) in ``out_dir``, same name, with
+    plotly.js inline instead of loaded from ``plotly.min.js``: for a viewer that shows the page
+    alone (MLflow's artifact view). ``ValueError`` if ``page`` does not load the bundle."""
+    text = page.read_text(encoding="utf-8")
+    if text.count(_SCRIPT) != 1:
+        raise ValueError(f"{page} does not load {PLOTLY_JS} once")
+    out = Path(out_dir) / page.name
+    inline = f'<script charset="utf-8">{get_plotlyjs()}</script>'
+    out.write_text(text.replace(_SCRIPT, inline), encoding="utf-8")
+    return out
 
 
 def _baseline_numbers(study: optuna.Study) -> set[int]:
@@ -49,8 +76,9 @@ def write_figures(
     objectives: Sequence[tuple[str, str]],
     timeline_trials: Sequence[int] = (),
 ) -> dict[str, Path]:
-    """Write the study's figures into ``out_dir`` (HTML, plotly.js from the CDN) with the data
-    of each as CSV beside it; return ``{file name: path}`` of what was written.
+    """Write the study's figures into ``out_dir`` (HTML, with ``plotly.min.js`` beside them:
+    they open without network) with the data of each as CSV beside it; return ``{file name:
+    path}`` of what was written.
 
     ``pareto.html`` + ``pareto.csv`` (:func:`trial_points`), ``parallel_coordinates.html`` (a
     plot per objective, one page), ``importances.html``, ``latency_cdf.html`` +
@@ -64,6 +92,10 @@ def write_figures(
     written: dict[str, Path] = {}
 
     def html(name: str, *figures: go.Figure) -> None:
+        if PLOTLY_JS not in written:  # this plotly's bundle, not one an older run left here
+            bundle = out_dir / PLOTLY_JS
+            bundle.write_text(get_plotlyjs(), encoding="utf-8")
+            written[PLOTLY_JS] = bundle
         path = out_dir / name
         _write_html(path, figures)
         written[name] = path
@@ -93,9 +125,19 @@ def write_figures(
         baseline = _baseline_numbers(study)
         shown = {t.number for t in study.best_trials} | baseline
         present = set(int(t) for t in frame["trial"].unique()) if not frame.empty else set()
-        labels = {n: f"trial {n} (vLLM defaults)" for n in baseline}
+        points = trial_points(study)
+        infeasible = {
+            int(n)
+            for n, status in zip(points["number"], points["status"], strict=True)
+            if status not in ("pareto", "feasible")
+        }
         highlight = sorted(shown & present) or None  # none of them measured: show all
-        html("latency_cdf.html", latency_cdf_figure(frame, labels=labels, highlight=highlight))
+        html(
+            "latency_cdf.html",
+            latency_cdf_figure(
+                frame, labels=trial_labels(points), highlight=highlight, infeasible=infeasible
+            ),
+        )
 
     def timeline(number: int) -> Callable[[], None]:
         def job() -> None:
@@ -109,7 +151,9 @@ def write_figures(
                 return
             frame = timeline_data(trial_dirs[number])
             csv(f"timeline_{number}.csv", frame)
-            html(f"timeline_{number}.html", timeline_figure(frame, f"Trial {number}: telemetry"))
+            name = trial_labels(trial_points(study)).get(number, f"trial {number}")
+            title = f"{name[0].upper()}{name[1:]}: telemetry"  # "Trial 3 (infeasible: ...)"
+            html(f"timeline_{number}.html", timeline_figure(frame, title))
 
         return job
 
