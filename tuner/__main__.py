@@ -21,7 +21,13 @@ from types import FrameType
 import hydra
 from omegaconf import DictConfig
 
-from tuner.config import TunerConfig, available, conf_dir, register_schemas
+from tuner.config import (
+    TunerConfig,
+    available,
+    check_override_keys,
+    conf_dir,
+    register_schemas,
+)
 from tuner.errors import ConfigError, TunerError
 
 log = logging.getLogger("tuner")
@@ -120,6 +126,7 @@ def main() -> None:
         if report:
             args = _report_overrides(args[1:])
         _check_groups(args)
+        check_override_keys(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -191,6 +191,8 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         ([], "+workload=NAME"),
         (["+workload=chat", "study.repeats=0"], "allowed: 1 to 20"),
         (["+workload=chat", "study.timeout_s=0"], "allowed: seconds > 0, or null"),
+        (["+workload=chat", "+study.ntrials=5"], "key study.ntrials; the closest known key is"),
+        (["+workload=chat", "study.ntrials=5"], "key study.ntrials; the closest known key is"),
     ],
 )
 def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
