@@ -2,7 +2,8 @@
 
 ``python -m tuner report study.name=NAME [overrides]`` regenerates the exports, figures and tables
 of a stored study without running anything (``+workload=NAME`` instead of ``study.name`` names the
-default study of that workload); it is its own Hydra app, :func:`_report_app`.
+default study of that workload on the ``engine`` given); it is its own Hydra app,
+:func:`_report_app`.
 
 Thin: compose (Hydra) → convert to dataclasses and check, once (:func:`tuner.checks.to_config`) →
 :func:`tuner.study.run` (or :func:`tuner.report.run_report`). User mistakes become one line on

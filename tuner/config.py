@@ -262,7 +262,9 @@ class PrescreenConfig:
 @dataclass
 class StudyConfig:
     name: str | None = None
-    """Default: ``<workload>-<model>``, so the same command continues the same study."""
+    """Default: ``<workload>-<model>-<engine kind>``, so the same command continues the same
+    study, and the simulator's and vLLM's measurements never share one (a stored study records
+    its engine kind; a run on another refuses to continue it, a named study too)."""
     n_trials: int = 12
     """Trials to run in this invocation (added to those already stored). A config the precheck
     rejects before launch costs no GPU time and does not count, up to ``max_rejected`` of them."""

@@ -31,7 +31,7 @@ from tuner import __version__, stored_trial
 from tuner.artifacts import mask_file, trial_dir
 from tuner.config import TunerConfig
 from tuner.confirm import Candidate, ConfirmResult, judge, pick, stressed
-from tuner.engine.argv import cache_root, mask, secret_values
+from tuner.engine.argv import cache_root, check_command, mask, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, describe_cores, on_cores
 from tuner.measure import Replay
 from tuner.memory import ModelShape
@@ -69,6 +69,7 @@ class StudyOutcome:
 
 def run(cfg: TunerConfig) -> StudyOutcome:
     """Run ``cfg.study.n_trials`` more trials of the study ``cfg`` names."""
+    check_command(cfg.engine)  # every launch would fail: say so before the study is opened
     run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dists = distributions(cfg.space)

@@ -61,9 +61,9 @@ def test_pareto_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     )
     assert p.returncode == 0, p.stderr[-2000:]
     outputs, text = execute("pareto.ipynb", tmp_path, monkeypatch)
-    trials = stored_trials(tmp_path, "chat-qwen3-8b")
+    trials = stored_trials(tmp_path, "chat-qwen3-8b-sim")
     assert len(counted(trials)) == 4  # and the configs refused before launch, if any
-    assert f"study chat-qwen3-8b: {len(trials)} trials" in text
+    assert f"study chat-qwen3-8b-sim: {len(trials)} trials" in text
     assert any("application/vnd.plotly.v1+json" in o.get("data", {}) for o in outputs)
 
 
@@ -89,16 +89,16 @@ def test_pareto_fronts_notebook_compares_two_studies(
         assert p.returncode == 0, p.stderr[-2000:]
     outputs, text = execute("pareto_fronts.ipynb", tmp_path, monkeypatch)
     for workload in ("chat", "long_docs"):
-        trials = stored_trials(tmp_path, f"{workload}-qwen3-8b")
+        trials = stored_trials(tmp_path, f"{workload}-qwen3-8b-sim")
         assert len(counted(trials)) == 3
-        assert f"study {workload}-qwen3-8b: {len(trials)} trials, workload {workload}" in text
+        assert f"study {workload}-qwen3-8b-sim: {len(trials)} trials, workload {workload}" in text
     # each study's exported config came back from the MLflow run that published it
     assert text.count("(MLflow run ") == 2
     assert text.count("model: ") == 2 and "# best-" in text
     (fig,) = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
     layout = fig["data"]["application/vnd.plotly.v1+json"]["layout"]
     titles = {a["text"] for a in layout["annotations"]}
-    assert {"chat-qwen3-8b", "long_docs-qwen3-8b"} <= titles  # side by side
+    assert {"chat-qwen3-8b-sim", "long_docs-qwen3-8b-sim"} <= titles  # side by side
     for nb_file in ("pareto.ipynb", "pareto_fronts.ipynb"):  # committed without outputs
         stored = nbformat.read(ROOT / "notebooks" / nb_file, as_version=4)
         assert all(not c.get("outputs") for c in stored.cells if c.cell_type == "code")

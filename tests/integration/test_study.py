@@ -64,7 +64,7 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     p = tuner(tmp_path, *args)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Pareto-best trials" in p.stdout
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     assert len(counted(study.trials)) == 3  # configs refused before launch do not count
     first = study.trials[0]
     assert first.user_attrs["baseline"] is True
@@ -75,7 +75,7 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     assert all(v <= 0 for v in first.constraints.values()), first.constraints
     assert {"slo_ttft", "slo_tpot"} <= set(first.constraints)  # the chat profile's SLOs
 
-    runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+    runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
     parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
     assert len(parents) == 1 and len(children) == len(study.trials)
@@ -109,14 +109,14 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
 
     p2 = tuner(tmp_path, *args)  # the same command continues the same study
     assert p2.returncode == 0, p2.stderr[-3000:]
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     assert len(counted(study.trials)) == 6
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
     assert (
         len(
             [
                 r
-                for r in mlflow_runs(tmp_path, "chat-qwen3-8b")
+                for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
                 if r.data.tags.get("tuner.role") == "study"
             ]
         )
@@ -172,7 +172,7 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         "engine.env.TUNER_SIM_SPEEDUP=20",
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name=f"{workload}-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name=f"{workload}-qwen3-8b-sim", storage=storage(tmp_path))
     t = study.trials[0]
     assert t.user_attrs["failure_reason"] is None, t.user_attrs["failure_detail"]
     assert t.user_attrs["metrics"]["completed"] == 4
@@ -202,6 +202,19 @@ def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], nee
     assert needle in err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert not list(tmp_path.glob("outputs/runs/*/trial_*")), "nothing may be launched"
+
+
+def test_a_missing_engine_command_stores_nothing(tmp_path: Path) -> None:
+    # it once created the study, then failed its first trial with no reason stored
+    p = tuner(
+        tmp_path, "+workload=chat", "engine=vllm", "engine.command=[tuner-no-such-vllm,serve]"
+    )
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        "error: engine.command 'tuner-no-such-vllm' is not found on PATH: install vLLM "
+        "(pip install -e '.[vllm]') or set engine.command"
+    )
+    assert not (tmp_path / "outputs" / "state").exists(), "no storage opened"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -241,7 +254,7 @@ def test_interrupt_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> Non
         assert proc.returncode == 130, out[-2000:]
         time.sleep(0.5)
         assert marked_pids(mark) == [], "a process started by the tuner survived"
-        study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+        study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
         assert study.trials[0].state == optuna.trial.TrialState.FAIL
     finally:
         if proc.poll() is None:
@@ -260,7 +273,7 @@ def test_secrets_never_reach_what_the_tuner_writes(tmp_path: Path) -> None:
         env={"HF_TOKEN": hf},
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     trial = study.trials[0]
     assert trial.user_attrs["failure_reason"] is None  # the replay authenticated with the key
     assert trial.user_attrs["metrics"]["success_rate"] == 1.0
@@ -272,7 +285,7 @@ def test_secrets_never_reach_what_the_tuner_writes(tmp_path: Path) -> None:
         data = f.read_bytes()
         assert hf.encode() not in data and key.encode() not in data, f
     assert hf not in p.stdout + p.stderr and key not in p.stdout + p.stderr
-    runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+    runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
     for r in runs:
         blob = json.dumps([r.data.params, r.data.tags])
         assert hf not in blob and key not in blob
@@ -442,7 +455,7 @@ def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Pat
     assert first["metrics"]["completed"] == 120
     assert first["values"] and first["values"][0] > 0
     assert len((tdir / "requests.jsonl").read_text().splitlines()) == 120 + 8  # + warm-ups
-    state = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path)).trials[0]
+    state = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path)).trials[0]
     assert state.state == optuna.trial.TrialState.FAIL  # the trial itself did not finish
 
 
@@ -537,7 +550,7 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
     assert "recovered: trial 0" in p.stderr + p.stdout
     assert marked_pids(mark) == [], "the leftover server was not stopped"
     assert not list((tmp_path / "outputs" / "state" / "leases").glob("*.json"))
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     first, second = study.trials
     assert first.state == optuna.trial.TrialState.FAIL
     assert first.user_attrs["failure_reason"] == "interrupted"
@@ -546,7 +559,7 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
     assert first.user_attrs["baseline"] and second.user_attrs["baseline"]
     assert second.params == first.params
     assert "baseline trial (vLLM's defaults) has not finished yet; enqueued again" in p.stdout
-    runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+    runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
     parents = sorted(
         (r for r in runs if r.data.tags.get("tuner.role") == "study"),
         key=lambda r: r.info.start_time,
@@ -595,7 +608,7 @@ def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
     measured = [r for r in launched if "co_running_gpus" in r["metrics"]]
     assert measured and all(r["metrics"]["cpus_pinned"] >= 1 for r in measured)
     assert any(r["metrics"]["co_running_gpus"] == 1.0 for r in measured)  # interference record
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     assert sorted(t.number for t in study.trials) == list(range(6))
 
 
@@ -645,7 +658,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     p = tuner(tmp_path, "+workload=chat", "engine=vllm", "dry_run=true", timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]
     out = " ".join(p.stdout.split())  # rich wraps long lines
-    assert "study chat-qwen3-8b · engine vllm" in out
+    assert "study chat-qwen3-8b-vllm · engine vllm" in out
     assert "argv with vLLM defaults: vllm serve" in out and "--load-format dummy" in out
     assert (
         "then confirm goodput, latency, knee, baseline at 2x load, 2x duration, seeds [1], "
