@@ -90,12 +90,6 @@ def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
     if s == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if s == "gp":
-        import importlib.util
-
-        if importlib.util.find_spec("torch") is None:
-            raise ConfigError(
-                "study.sampler=gp needs PyTorch (Optuna's GPSampler); pip install torch"
-            )
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
     if s == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
@@ -107,6 +101,13 @@ def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
 def open_study(cfg: TunerConfig) -> optuna.Study:
     """Create the study, or load it when it has the same objectives and was measured on the same
     engine kind (else a :class:`ConfigError`, with nothing stored)."""
+    if cfg.study.sampler == "gp":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise ConfigError(
+                "study.sampler=gp needs PyTorch (Optuna's GPSampler); pip install torch"
+            )
     Path(cfg.paths.state_dir).mkdir(parents=True, exist_ok=True)
     storage = storage_url(cfg)
     name = study_name(cfg)
@@ -120,6 +121,8 @@ def open_study(cfg: TunerConfig) -> optuna.Study:
     if stored is not None:
         n_existing = len(stored.trials)
         _check_same(stored, cfg, storage)
+    if cfg.study.warm_start:
+        _warm_source(cfg)  # a missing source is refused before the study is created
     try:
         study = retry_schema_race(
             lambda: optuna.create_study(
@@ -210,14 +213,7 @@ def fill_queue(
 
 def _warm_start(study: optuna.Study, cfg: TunerConfig, dists: Distributions) -> None:
     """Enqueue the Pareto-best feasible configs of another study (once: :func:`enqueue_once`)."""
-    storage = storage_url(cfg)
-    try:
-        source = optuna.load_study(study_name=cfg.study.warm_start, storage=storage)
-    except KeyError as exc:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise ConfigError(
-            f"study.warm_start {cfg.study.warm_start!r} is not in {storage}; have: {names}"
-        ) from exc
+    source = _warm_source(cfg)
     best = source.best_trials
     for t in best:
         params = {
@@ -229,6 +225,18 @@ def _warm_start(study: optuna.Study, cfg: TunerConfig, dists: Distributions) -> 
     log.info(
         "warm start: enqueued %d Pareto-best configs of study %s", len(best), source.study_name
     )
+
+
+def _warm_source(cfg: TunerConfig) -> optuna.Study:
+    """The study ``study.warm_start`` names, else a :class:`ConfigError`."""
+    storage = storage_url(cfg)
+    try:
+        return optuna.load_study(study_name=str(cfg.study.warm_start), storage=storage)
+    except KeyError as exc:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise ConfigError(
+            f"study.warm_start {cfg.study.warm_start!r} is not in {storage}; have: {names}"
+        ) from exc
 
 
 def _prescreen(

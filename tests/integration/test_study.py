@@ -201,7 +201,19 @@ def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], nee
     err = p.stderr.strip()
     assert needle in err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    assert not list(tmp_path.glob("outputs/runs/*/trial_*")), "nothing may be launched"
+    assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
+
+
+def test_a_bad_trace_row_is_found_before_anything_is_stored(tmp_path: Path) -> None:
+    # it was once reported after the study had been created, and left an empty run folder
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp,input_length,output_length\n0.0,100,20\n0.5,many,20\n")
+    p = tuner(tmp_path, "+workload=trace", f"workload.trace.path={trace}", timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        f"error: row 2 of {trace}: input_tokens 'many' (column input_length) is not an integer"
+    )
+    assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
 
 
 def test_a_missing_engine_command_stores_nothing(tmp_path: Path) -> None:
@@ -214,7 +226,7 @@ def test_a_missing_engine_command_stores_nothing(tmp_path: Path) -> None:
         "error: engine.command 'tuner-no-such-vllm' is not found on PATH: install vLLM "
         "(pip install -e '.[vllm]') or set engine.command"
     )
-    assert not (tmp_path / "outputs" / "state").exists(), "no storage opened"
+    assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -510,6 +522,7 @@ def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "study.warm_start 'nope'" in bad.stderr
+    assert "x" not in optuna.get_all_study_names(storage(tmp_path))  # refused before it was made
 
 
 def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
