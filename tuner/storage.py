@@ -40,6 +40,7 @@ __all__ = [
     "has_baseline",
     "open_study",
     "retry_schema_race",
+    "sampler_seed",
     "storage_url",
     "study_name",
 ]
@@ -82,10 +83,21 @@ def retry_schema_race(make: Callable[[], T], what: str, attempts: int = 6) -> T:
     raise AssertionError("unreachable")
 
 
+def sampler_seed(cfg: TunerConfig, n_existing: int) -> int:
+    """The sampler's seed: ``study.seed`` plus the trials already stored, so a resumed study does
+    not replay the random start-up points it has tried. On SQLite (one tuner) that is all: the
+    same command on fresh storage draws the same configs until the sampler's start-up trials are
+    measured (after them TPE follows measured values, which vary). On a database server
+    (``study.storage=postgresql...``, several tuners on one study) it adds this worker's identity
+    (``host:pid``), so tuners that start together do not draw the same configs."""
+    seed = cfg.study.seed + n_existing
+    if not storage_url(cfg).startswith("sqlite"):
+        seed += zlib.crc32(worker_id().encode()) % 65_536
+    return seed
+
+
 def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
-    # A resumed study, or a second worker on the same study, must not replay the same random
-    # start-up points: the seed is offset by the stored trials and by this worker's identity.
-    seed = cfg.study.seed + n_existing + zlib.crc32(worker_id().encode()) % 65_536
+    seed = sampler_seed(cfg, n_existing)
     s = cfg.study.sampler
     if s == "random":
         return optuna.samplers.RandomSampler(seed=seed)

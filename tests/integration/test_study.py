@@ -216,6 +216,34 @@ def test_a_bad_trace_row_is_found_before_anything_is_stored(tmp_path: Path) -> N
     assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
 
 
+def test_the_same_seed_draws_the_same_start_up_configs(tmp_path: Path) -> None:
+    """Two single-worker runs of one command on fresh storage. TPE draws a trial at random until
+    ``study.n_startup_trials`` trials have finished (the baseline and configs the precheck refuses
+    count, and are the same in both runs): with one worker those are trials 0 to 3, and their
+    params must be equal. Later trials follow the measured values, which the simulator's timing
+    varies, so they may differ. The seed once mixed in the tuner's host:pid."""
+    startup = 4
+    params = []
+    for run in ("a", "b"):
+        cwd = tmp_path / run
+        cwd.mkdir()
+        p = tuner(
+            cwd,
+            "+workload=chat",
+            "study.n_trials=3",
+            f"study.n_startup_trials={startup}",
+            "study.seed=3",
+            "tracking=none",
+            "confirm.enabled=false",
+            *FAST,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        trials = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(cwd)).trials
+        params.append([t.params for t in trials if t.number < startup])
+    assert len(params[0]) >= 3  # the baseline and at least two sampled configs
+    assert params[0] == params[1]
+
+
 def test_a_missing_engine_command_stores_nothing(tmp_path: Path) -> None:
     # it once created the study, then failed its first trial with no reason stored
     p = tuner(

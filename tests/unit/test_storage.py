@@ -10,7 +10,7 @@ import pytest
 from tuner.config import EngineConfig
 from tuner.engine.argv import check_command
 from tuner.errors import ConfigError
-from tuner.storage import ENGINE_ATTR, open_study, storage_url, study_name
+from tuner.storage import ENGINE_ATTR, open_study, sampler_seed, storage_url, study_name
 
 
 def test_the_default_study_name_names_the_engine(make_cfg) -> None:
@@ -57,3 +57,16 @@ def test_an_engine_command_not_on_path_is_one_line() -> None:
     with pytest.raises(ConfigError, match="'/nonexistent/vllm' is not an executable file"):
         check_command(EngineConfig(kind="vllm", command=["/nonexistent/vllm", "serve"]))
     check_command(EngineConfig(kind="sim"))  # python -m tuner.sim: this interpreter
+
+
+def test_the_seed_mixes_the_worker_in_only_on_a_shared_database(make_cfg, monkeypatch) -> None:
+    import tuner.storage as storage_mod
+
+    monkeypatch.setattr(storage_mod, "worker_id", lambda: "host-a:1")
+    sqlite = make_cfg("+workload=chat", "study.seed=7")
+    assert sampler_seed(sqlite, 0) == 7 and sampler_seed(sqlite, 5) == 12  # one tuner
+    shared = make_cfg("+workload=chat", "study.seed=7", "study.storage=postgresql://db/optuna")
+    a = sampler_seed(shared, 5)
+    monkeypatch.setattr(storage_mod, "worker_id", lambda: "host-b:1")
+    assert sampler_seed(shared, 5) != a  # tuners starting together draw differently
+    assert sampler_seed(sqlite, 5) == 12
