@@ -700,7 +700,13 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr[-2000:]
     out = " ".join(p.stdout.split())  # rich wraps long lines
     assert "study chat-qwen3-8b-vllm · engine vllm" in out
-    assert "argv with vLLM defaults: vllm serve" in out and "--load-format dummy" in out
+    # the baseline passes no searched flag; it once printed every flag at vLLM's default
+    assert "baseline trial (vLLM's defaults, no searched flag passed): vllm serve " in out
+    assert (
+        "/models/qwen3-8b-dummy --host 127.0.0.1 --port <free port> --served-model-name m "
+        "--load-format dummy searched trials: the same plus their value of "
+        "--gpu-memory-utilization --max-model-len" in out
+    )
     assert (
         "then confirm goodput, latency, knee, baseline at 2x load, 2x duration, seeds [1], "
         "3 round(s) (a fresh server per pick per round: up to 12 server starts)" in out
@@ -711,7 +717,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert "do not count toward study.n_trials (at most study.max_rejected=50 per run)" in out
     assert re.search(r"precheck: refuses \d+% of 1000 random configs .*invalid_config", out)
     assert "study created in memory" not in p.stdout + p.stderr  # its Optuna study is quiet
-    assert "replay client: 1 process on asyncio, 64 requests in flight (64 per process)" in out
+    assert "replay client: 1 process on asyncio, closed loop, 64 requests in flight (64 per" in out
     assert "note: over 100 streams per client process" not in out
     n = len(os.sched_getaffinity(0))
     assert f"CPU cores: not pinned; servers, the tuner and its replay client share {n} cores" in out
@@ -723,7 +729,7 @@ def test_dry_run_notes_a_client_with_too_many_streams(tmp_path: Path) -> None:
     assert "1000 requests in flight (1000 per process)" in out
     assert "note: over 100 streams per client process the client adds latency" in out
     out = " ".join(tuner(tmp_path, *args, "workload.client_processes=2", timeout=60).stdout.split())
-    assert "replay client: 2 processes on asyncio, 1000 requests in flight (500 per process)" in out
+    assert "2 processes on asyncio, closed loop, 1000 requests in flight (500 per process)" in out
 
 
 def test_dry_run_names_the_prescreen(tmp_path: Path) -> None:
