@@ -2,7 +2,7 @@
 vLLM's own parser, that each parses to the same values as the command line the trial launched.
 
     python scripts/check_exports.py --vllm-python /tmp/vllmcpu/bin/python \\
-        'sqlite:///outputs/state/optuna.db#chat-qwen3-8b' [...]
+        'sqlite:///outputs/state/optuna.db#chat-qwen3-8b-sim' [...]
 
 ``--vllm-python`` is an interpreter with vLLM installed (tests/data/README.md says how to make one
 on a machine without a GPU); this script itself runs in the tuner's environment. Prints one line per

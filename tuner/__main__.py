@@ -2,26 +2,37 @@
 
 ``python -m tuner report study.name=NAME [overrides]`` regenerates the exports, figures and tables
 of a stored study without running anything (``+workload=NAME`` instead of ``study.name`` names the
-default study of that workload); it is its own Hydra app, :func:`_report_app`.
+default study of that workload on the ``engine`` given); it is its own Hydra app,
+:func:`_report_app`.
 
 Thin: compose (Hydra) → convert to dataclasses and check, once (:func:`tuner.checks.to_config`) →
 :func:`tuner.study.run` (or :func:`tuner.report.run_report`). User mistakes become one line on
-stderr and exit code 2; nothing is launched before the whole config has been checked.
+stderr and exit code 2; nothing is launched before the whole config has been checked, and a
+command that fails before writing anything of its own leaves no run folder (Hydra makes it before
+the app runs; :func:`_drop_bare_run_dir` removes it again).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
 
 import hydra
 from omegaconf import DictConfig
 
-from tuner.config import TunerConfig, available, conf_dir, register_schemas
+from tuner.config import (
+    TunerConfig,
+    available,
+    check_override_keys,
+    conf_dir,
+    register_schemas,
+)
 from tuner.errors import ConfigError, TunerError
 
 log = logging.getLogger("tuner")
@@ -68,11 +79,38 @@ def _checked(cfg: DictConfig, task: Callable[[TunerConfig], object]) -> None:
     try:
         task(to_config(cfg))
     except ConfigError as exc:
+        _drop_bare_run_dir()
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except TunerError as exc:
+        _drop_bare_run_dir()
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
+
+
+def _drop_bare_run_dir() -> None:
+    """Remove this invocation's run folder if it holds only what Hydra wrote before the app ran
+    (its ``.hydra/`` copy of the config and the job's log): a command that failed before
+    writing anything leaves no empty ``outputs/runs/<time>/`` behind, nor the empty folders
+    above it up to the working directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir).resolve()
+    hydra_own = {f"{hc.job.name}.log", str(hc.output_subdir)}
+    if not run_dir.is_dir() or not all(p.name in hydra_own for p in run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    for parent in run_dir.parents:
+        if cwd not in parent.parents:
+            break
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
 
 
 def _study(config: TunerConfig) -> None:
@@ -120,6 +158,7 @@ def main() -> None:
         if report:
             args = _report_overrides(args[1:])
         _check_groups(args)
+        check_override_keys(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

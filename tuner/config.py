@@ -7,6 +7,11 @@ default), so an unknown key or a wrong type fails when Hydra composes the config
 stage's own; nothing below the entry point sees a ``DictConfig``. This module imports no stage.
 """
 
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,10 +44,12 @@ __all__ = [
     "check_engine",
     "check_images",
     "check_model",
+    "check_override_keys",
     "check_study",
     "check_workload",
     "compose_config",
     "convert",
+    "unknown_key",
     "one_of",
     "register_schemas",
 ]
@@ -260,7 +267,9 @@ class PrescreenConfig:
 @dataclass
 class StudyConfig:
     name: str | None = None
-    """Default: ``<workload>-<model>``, so the same command continues the same study."""
+    """Default: ``<workload>-<model>-<engine kind>``, so the same command continues the same
+    study, and the simulator's and vLLM's measurements never share one (a stored study records
+    its engine kind; a run on another refuses to continue it, a named study too)."""
     n_trials: int = 12
     """Trials to run in this invocation (added to those already stored). A config the precheck
     rejects before launch costs no GPU time and does not count, up to ``max_rejected`` of them."""
@@ -434,6 +443,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
     from hydra.errors import HydraException
 
     register_schemas()
+    check_override_keys(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             return compose(config_name="config", overrides=overrides)
@@ -452,6 +462,7 @@ def convert(cfg: DictConfig) -> TunerConfig:
         raise ConfigError(
             f"no workload selected; add +workload=NAME (one of: {', '.join(available('workload'))})"
         )
+    _check_composed_keys(cfg)
     try:
         obj = OmegaConf.to_object(cfg)
     except MissingMandatoryValue as exc:
@@ -462,6 +473,91 @@ def convert(cfg: DictConfig) -> TunerConfig:
         raise ConfigError(f"invalid config: {first} (key {getattr(exc, 'full_key', '?')})") from exc
     assert isinstance(obj, TunerConfig)
     return obj
+
+
+# --- keys the schema does not have --------------------------------------------------------------
+# Hydra refuses an unknown key of a structured config in a YAML file or an override, but an
+# override with ``+`` (``+study.ntrials=5``, which Hydra's own message suggests) adds it, and
+# OmegaConf.to_object would set it as a stray attribute nobody reads. Both are refused here with
+# the closest known key. Dict-typed fields are free-form (``engine.env``, ``model.fixed_args``,
+# ``workload.server_args``, the names under ``space.params``) and so are list entries of ``Any``.
+
+
+def _optional_of(tp: Any) -> Any:
+    """``X | None`` → ``X``; any other type as it is."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return tp
+
+
+def unknown_key(path: Sequence[str]) -> str | None:
+    """The one-line complaint about a key path (``["study", "ntrials"]``) that
+    :class:`TunerConfig` has no field for, naming the closest known key; None for a known key, or
+    one below a free-form field (a dict's own keys, an ``Any``) or below a scalar (a type error
+    that OmegaConf reports)."""
+    tp: Any = TunerConfig
+    for i, key in enumerate(path):
+        tp = _optional_of(tp)
+        if dataclasses.is_dataclass(tp):
+            hints = typing.get_type_hints(tp)
+            names = [f.name for f in dataclasses.fields(tp)]
+            if key not in names:
+                where = ".".join(path[:i])
+                (close,) = difflib.get_close_matches(key, names, n=1, cutoff=0.0) or names[:1]
+                return (
+                    f"unknown config key {'.'.join(path[: i + 1])}; "
+                    f"the closest known key is {f'{where}.{close}' if where else close}"
+                )
+            tp = hints[key]
+        elif typing.get_origin(tp) in (dict, list):
+            tp = typing.get_args(tp)[-1]  # this key is a free name or an index: its value next
+        else:
+            return None
+    return None
+
+
+def check_override_keys(overrides: Sequence[str]) -> None:
+    """Raise :class:`ConfigError` for a command-line override (``+study.ntrials=5`` or
+    ``study.ntrials=5``) whose key the schema does not have, before Hydra composes (its own
+    message for a key without ``+`` is several lines, and with ``+`` it adds the key).
+    Hydra's own keys (``hydra.run.dir``), group paths (``hydra/launcher``), packages (``@``)
+    and flags (``--cfg``) are Hydra's to judge."""
+    for arg in overrides:
+        if arg.startswith("-") and not arg.startswith("~"):
+            continue
+        key, sep, _ = arg.partition("=")
+        key = key.lstrip("+~")
+        if not key or not (sep or arg.startswith("~")) or "@" in key or "/" in key:
+            continue
+        path = key.split(".")
+        if path[0] == "hydra":
+            continue
+        problem = unknown_key(path)
+        if problem:
+            raise ConfigError(problem)
+
+
+def _key_paths(node: Any, prefix: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    """Every key path of a plain container (``OmegaConf.to_container``'s output)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield (*prefix, str(k))
+            yield from _key_paths(v, (*prefix, str(k)))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _key_paths(v, (*prefix, str(i)))
+
+
+def _check_composed_keys(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` for the first key of the composed config that the schema does
+    not have (one a ``+`` override added)."""
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    for path in _key_paths(tree, ()):
+        problem = unknown_key(path)
+        if problem:
+            raise ConfigError(problem)
 
 
 # --- semantic checks that types cannot express ---------------------------------------------

@@ -8,12 +8,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tuner.config import TunerConfig
-from tuner.engine.argv import build_argv, mask_argv, secret_values
+from tuner.config import TunerConfig, WorkloadConfig
+from tuner.engine.argv import command_missing, mask_argv, secret_values, trial_argv
 from tuner.engine.pool import cpu_layout, describe_cores
 from tuner.records import RequestSpec
 from tuner.replay import IN_PROCESS_STREAMS, STREAMS_PER_PROCESS, choose_client
-from tuner.space import defaults, distributions
+from tuner.space import defaults, defaults_outside, distributions, flag_name
+from tuner.workload import load_trace
 
 __all__ = ["print_plan"]
 
@@ -27,21 +28,23 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
 
     console = console or Console()
     console.print(f"study {study_name(cfg)} · engine {cfg.engine.kind} · model {cfg.model.name}")
-    console.print(f"workload {cfg.workload.name}: {cfg.workload.num_requests} requests")
+    w = cfg.workload
+    if w.trace is not None:  # its rows are the requests; num_requests is not used
+        rows = len(load_trace(w.trace))
+        console.print(
+            f"workload {w.name}: {rows} requests (the rows of {w.trace.path})", markup=False
+        )
+    else:
+        console.print(f"workload {w.name}: {w.num_requests} requests")
     for name, dist in distributions(cfg.space).items():
         console.print(f"  {name}: {dist}")
-    argv = build_argv(
-        cfg.engine,
-        cfg.model,
-        cfg.space,
-        defaults(cfg.space),
-        port=0,
-        server_args=cfg.workload.server_args,
-    )
-    console.print(
-        "argv with vLLM defaults: "
-        + " ".join(mask_argv(argv, secret_values(cfg.engine, model=cfg.model)))
-    )
+    _print_argv(cfg, console)
+    missing = command_missing(cfg.engine)
+    if missing:
+        console.print(
+            f"note: {missing}; the study would stop there, before storing anything",
+            markup=False,
+        )
     requests = build_requests(cfg.workload, Path(cfg.model.path))
     _print_refusals(cfg, requests, console)
     _print_client(cfg, requests, console)
@@ -65,6 +68,52 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
     console.print(f"state dir {Path(cfg.paths.state_dir).resolve()}")
 
 
+def _print_argv(cfg: TunerConfig, console: Console) -> None:
+    """The command line every trial shares (the baseline's: no searched flag), and the flags a
+    searched trial adds to it."""
+    argv = trial_argv(cfg, defaults(cfg.space), port=0, baseline=True)
+    argv[argv.index("--port") + 1] = "<free port>"
+    shown = " ".join(mask_argv(argv, secret_values(cfg.engine, model=cfg.model)))
+    flags = " ".join(flag_name(n, s) for n, s in cfg.space.params.items() if s.enabled)
+    outside = defaults_outside(cfg.space)
+    if cfg.study.baseline_first and not outside:
+        console.print(
+            f"baseline trial (vLLM's defaults, no searched flag passed): {shown}", markup=False
+        )
+        if flags:
+            console.print(f"searched trials: the same plus their value of {flags}", markup=False)
+        return
+    why = (
+        "study.baseline_first=false"
+        if not cfg.study.baseline_first
+        else f"vLLM's default of {', '.join(outside)} is outside the searched range"
+    )
+    console.print(f"no baseline trial ({why})", markup=False)
+    console.print(
+        f"every trial: {shown}" + (f" plus its value of {flags}" if flags else ""), markup=False
+    )
+
+
+def _loop(w: WorkloadConfig) -> str:
+    """How the replay sends: closed loop (a fixed number in flight) or open loop (send times
+    from the arrival process or the trace, capped by ``arrival.max_concurrency``)."""
+    a = w.arrival
+    if w.trace is not None:
+        line = f"open loop at the trace's send times (time_scale {w.trace.time_scale:g})"
+    elif a.kind == "concurrency":
+        return f"closed loop, {a.concurrency} requests in flight"
+    else:
+        rate = (
+            f"{a.ramp_start_rate:g} to {a.ramp_end_rate:g} requests/s"
+            if a.kind == "ramp"
+            else f"{a.rate:g} requests/s"
+        )
+        line = f"open loop: {a.kind} arrivals at {rate}"
+    if a.max_concurrency:
+        return line + f", at most {a.max_concurrency} requests in flight"
+    return line + ", no cap on requests in flight (workload.arrival.max_concurrency)"
+
+
 def _print_client(cfg: TunerConfig, requests: list[RequestSpec], console: Console) -> None:
     """How many replay client processes the workload's replay takes, and why
     (:func:`tuner.replay.choose_client`); with ``auto``, also at the confirm stage's load; a note
@@ -72,6 +121,7 @@ def _print_client(cfg: TunerConfig, requests: list[RequestSpec], console: Consol
     w = cfg.workload
     choice = choose_client(w, cfg.engine, requests)
     console.print(f"replay client on {w.client_loop}: {choice.describe()}")
+    console.print(f"  {_loop(w)}", markup=False)
     cc = cfg.confirm
     if choice.auto:
         from tuner.confirm import stressed

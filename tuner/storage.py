@@ -1,10 +1,12 @@
 """The study in Optuna storage: its name, opening it (with its sampler), and its queue.
 
-A study is named ``<workload>-<model>`` unless ``study.name`` is set, and lives in
+A study is named ``<workload>-<model>-<engine kind>`` unless ``study.name`` is set, and lives in
 ``study.storage`` (SQLite under ``paths.state_dir`` by default, or PostgreSQL shared by several
-tuners). Before the search asks the sampler, :func:`fill_queue` enqueues, each once: the baseline
-(vLLM's defaults, trial 0 of a new study), ``study.warm_start`` (another study's Pareto-best),
-``study.enqueue`` and the prescreen's picks. What a trial stores is :mod:`tuner.stored_trial`.
+tuners). It records the engine kind it is measured on, and no run on another engine continues it:
+simulated and real measurements never share a study. Before the search asks the sampler,
+:func:`fill_queue` enqueues, each once: the baseline (vLLM's defaults, trial 0 of a new study),
+``study.warm_start`` (another study's Pareto-best), ``study.enqueue`` and the prescreen's picks.
+What a trial stores is :mod:`tuner.stored_trial`.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from tuner.space import defaults, defaults_outside, grid
 from tuner.stored_trial import BASELINE, LIVE, is_baseline, prescreen_attrs
 
 __all__ = [
+    "ENGINE_ATTR",
     "check_enqueue",
     "enqueue_once",
     "fill_queue",
     "has_baseline",
     "open_study",
     "retry_schema_race",
+    "sampler_seed",
     "storage_url",
     "study_name",
 ]
@@ -47,8 +51,14 @@ Distributions = dict[str, optuna.distributions.BaseDistribution]
 T = TypeVar("T")
 
 
+ENGINE_ATTR = "engine"
+"""The study's user attribute naming the engine kind (``sim``, ``vllm``) its trials ran on."""
+
+
 def study_name(cfg: TunerConfig) -> str:
-    return cfg.study.name or f"{cfg.workload.name}-{cfg.model.name}"
+    """``study.name``, else ``<workload>-<model>-<engine kind>``: the same command continues the
+    same study, and the simulator's and vLLM's measurements go to studies of their own."""
+    return cfg.study.name or f"{cfg.workload.name}-{cfg.model.name}-{cfg.engine.kind}"
 
 
 def storage_url(cfg: TunerConfig) -> str:
@@ -73,20 +83,25 @@ def retry_schema_race(make: Callable[[], T], what: str, attempts: int = 6) -> T:
     raise AssertionError("unreachable")
 
 
+def sampler_seed(cfg: TunerConfig, n_existing: int) -> int:
+    """The sampler's seed: ``study.seed`` plus the trials already stored, so a resumed study does
+    not replay the random start-up points it has tried. On SQLite (one tuner) that is all: the
+    same command on fresh storage draws the same configs until the sampler's start-up trials are
+    measured (after them TPE follows measured values, which vary). On a database server
+    (``study.storage=postgresql...``, several tuners on one study) it adds this worker's identity
+    (``host:pid``), so tuners that start together do not draw the same configs."""
+    seed = cfg.study.seed + n_existing
+    if not storage_url(cfg).startswith("sqlite"):
+        seed += zlib.crc32(worker_id().encode()) % 65_536
+    return seed
+
+
 def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
-    # A resumed study, or a second worker on the same study, must not replay the same random
-    # start-up points: the seed is offset by the stored trials and by this worker's identity.
-    seed = cfg.study.seed + n_existing + zlib.crc32(worker_id().encode()) % 65_536
+    seed = sampler_seed(cfg, n_existing)
     s = cfg.study.sampler
     if s == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if s == "gp":
-        import importlib.util
-
-        if importlib.util.find_spec("torch") is None:
-            raise ConfigError(
-                "study.sampler=gp needs PyTorch (Optuna's GPSampler); pip install torch"
-            )
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
     if s == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
@@ -96,18 +111,30 @@ def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
 
 
 def open_study(cfg: TunerConfig) -> optuna.Study:
-    """Create the study, or load it with the same objectives (else a :class:`ConfigError`)."""
+    """Create the study, or load it when it has the same objectives and was measured on the same
+    engine kind (else a :class:`ConfigError`, with nothing stored)."""
+    if cfg.study.sampler == "gp":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise ConfigError(
+                "study.sampler=gp needs PyTorch (Optuna's GPSampler); pip install torch"
+            )
     Path(cfg.paths.state_dir).mkdir(parents=True, exist_ok=True)
     storage = storage_url(cfg)
     name = study_name(cfg)
     directions = [o.direction for o in cfg.objective.objectives]
     n_existing = 0
+    stored: optuna.Study | None = None
     with contextlib.suppress(KeyError):
-        n_existing = len(
-            retry_schema_race(
-                lambda: optuna.load_study(study_name=name, storage=storage), "Optuna storage"
-            ).trials
+        stored = retry_schema_race(
+            lambda: optuna.load_study(study_name=name, storage=storage), "Optuna storage"
         )
+    if stored is not None:
+        n_existing = len(stored.trials)
+        _check_same(stored, cfg, storage)
+    if cfg.study.warm_start:
+        _warm_source(cfg)  # a missing source is refused before the study is created
     try:
         study = retry_schema_race(
             lambda: optuna.create_study(
@@ -121,18 +148,37 @@ def open_study(cfg: TunerConfig) -> optuna.Study:
         )
     except ValueError as exc:
         raise ConfigError(f"study {name!r} exists with other objectives: {exc}") from exc
+    _check_same(study, cfg, storage)  # another tuner may have created it meanwhile
+    with warnings.catch_warnings():  # set_metric_names is "experimental" since Optuna 3.2
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([o.metric for o in cfg.objective.objectives])
+    for key, value in (
+        ("workload", cfg.workload.name),
+        ("model", cfg.model.name),
+        (ENGINE_ATTR, cfg.engine.kind),
+    ):
+        study.set_user_attr(key, value)
+    return study
+
+
+def _check_same(study: optuna.Study, cfg: TunerConfig, storage: str) -> None:
+    """A stored study is continued only with its objectives' directions and on the engine kind
+    it was measured on (one stored before the engine was recorded has none, and is continued)."""
+    name = study.study_name
+    directions = [o.direction for o in cfg.objective.objectives]
     if [d.name.lower() for d in study.directions] != directions:
         raise ConfigError(
             f"study {name!r} in {storage} was created with directions "
             f"{[d.name.lower() for d in study.directions]}; this run asks for {directions}; "
             "set study.name to start a new study"
         )
-    with warnings.catch_warnings():  # set_metric_names is "experimental" since Optuna 3.2
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names([o.metric for o in cfg.objective.objectives])
-    for key, value in (("workload", cfg.workload.name), ("model", cfg.model.name)):
-        study.set_user_attr(key, value)
-    return study
+    kind = study.user_attrs.get(ENGINE_ATTR)
+    if kind is not None and kind != cfg.engine.kind:
+        raise ConfigError(
+            f"study {name!r} in {storage} was measured on engine={kind}, this run is "
+            f"engine={cfg.engine.kind}; simulated and real measurements never share a study: "
+            "set study.name to start a new study"
+        )
 
 
 # --- the queue ----------------------------------------------------------------------------------
@@ -179,14 +225,7 @@ def fill_queue(
 
 def _warm_start(study: optuna.Study, cfg: TunerConfig, dists: Distributions) -> None:
     """Enqueue the Pareto-best feasible configs of another study (once: :func:`enqueue_once`)."""
-    storage = storage_url(cfg)
-    try:
-        source = optuna.load_study(study_name=cfg.study.warm_start, storage=storage)
-    except KeyError as exc:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise ConfigError(
-            f"study.warm_start {cfg.study.warm_start!r} is not in {storage}; have: {names}"
-        ) from exc
+    source = _warm_source(cfg)
     best = source.best_trials
     for t in best:
         params = {
@@ -198,6 +237,18 @@ def _warm_start(study: optuna.Study, cfg: TunerConfig, dists: Distributions) -> 
     log.info(
         "warm start: enqueued %d Pareto-best configs of study %s", len(best), source.study_name
     )
+
+
+def _warm_source(cfg: TunerConfig) -> optuna.Study:
+    """The study ``study.warm_start`` names, else a :class:`ConfigError`."""
+    storage = storage_url(cfg)
+    try:
+        return optuna.load_study(study_name=str(cfg.study.warm_start), storage=storage)
+    except KeyError as exc:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise ConfigError(
+            f"study.warm_start {cfg.study.warm_start!r} is not in {storage}; have: {names}"
+        ) from exc
 
 
 def _prescreen(

@@ -32,7 +32,7 @@ from tuner import __version__, stored_trial
 from tuner.artifacts import mask_file, trial_dir
 from tuner.config import TunerConfig
 from tuner.confirm import Candidate, ConfirmResult, judge, pick, stressed
-from tuner.engine.argv import cache_root, mask, secret_values
+from tuner.engine.argv import cache_root, check_command, mask, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, describe_cores, on_cores
 from tuner.measure import Replay
 from tuner.memory import ModelShape
@@ -81,25 +81,30 @@ class StudyOutcome:
 
 
 def run(cfg: TunerConfig) -> StudyOutcome:
-    """Run ``cfg.study.n_trials`` more trials of the study ``cfg`` names."""
-    run_dir = Path(cfg.paths.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Run ``cfg.study.n_trials`` more trials of the study ``cfg`` names.
+
+    Every input is read and checked before the storage is opened or anything is written: the
+    engine command, the enqueued configs, the model directory, the request streams (a trace's
+    rows); a :class:`~tuner.errors.ConfigError` here leaves no study and no trial folder."""
+    check_command(cfg.engine)
     dists = distributions(cfg.space)
     check_enqueue(cfg, dists)  # before the study is created or changed
-    study = open_study(cfg)
-    n_stored = len(study.trials)
-    # what a killed tuner left behind, first: a trial it was running is FAIL from here on
-    recovered = recover(study, lease_dir(cfg))
-    for note in recovered.notes:
-        log.warning("recovered: %s", note)
-    requests = build_requests(cfg.workload, Path(cfg.model.path))
     shape = ModelShape.from_dir(cfg.model.path)
-    fill_queue(study, cfg, dists, shape, requests, n_stored)
+    requests = build_requests(cfg.workload, Path(cfg.model.path))
     # study.repeats: the other request streams, built here, not while trials replay
     repeat_requests = [
         build_requests(replace(cfg.workload, seed=cfg.workload.seed + k), Path(cfg.model.path))
         for k in range(1, cfg.study.repeats)
     ]
+    study = open_study(cfg)
+    n_stored = len(study.trials)
+    run_dir = Path(cfg.paths.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # what a killed tuner left behind, first: a trial it was running is FAIL from here on
+    recovered = recover(study, lease_dir(cfg))
+    for note in recovered.notes:
+        log.warning("recovered: %s", note)
+    fill_queue(study, cfg, dists, shape, requests, n_stored)
     secrets = secret_values(cfg.engine, model=cfg.model)
     for saved in run_dir.glob(".hydra/*.yaml"):  # Hydra's copy of the command line and config
         mask_file(saved, secrets)

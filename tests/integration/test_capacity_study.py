@@ -40,7 +40,7 @@ def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
     p = tuner(tmp_path, *SMALL, "space=none", "study.n_trials=3", timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "SLO capacity" in p.stderr + p.stdout
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     assert len(study.trials) == 3
     for t in study.trials:
         m = t.user_attrs["metrics"]
@@ -72,7 +72,7 @@ def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     children = [
         r
-        for r in mlflow_runs(tmp_path, "chat-qwen3-8b")
+        for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
         if r.data.tags.get("tuner.role") == "trial"
     ]
     assert len(children) == 3

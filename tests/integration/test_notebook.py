@@ -93,10 +93,10 @@ def plotly_outputs(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_pareto_notebook_executes(cwd: Path) -> None:
-    outputs, text = execute("pareto.ipynb", cwd, TUNER_STUDY="chat-qwen3-8b")
-    trials = stored_trials(cwd, "chat-qwen3-8b")
+    outputs, text = execute("pareto.ipynb", cwd, TUNER_STUDY="chat-qwen3-8b-sim")
+    trials = stored_trials(cwd, "chat-qwen3-8b-sim")
     assert len(counted(trials)) == 3  # and the configs refused before launch, if any
-    assert f"study chat-qwen3-8b: {len(trials)} trials" in text
+    assert f"study chat-qwen3-8b-sim: {len(trials)} trials" in text
     n_feasible = sum(stored_trial.feasible(t) for t in trials)
     assert f"{n_feasible} feasible trials" in text
     figures = plotly_outputs(outputs)
@@ -107,15 +107,15 @@ def test_pareto_notebook_executes(cwd: Path) -> None:
 def test_pareto_fronts_notebook_compares_two_studies(cwd: Path) -> None:
     outputs, text = execute("pareto_fronts.ipynb", cwd)
     for workload in ("chat", "long_docs"):
-        trials = stored_trials(cwd, f"{workload}-qwen3-8b")
+        trials = stored_trials(cwd, f"{workload}-qwen3-8b-sim")
         assert len(counted(trials)) == 3
-        assert f"study {workload}-qwen3-8b: {len(trials)} trials, workload {workload}" in text
+        assert f"study {workload}-qwen3-8b-sim: {len(trials)} trials, workload {workload}" in text
     # each study's exported config came back from the MLflow run that published it
     assert text.count("(MLflow run ") == 2
     assert text.count("model: ") == 2 and "# best-" in text
     (fig,) = plotly_outputs(outputs)
     titles = {a["text"] for a in fig["layout"]["annotations"]}
-    assert {"chat-qwen3-8b", "long_docs-qwen3-8b"} <= titles  # side by side
+    assert {"chat-qwen3-8b-sim", "long_docs-qwen3-8b-sim"} <= titles  # side by side
     for nb_file in ("pareto.ipynb", "pareto_fronts.ipynb"):  # committed without outputs
         stored = nbformat.read(ROOT / "notebooks" / nb_file, as_version=4)
         assert all(not c.get("outputs") for c in stored.cells if c.cell_type == "code")

@@ -71,7 +71,7 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     p = tuner(tmp_path, *args)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Pareto-best trials" in p.stdout
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     assert len(counted(study.trials)) == 3  # configs refused before launch do not count
     first = study.trials[0]
     assert first.user_attrs["baseline"] is True
@@ -83,7 +83,7 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     assert all(v <= 0 for v in constraints.values()), constraints
     assert {"slo_ttft", "slo_tpot"} <= set(constraints)  # the chat profile's SLOs
 
-    runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+    runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
     parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
     assert len(parents) == 1 and len(children) == len(study.trials)
@@ -124,14 +124,14 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
 
     p2 = tuner(tmp_path, *args)  # the same command continues the same study
     assert p2.returncode == 0, p2.stderr[-3000:]
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     assert len(counted(study.trials)) == 6
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
     assert (
         len(
             [
                 r
-                for r in mlflow_runs(tmp_path, "chat-qwen3-8b")
+                for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
                 if r.data.tags.get("tuner.role") == "study"
             ]
         )
@@ -187,7 +187,7 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         "engine.env.TUNER_SIM_SPEEDUP=20",
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name=f"{workload}-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name=f"{workload}-qwen3-8b-sim", storage=storage(tmp_path))
     t = study.trials[0]
     assert t.user_attrs["failure_reason"] is None, t.user_attrs["failure_detail"]
     assert t.user_attrs["metrics"]["completed"] == 4
@@ -206,6 +206,8 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         ([], "+workload=NAME"),
         (["+workload=chat", "study.repeats=0"], "allowed: 1 to 20"),
         (["+workload=chat", "study.timeout_s=0"], "allowed: seconds > 0, or null"),
+        (["+workload=chat", "+study.ntrials=5"], "key study.ntrials; the closest known key is"),
+        (["+workload=chat", "study.ntrials=5"], "key study.ntrials; the closest known key is"),
     ],
 )
 def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
@@ -214,7 +216,60 @@ def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], nee
     err = p.stderr.strip()
     assert needle in err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    assert not list(tmp_path.glob("outputs/runs/*/trial_*")), "nothing may be launched"
+    assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
+
+
+def test_a_bad_trace_row_is_found_before_anything_is_stored(tmp_path: Path) -> None:
+    # it was once reported after the study had been created, and left an empty run folder
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp,input_length,output_length\n0.0,100,20\n0.5,many,20\n")
+    p = tuner(tmp_path, "+workload=trace", f"workload.trace.path={trace}", timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        f"error: row 2 of {trace}: input_tokens 'many' (column input_length) is not an integer"
+    )
+    assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
+
+
+def test_the_same_seed_draws_the_same_start_up_configs(tmp_path: Path) -> None:
+    """Two single-worker runs of one command on fresh storage. TPE draws a trial at random until
+    ``study.n_startup_trials`` trials have finished (the baseline and configs the precheck refuses
+    count, and are the same in both runs): with one worker those are trials 0 to 3, and their
+    params must be equal. Later trials follow the measured values, which the simulator's timing
+    varies, so they may differ. The seed once mixed in the tuner's host:pid."""
+    startup = 4
+    params = []
+    for run in ("a", "b"):
+        cwd = tmp_path / run
+        cwd.mkdir()
+        p = tuner(
+            cwd,
+            "+workload=chat",
+            "study.n_trials=3",
+            f"study.n_startup_trials={startup}",
+            "study.seed=3",
+            "tracking=none",
+            "confirm.enabled=false",
+            *FAST,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        trials = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(cwd)).trials
+        params.append([t.params for t in trials if t.number < startup])
+    assert len(params[0]) >= 3  # the baseline and at least two sampled configs
+    assert params[0] == params[1]
+
+
+def test_a_missing_engine_command_stores_nothing(tmp_path: Path) -> None:
+    # it once created the study, then failed its first trial with no reason stored
+    p = tuner(
+        tmp_path, "+workload=chat", "engine=vllm", "engine.command=[tuner-no-such-vllm,serve]"
+    )
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        "error: engine.command 'tuner-no-such-vllm' is not found on PATH: install vLLM "
+        "(pip install -e '.[vllm]') or set engine.command"
+    )
+    assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -255,11 +310,11 @@ def test_interrupt_leaves_no_process_and_records_the_trial(
         assert proc.returncode == 130, out[-2000:]
         time.sleep(0.5)
         assert marked_pids(mark) == [], "a process started by the tuner survived"
-        study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+        study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
         (trial,) = study.trials
         assert trial.state == optuna.trial.TrialState.FAIL
         assert stored_trial.failure_reason(trial) == "interrupted"
-        runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+        runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
         (parent,) = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
         (child,) = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
         assert (parent.info.status, child.info.status) == ("KILLED", "FAILED")
@@ -287,7 +342,7 @@ def test_secrets_never_reach_what_the_tuner_writes(tmp_path: Path) -> None:
         env={"HF_TOKEN": hf},
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     trial = study.trials[0]
     assert trial.user_attrs["failure_reason"] is None  # the replay authenticated with the key
     assert trial.user_attrs["metrics"]["success_rate"] == 1.0
@@ -299,7 +354,7 @@ def test_secrets_never_reach_what_the_tuner_writes(tmp_path: Path) -> None:
         data = f.read_bytes()
         assert hf.encode() not in data and key.encode() not in data, f
     assert hf not in p.stdout + p.stderr and key not in p.stdout + p.stderr
-    runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+    runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
     for r in runs:
         blob = json.dumps([r.data.params, r.data.tags])
         assert hf not in blob and key not in blob
@@ -480,7 +535,7 @@ def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Pat
     assert first["metrics"]["completed"] == 120
     assert first["values"] and first["values"][0] > 0
     assert len((tdir / "requests.jsonl").read_text().splitlines()) == 120 + 8  # + warm-ups
-    state = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path)).trials[0]
+    state = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path)).trials[0]
     assert state.state == optuna.trial.TrialState.FAIL  # the trial itself did not finish
 
 
@@ -535,6 +590,7 @@ def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
         timeout=60,
     )
     assert bad.returncode == 2 and "study.warm_start 'nope'" in bad.stderr
+    assert "x" not in optuna.get_all_study_names(storage(tmp_path))  # refused before it was made
 
 
 def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
@@ -575,7 +631,7 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
     assert "recovered: trial 0" in p.stderr + p.stdout
     assert marked_pids(mark) == [], "the leftover server was not stopped"
     assert not list((tmp_path / "outputs" / "state" / "leases").glob("*.json"))
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     first, second = study.trials
     assert first.state == optuna.trial.TrialState.FAIL
     assert first.user_attrs["failure_reason"] == "interrupted"
@@ -584,7 +640,7 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
     assert first.user_attrs["baseline"] and second.user_attrs["baseline"]
     assert second.params == first.params
     assert "baseline trial (vLLM's defaults) has not finished yet; enqueued again" in p.stdout
-    runs = mlflow_runs(tmp_path, "chat-qwen3-8b")
+    runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
     parents = sorted(
         (r for r in runs if r.data.tags.get("tuner.role") == "study"),
         key=lambda r: r.info.start_time,
@@ -626,17 +682,17 @@ def test_kill_9_in_the_confirm_stage_then_the_next_run_closes_its_mlflow_run(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    (dead,) = [r for r in mlflow_runs(tmp_path, "chat-qwen3-8b") if r.info.status == "RUNNING"]
+    (dead,) = [r for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim") if r.info.status == "RUNNING"]
 
     p = tuner(tmp_path, *args, "study.n_trials=0", "confirm.enabled=false", env=marker)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "recovered: MLflow study run" in p.stdout + p.stderr
     assert marked_pids(mark) == [], "the confirm server the dead tuner left was not stopped"
-    runs = {r.info.run_id: r for r in mlflow_runs(tmp_path, "chat-qwen3-8b")}
+    runs = {r.info.run_id: r for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim")}
     assert runs[dead.info.run_id].info.status == "KILLED"
     assert f":{proc.pid}) no longer runs" in runs[dead.info.run_id].data.tags["killed_reason"]
     assert [r.info.status for r in runs.values()].count("RUNNING") == 0
-    trials = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path)).trials
+    trials = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path)).trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE]  # confirmed, not failed
 
 
@@ -678,7 +734,7 @@ def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
     measured = [r for r in launched if "co_running_gpus" in r["metrics"]]
     assert measured and all(r["metrics"]["cpus_pinned"] >= 1 for r in measured)
     assert any(r["metrics"]["co_running_gpus"] == 1.0 for r in measured)  # interference record
-    study = optuna.load_study(study_name="chat-qwen3-8b", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
     assert sorted(t.number for t in study.trials) == list(range(6))
 
 
@@ -728,8 +784,14 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     p = tuner(tmp_path, "+workload=chat", "engine=vllm", "dry_run=true", timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]
     out = " ".join(p.stdout.split())  # rich wraps long lines
-    assert "study chat-qwen3-8b · engine vllm" in out
-    assert "argv with vLLM defaults: vllm serve" in out and "--load-format dummy" in out
+    assert "study chat-qwen3-8b-vllm · engine vllm" in out
+    # the baseline passes no searched flag; it once printed every flag at vLLM's default
+    assert "baseline trial (vLLM's defaults, no searched flag passed): vllm serve " in out
+    assert (
+        "/models/qwen3-8b-dummy --host 127.0.0.1 --port <free port> --served-model-name m "
+        "--load-format dummy searched trials: the same plus their value of "
+        "--gpu-memory-utilization --max-model-len" in out
+    )
     assert (
         "then confirm goodput, latency, knee, baseline at 2x load, 2x duration, seeds [1], "
         "3 round(s) (a fresh server per pick per round: up to 12 server starts)" in out
@@ -743,6 +805,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     # workload.client_processes=auto (tests/unit/test_client_choice.py has the rule's figures)
     assert "replay client on asyncio: " in out and " (auto)" in out
     assert "64 requests in flight" in out
+    assert "  closed loop, 64 requests in flight" in out
     assert "auto chooses again for each replay's own load" in out
     n = len(os.sched_getaffinity(0))
     assert f"CPU cores: not pinned; servers, the tuner and its replay client share {n} cores" in out
@@ -756,7 +819,7 @@ def test_dry_run_notes_a_client_with_too_many_streams(tmp_path: Path) -> None:
         "300 requests in flight" in out
     )
     assert "note: 300 streams in the tuner's own process: the client adds latency" in out
-    assert "auto would take 10 processes given the cores" in out
+    assert "auto would take 19 processes given the cores" in out
     out = " ".join(tuner(tmp_path, *args, "workload.client_processes=2", timeout=60).stdout.split())
     assert (
         "2 processes (workload.client_processes=2), 300 requests in flight (150 per process)" in out

@@ -208,6 +208,7 @@ def test_dry_run_says_what_auto_chose_and_why(make_cfg, cores) -> None:
     assert (
         "replay client on asyncio: 4 processes (auto), 64 requests in flight: at most 16 "
         "streams each (16 here; 31 cores usable)\n"
+        "  closed loop, 64 requests in flight\n"
         "  auto chooses again for each replay's own load (capacity steps, confirm runs); at the "
         "confirm stage's 2x: 8 processes (auto), 128 requests in flight: at most 16 streams "
         "each (16 here; 31 cores usable)\n"

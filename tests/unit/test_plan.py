@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import io
+import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from tuner.plan import print_plan, refusal_shares
+from tuner.workload import load_trace
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_refusal_shares_of_the_default_space(make_cfg) -> None:
@@ -40,3 +45,81 @@ def test_no_estimate_without_the_precheck(make_cfg) -> None:
     buf = io.StringIO()
     print_plan(make_cfg("+workload=chat", "study.precheck=false"), Console(file=buf, width=300))
     assert "precheck: refuses" not in buf.getvalue()
+
+
+def plan_text(cfg) -> str:
+    buf = io.StringIO()
+    print_plan(cfg, Console(file=buf, width=1000))
+    return buf.getvalue()
+
+
+def test_the_baseline_argv_has_no_searched_flag(make_cfg) -> None:
+    # it once printed "argv with vLLM defaults" with every searched flag spelled out, while the
+    # baseline trial passes none of them
+    out = plan_text(make_cfg("+workload=chat", "study.precheck=false"))
+    assert (
+        "baseline trial (vLLM's defaults, no searched flag passed): "
+        f"{sys.executable} -m tuner.sim serve {ROOT}/models/qwen3-8b-dummy --host 127.0.0.1 "
+        "--port <free port> --served-model-name m --load-format dummy\n"
+    ) in out
+    assert (
+        "searched trials: the same plus their value of --gpu-memory-utilization --max-model-len "
+        "--block-size --max-num-seqs --max-num-batched-tokens --enable-chunked-prefill "
+        "--enable-prefix-caching -cc.cudagraph_mode --kv-cache-dtype\n"
+    ) in out
+    assert "--gpu-memory-utilization 0.92" not in out
+    out = plan_text(
+        make_cfg("+workload=chat", "study.precheck=false", "study.baseline_first=false")
+    )
+    assert "no baseline trial (study.baseline_first=false)\nevery trial: " in out
+    assert "--load-format dummy plus its value of --gpu-memory-utilization --max-model-len" in out
+
+
+def test_a_trace_is_described_as_replayed_open_loop(make_cfg) -> None:
+    # it once said "32 requests in flight" (the closed loop's unused default) and the workload's
+    # unused num_requests
+    cfg = make_cfg("+workload=trace", "study.precheck=false")
+    rows = len(load_trace(cfg.workload.trace))
+    out = plan_text(cfg)
+    assert f"workload trace: {rows} requests (the rows of {cfg.workload.trace.path})" in out
+    assert (
+        "  open loop at the trace's send times "
+        "(time_scale 1), no cap on requests in flight (workload.arrival.max_concurrency)\n"
+    ) in out
+    assert "32 requests in flight" not in out
+    out = plan_text(
+        make_cfg("+workload=trace", "study.precheck=false", "workload.arrival.max_concurrency=8")
+    )
+    assert "(time_scale 1), at most 8 requests in flight\n" in out
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        ([], "  closed loop, 64 requests in flight\n"),
+        (
+            ["workload.arrival.kind=poisson", "workload.client_processes=2"],
+            "open loop: poisson arrivals at 10 requests/s, no cap on requests in flight",
+        ),
+        (
+            ["workload.arrival.kind=poisson", "workload.arrival.max_concurrency=100"],
+            "open loop: poisson arrivals at 10 requests/s, at most 100 requests in flight",
+        ),
+    ],
+)
+def test_the_replay_client_line_names_its_loop(make_cfg, overrides: list[str], line: str) -> None:
+    assert line in plan_text(make_cfg("+workload=chat", "study.precheck=false", *overrides))
+
+
+def test_a_missing_engine_command_is_noted(make_cfg) -> None:
+    cfg = make_cfg(
+        "+workload=chat",
+        "engine=vllm",
+        "engine.command=[tuner-no-such-vllm,serve]",
+        "study.precheck=false",
+    )
+    assert (
+        "note: engine.command 'tuner-no-such-vllm' is not found on PATH: install vLLM "
+        "(pip install -e '.[vllm]') or set engine.command; the study would stop there, before "
+        "storing anything\n"
+    ) in plan_text(cfg)

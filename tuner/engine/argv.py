@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from tuner.config import EngineConfig, ModelConfig, SpaceConfig, TunerConfig
+from tuner.errors import ConfigError
 from tuner.space import flag_name
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "build_argv",
     "build_env",
     "cache_root",
+    "check_command",
+    "command_missing",
     "flag_args",
     "mask",
     "secret_values",
@@ -75,6 +79,25 @@ def command_prefix(engine: EngineConfig) -> list[str]:
     if cmd and cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable
     return cmd
+
+
+def command_missing(engine: EngineConfig) -> str | None:
+    """What is wrong with ``engine.command``'s program on this machine (not on ``PATH``, or not
+    an executable file), in one line; None when it can be started."""
+    program = command_prefix(engine)[0]
+    if shutil.which(program) is not None:
+        return None
+    where = "is not an executable file" if os.sep in program else "is not found on PATH"
+    fix = "install vLLM (pip install -e '.[vllm]')" if engine.kind == "vllm" else "install it"
+    return f"engine.command {program!r} {where}: {fix} or set engine.command"
+
+
+def check_command(engine: EngineConfig) -> None:
+    """Raise :class:`ConfigError` when ``engine.command`` cannot be started here (checked before
+    the study is opened: every launch would fail)."""
+    problem = command_missing(engine)
+    if problem:
+        raise ConfigError(problem)
 
 
 def build_argv(
