@@ -20,6 +20,7 @@ import fnmatch
 import functools
 import glob
 import re
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -219,3 +220,23 @@ def test_bare_names_in_a_run_record(tmp_path: Path, text: str, ok: bool) -> None
     root = _repo(tmp_path)
     (root / "docs" / "gpu-runs" / "run.md").write_text(text)
     assert (missing(root) == []) is ok
+
+
+def test_the_readme_is_short_and_nothing_points_outside_the_repository() -> None:
+    # a newcomer's README (reference lives in docs/), and no citation of files beside the
+    # checkout (../shared, or the shared/ folders of the workplace)
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 120
+    outside = re.compile(r"\.\./shared|shared/(device|research|design|seeds)")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    hits = []
+    for name in filter(None, tracked):
+        path = ROOT / name.decode()
+        if path.is_symlink() or not path.is_file() or path == Path(__file__).resolve():
+            continue  # this file: the pattern itself
+        if path.suffix not in {".md", ".py", ".yaml", ".sh", ".toml", ".txt", ".ipynb", ".json"}:
+            continue
+        text = path.read_text(errors="replace")
+        hits += [f"{name.decode()}: {m.group(0)}" for m in outside.finditer(text)]
+    assert hits == []
