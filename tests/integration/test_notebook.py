@@ -28,6 +28,7 @@ SMALL = [
     "workload.output_tokens.high=16",
     "engine.env.TUNER_SIM_SPEEDUP=20",
     "confirm.rounds=1",  # a recommendation to export, from one fresh server per candidate
+    "confirm.picks=[goodput,baseline]",
 ]
 
 

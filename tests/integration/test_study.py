@@ -67,7 +67,14 @@ def mlflow_runs(cwd: Path, experiment: str) -> list:
 
 
 def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
-    args = ["+workload=chat", "engine=sim", "study.n_trials=3", *FAST]
+    # two picks: the export is what is checked here (tests/integration/test_results.py: confirm)
+    args = [
+        "+workload=chat",
+        "engine=sim",
+        "study.n_trials=3",
+        *FAST,
+        "confirm.picks=[goodput,baseline]",
+    ]
     p = tuner(tmp_path, *args)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "Pareto-best trials" in p.stdout
@@ -152,6 +159,7 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
         "study.enqueue=[{gpu_memory_utilization:0.10},{gpu_memory_utilization:0.11}]",
         "space.params.gpu_memory_utilization.low=0.10",
         "space.params.gpu_memory_utilization.high=0.12",
+        "confirm.enabled=false",
         *FAST,
     )
     assert p.returncode == 0, p.stderr[-3000:]
@@ -185,6 +193,7 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         "workload.output_tokens.low=8",
         "workload.output_tokens.high=16",
         "engine.env.TUNER_SIM_SPEEDUP=20",
+        "confirm.enabled=false",
     )
     assert p.returncode == 0, p.stderr[-3000:]
     study = optuna.load_study(study_name=f"{workload}-qwen3-8b-sim", storage=storage(tmp_path))
@@ -368,6 +377,7 @@ def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> 
         "study.name=pre",
         "study.enqueue=[{gpu_memory_utilization:0.11},"
         "{enable_chunked_prefill:false,max_num_batched_tokens:2048}]",
+        "confirm.enabled=false",
         *FAST,
     )
     assert p.returncode == 0, p.stderr[-3000:]
@@ -543,6 +553,7 @@ def test_a_study_of_the_full_space_continues_in_the_default_space(tmp_path: Path
     """The default space stopped searching enforce_eager (space=full still does): a study whose
     stored trials have it, eager ones included, must continue there with TPE past its start-up."""
     common = ["+workload=chat", "study.name=s", "tracking=none", "study.n_startup_trials=1", *FAST]
+    common.append("confirm.enabled=false")
     first = tuner(
         tmp_path, *common, "space=full", "study.n_trials=2", "study.enqueue=[{enforce_eager: true}]"
     )
@@ -560,7 +571,13 @@ def test_a_study_of_the_full_space_continues_in_the_default_space(tmp_path: Path
 
 def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
     first = tuner(
-        tmp_path, "+workload=chat", "study.n_trials=3", "study.name=src", "tracking=none", *FAST
+        tmp_path,
+        "+workload=chat",
+        "study.n_trials=3",
+        "study.name=src",
+        "tracking=none",
+        "confirm.enabled=false",
+        *FAST,
     )
     assert first.returncode == 0, first.stderr[-3000:]
     src = optuna.load_study(study_name="src", storage=storage(tmp_path))
@@ -575,6 +592,7 @@ def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
         "study.warm_start=src",
         "study.baseline_first=false",
         "tracking=none",
+        "confirm.enabled=false",
         *FAST,
     )
     assert p.returncode == 0, p.stderr[-3000:]
@@ -805,7 +823,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     # workload.client_processes=auto (tests/unit/test_client_choice.py has the rule's figures)
     assert "replay client on asyncio: " in out and " (auto)" in out
     assert "64 requests in flight" in out
-    assert "  closed loop, 64 requests in flight" in out
+    assert "closed loop, 64 requests in flight" in out
     assert "auto chooses again for each replay's own load" in out
     n = len(os.sched_getaffinity(0))
     assert f"CPU cores: not pinned; servers, the tuner and its replay client share {n} cores" in out
