@@ -23,14 +23,22 @@ from tuner.aio import cancel_and_wait
 from tuner.artifacts import make_dir, write_jsonl
 from tuner.config import TunerConfig, WorkloadConfig
 from tuner.engine.argv import api_key
+from tuner.engine.pool import describe_cores
 from tuner.records import RequestRecord, RequestSpec
-from tuner.replay import ClientChoice, choose_client, replay
+from tuner.replay import STREAMS_PER_PROCESS, ClientChoice, choose_client, replay
 from tuner.replay_client import ClientStats
 from tuner.score import prune_reason
 from tuner.telemetry.gpu import GpuSampler
 from tuner.telemetry.prom import MetricsScraper
 
-__all__ = ["Measured", "Replay", "measure", "reset_caches", "warn_client_lag"]
+__all__ = [
+    "Measured",
+    "Replay",
+    "measure",
+    "note_client_cores",
+    "reset_caches",
+    "warn_client_lag",
+]
 
 log = logging.getLogger("tuner")
 
@@ -113,6 +121,40 @@ async def measure(
     own = {**client.summary(), "client_processes": float(choice.processes)}
     warn_client_lag(own, choice, w.client_loop)
     return Measured(records, {**prom.summary(), **gpu.summary(), **own}, pruned)
+
+
+def note_client_cores(
+    cfg: TunerConfig,
+    cores: list[int],
+    servers: dict[int, list[int]],
+    requests: list[RequestSpec],
+) -> None:
+    """``engine.cpu_pinning``: say where the tuner and the servers run; warn when the replay
+    client has more processes than the cores kept for it, or when those cores hold ``auto`` to
+    fewer processes than the workload's own load calls for."""
+    log.info("engine.cpu_pinning: %s", describe_cores(cores, servers))
+    procs = cfg.workload.client_processes
+    if isinstance(procs, int) and procs > len(cores):
+        log.warning(
+            "workload.client_processes=%d shares engine.cpu_reserve=%d cores with the tuner: "
+            "raise engine.cpu_reserve to %d or more so each client process has a core",
+            procs,
+            len(cores),
+            procs + 1,
+        )
+    choice = choose_client(cfg.workload, cfg.engine, requests)
+    if choice.held:
+        log.warning(
+            "workload.client_processes=auto: the workload's %d requests in flight call for %d "
+            "client processes (at most %d streams each) but engine.cpu_reserve=%d holds it to %d: "
+            "raise engine.cpu_reserve to %d or more",
+            choice.in_flight,
+            choice.wanted,
+            STREAMS_PER_PROCESS,
+            cfg.engine.cpu_reserve,
+            choice.processes,
+            choice.wanted,
+        )
 
 
 def warn_client_lag(own: dict[str, float], choice: ClientChoice, client_loop: str) -> None:

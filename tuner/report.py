@@ -30,7 +30,9 @@ __all__ = [
     "Published",
     "baseline_trial",
     "gpu_time",
+    "hms",
     "live_best",
+    "parent_summary",
     "pareto_rows",
     "print_summary",
     "print_confirm",
@@ -96,6 +98,25 @@ def _result_text(r: TrialResult) -> str:
     if r.ok:
         return "ok"
     return f"FAILED {r.failure_reason}" + ("" if r.launched else " (not launched)")
+
+
+def parent_summary(results: Sequence[TrialResult]) -> dict[str, float]:
+    """A run's counts of trials (run, ok, failed, pruned) and GPU time, for its parent run."""
+    ok = [r for r in results if r.ok and not r.pruned]
+    return {
+        "trials_run": float(len(results)),
+        "trials_ok": float(len(ok)),
+        "trials_failed": float(sum(not r.ok for r in results)),
+        "trials_pruned": float(sum(bool(r.pruned) for r in results)),
+        **gpu_time(results),
+    }
+
+
+def hms(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour."""
+    m, sec = divmod(int(seconds + 0.5), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
 
 
 def gpu_time(results: Sequence[TrialResult]) -> dict[str, float]:

@@ -33,14 +33,13 @@ from tuner.artifacts import mask_file, trial_dir
 from tuner.config import TunerConfig
 from tuner.confirm import Candidate, ConfirmResult, judge, pick, stressed
 from tuner.engine.argv import cache_root, check_command, mask, secret_values
-from tuner.engine.pool import GpuPool, cpu_layout, describe_cores, on_cores
-from tuner.measure import Replay
+from tuner.engine.pool import GpuPool, cpu_layout, on_cores
+from tuner.measure import Replay, note_client_cores
 from tuner.memory import ModelShape
-from tuner.records import RequestSpec, TrialResult
+from tuner.records import TrialResult
 from tuner.recovery import close_runs, recover, worker_id
-from tuner.replay import STREAMS_PER_PROCESS, choose_client
 from tuner.replay_client import loop_factory
-from tuner.report import gpu_time, live_best, print_summary, progress_line
+from tuner.report import hms, live_best, parent_summary, print_summary, progress_line
 from tuner.space import distributions
 from tuner.storage import (
     check_enqueue,
@@ -160,7 +159,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     try:
         with on_cores(own) as cores:
             if own:
-                _note_own_cores(cfg, cores, ctx.cpu_sets or {}, requests)
+                note_client_cores(cfg, cores, ctx.cpu_sets or {}, requests)
             _run_on_loop(cfg, _trials(study, dists, ctx, tracker, outcome))
             print_summary(outcome.study, outcome.results, cfg)
             _after_search(study, ctx, tracker, outcome)
@@ -175,42 +174,8 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             _record_stopped(tracker, number, params, detail, ctx)
         raise
     finally:
-        tracker.finish(status, _parent_summary(outcome), reason)
+        tracker.finish(status, parent_summary(outcome.results), reason)
     return outcome
-
-
-def _note_own_cores(
-    cfg: TunerConfig,
-    cores: list[int],
-    servers: dict[int, list[int]],
-    requests: list[RequestSpec],
-) -> None:
-    """``engine.cpu_pinning``: say where the tuner and the servers run; warn when the replay
-    client has more processes than the cores kept for it, or when those cores hold ``auto`` to
-    fewer processes than the workload's own load calls for."""
-    log.info("engine.cpu_pinning: %s", describe_cores(cores, servers))
-    procs = cfg.workload.client_processes
-    if isinstance(procs, int) and procs > len(cores):
-        log.warning(
-            "workload.client_processes=%d shares engine.cpu_reserve=%d cores with the tuner: "
-            "raise engine.cpu_reserve to %d or more so each client process has a core",
-            procs,
-            len(cores),
-            procs + 1,
-        )
-    choice = choose_client(cfg.workload, cfg.engine, requests)
-    if choice.held:
-        log.warning(
-            "workload.client_processes=auto: the workload's %d requests in flight call for %d "
-            "client processes (at most %d streams each) but engine.cpu_reserve=%d holds it to %d: "
-            "raise engine.cpu_reserve to %d or more",
-            choice.in_flight,
-            choice.wanted,
-            STREAMS_PER_PROCESS,
-            cfg.engine.cpu_reserve,
-            choice.processes,
-            choice.wanted,
-        )
 
 
 async def _trials(
@@ -282,7 +247,7 @@ async def _trials(
         elapsed = time.monotonic() - t_start
         eta = elapsed / finished * (n - finished)
         log.info(progress_line(result, finished, n, cfg))
-        log.info("  %s | elapsed %s, ETA %s", live_best(study, cfg), _hms(elapsed), _hms(eta))
+        log.info("  %s | elapsed %s, ETA %s", live_best(study, cfg), hms(elapsed), hms(eta))
 
     tasks: list[asyncio.Task[None]] = []  # one per trial asked for
 
@@ -473,20 +438,3 @@ def _tags(cfg: TunerConfig) -> dict[str, str]:
         "tuner.version": __version__,
         "optuna.version": optuna.__version__,
     }
-
-
-def _parent_summary(outcome: StudyOutcome) -> dict[str, float]:
-    ok = [r for r in outcome.results if r.ok and not r.pruned]
-    return {
-        "trials_run": float(len(outcome.results)),
-        "trials_ok": float(len(ok)),
-        "trials_failed": float(sum(not r.ok for r in outcome.results)),
-        "trials_pruned": float(sum(bool(r.pruned) for r in outcome.results)),
-        **gpu_time(outcome.results),
-    }
-
-
-def _hms(seconds: float) -> str:
-    m, sec = divmod(int(seconds + 0.5), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"

@@ -267,17 +267,17 @@ def test_a_late_client_names_what_held_auto(caplog: pytest.LogCaptureFixture, co
 
 
 def test_the_study_warns_when_the_reserve_holds_auto(make_cfg, caplog, cores) -> None:
-    from tuner.study import _note_own_cores
+    from tuner.measure import note_client_cores
 
     caplog.set_level(logging.INFO, logger="tuner")
     cfg = make_cfg("+workload=chat")
     cfg = replace(cfg, engine=replace(cfg.engine, cpu_pinning=True, cpu_reserve=2))
     cores(2)  # the tuner's process on its 2 reserved cores
     light = replace(cfg, workload=replace(cfg.workload, arrival=ArrivalConfig(concurrency=32)))
-    _note_own_cores(light, [0, 1], {0: [2, 3]}, specs(300))  # 32 in flight: 2, no warning
+    note_client_cores(light, [0, 1], {0: [2, 3]}, specs(300))  # 32 in flight: 2, no warning
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     busy = replace(cfg, workload=replace(cfg.workload, arrival=ArrivalConfig(concurrency=256)))
-    _note_own_cores(busy, [0, 1], {0: [2, 3]}, specs(300))
+    note_client_cores(busy, [0, 1], {0: [2, 3]}, specs(300))
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warning == (
         "workload.client_processes=auto: the workload's 256 requests in flight call for 16 client "
