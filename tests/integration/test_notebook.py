@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
-    "study.n_trials=3",
+    "study.n_trials=2",
     "workload.warmup_requests=0",
     "workload.output_tokens.low=8",
     "workload.output_tokens.high=16",
@@ -96,7 +96,7 @@ def plotly_outputs(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_pareto_notebook_executes(cwd: Path) -> None:
     outputs, text = execute("pareto.ipynb", cwd, TUNER_STUDY="chat-qwen3-8b-sim")
     trials = stored_trials(cwd, "chat-qwen3-8b-sim")
-    assert len(counted(trials)) == 3  # and the configs refused before launch, if any
+    assert len(counted(trials)) == 2  # and the configs refused before launch, if any
     assert f"study chat-qwen3-8b-sim: {len(trials)} trials" in text
     n_feasible = sum(stored_trial.feasible(t) for t in trials)
     assert f"{n_feasible} feasible trials" in text
@@ -109,7 +109,7 @@ def test_pareto_fronts_notebook_compares_two_studies(cwd: Path) -> None:
     outputs, text = execute("pareto_fronts.ipynb", cwd)
     for workload in ("chat", "long_docs"):
         trials = stored_trials(cwd, f"{workload}-qwen3-8b-sim")
-        assert len(counted(trials)) == 3
+        assert len(counted(trials)) == 2
         assert f"study {workload}-qwen3-8b-sim: {len(trials)} trials, workload {workload}" in text
     # each study's exported config came back from the MLflow run that published it
     assert text.count("(MLflow run ") == 2

@@ -56,7 +56,9 @@ def test_gc_paused_restores_on_error_and_leaves_foreign_freezes() -> None:
         frozen = gc.get_freeze_count()
         with gc_paused():
             assert paused(gc.get_threshold(), before)
-        assert gc.get_freeze_count() == frozen
+        # a thaw would empty the permanent generation; objects frozen there may still be freed
+        # meanwhile (another thread of the test process dropped 2 of 660,653 once in CI)
+        assert frozen // 2 < gc.get_freeze_count() <= frozen
         assert gc.get_threshold() == before
     finally:
         gc.unfreeze()
