@@ -224,7 +224,7 @@ def test_bare_names_in_a_run_record(tmp_path: Path, text: str, ok: bool) -> None
 
 def test_the_readme_is_short_and_nothing_points_outside_the_repository() -> None:
     # a newcomer's README (reference lives in docs/), and no citation of files beside the
-    # checkout (../shared, or the shared/ folders of the workplace)
+    # checkout (the workplace's folders beside it are not part of the project)
     assert len((ROOT / "README.md").read_text().splitlines()) <= 120
     outside = re.compile(r"\.\./shared|shared/(device|research|design|seeds)")
     tracked = subprocess.run(
