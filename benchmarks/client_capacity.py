@@ -797,13 +797,19 @@ def auto_table(result: dict[str, Any]) -> str:
             f"auto at {streams} streams: {v['auto_processes']} process(es), added p99 {p99} ms: "
             f"< 1 ms {'holds' if v['holds_1ms_p99'] else 'does not hold'}"
         )
-    busy = [r for r in result["auto"] if r.get("server_cpu_max", 0.0) > 0.8]
-    if busy:
-        lines.append(
-            f"warning: a server process was > 80 % busy in {len(busy)} row(s); the server may "
-            "have limited those (add --server-processes or cores)"
-        )
+    lines += _busy_server(result["auto"])
     return "\n".join(lines)
+
+
+def _busy_server(rows: list[dict[str, Any]]) -> list[str]:
+    """A warning line when a server process was over 80 % busy: it may have set the pace."""
+    busy = [r for r in rows if r.get("server_cpu_max", 0.0) > 0.8]
+    if not busy:
+        return []
+    return [
+        f"warning: a server process was > 80 % busy in {len(busy)} row(s); the server may "
+        "have limited those (add --server-processes or cores)"
+    ]
 
 
 def table(result: dict[str, Any]) -> str:
@@ -836,12 +842,7 @@ def table(result: dict[str, Any]) -> str:
             f"shared counter: {c['alone_us']:.2f} us per take alone, "
             f"{c['contended_us']:.2f} us with {c['processes']} processes taking at once"
         )
-    busy = [r for r in result["rows"] if r.get("server_cpu_max", 0.0) > 0.8]
-    if busy:
-        lines.append(
-            f"warning: a server process was > 80 % busy in {len(busy)} row(s); the server may "
-            "have limited those (add --server-processes or cores)"
-        )
+    lines += _busy_server(result["rows"])
     return "\n".join(lines)
 
 
