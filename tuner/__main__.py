@@ -71,20 +71,65 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _checked(cfg: DictConfig, task: Callable[[TunerConfig], object]) -> None:
-    """Convert and check ``cfg``, then run ``task``; a ConfigError exits 2, any other
-    TunerError 1, each as one line on stderr."""
-    from tuner.checks import to_config  # imports every stage: after Hydra has composed
+class _MaskSecrets(logging.Filter):
+    """Every log line with the config's secrets masked (the API key, the storage's password),
+    on the console and in the job's log file alike, whatever ``hydra.verbose`` lets through."""
 
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from tuner.engine.argv import mask
+
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            return True
+        record.msg, record.args = mask(message, self.secrets), None
+        if record.exc_info and not record.exc_text:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = mask(text, self.secrets)
+        return True
+
+
+def _mask_run(secrets: list[str]) -> None:
+    """Keep the secrets out of this run's files: mask Hydra's copy of the command line and
+    config (``.hydra/*.yaml``, written before the app runs) and every later log line."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from tuner.artifacts import mask_file
+
+    if HydraConfig.initialized():
+        hc = HydraConfig.get()
+        if hc.output_subdir is not None:
+            saved = Path(hc.runtime.output_dir) / str(hc.output_subdir)
+            for path in saved.glob("*.yaml"):
+                mask_file(path, secrets)
+    masking = _MaskSecrets(secrets)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(masking)
+
+
+def _checked(cfg: DictConfig, task: Callable[[TunerConfig], object]) -> None:
+    """Convert and check ``cfg``, mask its secrets in what this run writes, then run ``task``;
+    a ConfigError exits 2, any other TunerError 1, each as one line on stderr."""
+    from tuner.checks import to_config  # imports every stage: after Hydra has composed
+    from tuner.engine.argv import mask, secret_values
+
+    secrets: list[str] = []
     try:
-        task(to_config(cfg))
+        config = to_config(cfg)
+        secrets = secret_values(config.engine, model=config.model)
+        _mask_run(secrets)
+        task(config)
     except ConfigError as exc:
         _drop_bare_run_dir()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {mask(str(exc), secrets)}", file=sys.stderr)
         sys.exit(2)
     except TunerError as exc:
         _drop_bare_run_dir()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {mask(str(exc), secrets)}", file=sys.stderr)
         sys.exit(1)
 
 

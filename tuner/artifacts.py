@@ -84,12 +84,16 @@ def keep_attempt_log(tdir: Path, attempt: int) -> None:
 
 
 def mask_server_logs(tdir: Path, secrets: list[str]) -> None:
+    """``server.log`` and the ``server-attemptN.log`` of ``tdir`` with ``secrets`` masked."""
+    if not secrets:
+        return
     for path in (tdir / "server.log", *sorted(tdir.glob("server-attempt*.log"))):
         mask_file(path, secrets)
 
 
 def mask_file(path: Path, secrets: list[str]) -> None:
-    if not secrets or not path.is_file():
+    """``path`` rewritten with ``secrets`` and the password of any URL masked, if it has any."""
+    if not path.is_file():
         return
     text = path.read_text(errors="replace")
     masked = mask(text, secrets)

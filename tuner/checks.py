@@ -4,9 +4,10 @@
 that fails raises :class:`~tuner.errors.ConfigError` (one line), before anything is launched.
 ``tuner.config`` checks what its schema alone can judge (choices, ranges, the loopback host, the
 model directory); each stage checks what only it knows, in its own ``check(cfg)``:
-``engine.pool`` the cores of ``engine.cpu_pinning``, ``prescreen`` what the simulator's landscape
-models, ``score`` the objectives' metrics, ``replay`` the endpoint and event loop of its client,
-``workload.trace`` the trace settings, ``workload.images`` the image sizes against the model, and
+``engine.argv`` the flags the tuner sets itself (``--host``, ``--port``), ``engine.pool`` the
+cores of ``engine.cpu_pinning``, ``prescreen`` what the simulator's landscape models, ``score``
+the objectives' metrics, ``replay`` the endpoint and event loop of its client, ``workload.trace``
+the trace settings, ``workload.images`` the image sizes against the model, and
 ``space`` every searched bound against vLLM's range. This module imports the stages, so
 ``tuner.config`` imports none of them.
 """
@@ -19,13 +20,14 @@ from omegaconf import DictConfig
 
 from tuner import config, prescreen, replay, score, space
 from tuner.config import TunerConfig
-from tuner.engine import pool
+from tuner.engine import argv, pool
 from tuner.workload import images, trace
 
 __all__ = ["CHECKS", "check", "load_config", "to_config"]
 
 CHECKS: tuple[Callable[[TunerConfig], None], ...] = (
     config.check_engine,
+    argv.check,
     pool.check,
     config.check_study,
     prescreen.check,

@@ -11,6 +11,8 @@
     │   └── ReplayFailed             the server was ready, but the measurement broke (the engine
     │                                died, or every request failed)
     ├── EngineError                  the tuner cannot drive the engine (missing binary, NVML, ...)
+    ├── StorageError                 a place the tuner keeps results cannot be reached or written
+    │                                (the Optuna storage, the MLflow store, the run folder)
     └── ReplayClientError            a replay client process failed (the tuner's own failure)
 
 Lower-level errors (aiohttp, NVML, subprocess) are translated at one boundary each with
@@ -29,6 +31,7 @@ __all__ = [
     "LaunchFailed",
     "ReplayClientError",
     "ReplayFailed",
+    "StorageError",
     "TrialFailed",
     "TunerError",
 ]
@@ -76,6 +79,12 @@ class ConfigError(TunerError):
 
 class EngineError(TunerError):
     """The tuner could not drive the engine at all (e.g. the command does not exist)."""
+
+
+class StorageError(TunerError):
+    """The Optuna storage, the MLflow tracking store or the run folder cannot be reached or
+    written (a database down, a tracking server that does not answer, a read-only directory).
+    The message is one line, its URL shown without a password."""
 
 
 class ReplayClientError(TunerError):

@@ -2,10 +2,12 @@
 next run of the same study.
 
 Before each launch the study writes a *lease* (``<state_dir>/leases/<id>.json``: study, trial,
-host, the tuner's pid, the MLflow parent run) and gives the server the environment variable
+host, the tuner's pid, the MLflow parent run and store (its password hidden), the trial folder)
+and gives the server the environment variable
 ``TUNER_LEASE=<id>``. The lease is removed after teardown. A lease whose tuner is no longer alive
 on this host means that tuner died: :func:`recover` SIGKILLs every process group that carries the
-lease's marker (found through ``/proc/<pid>/environ``, never by name) and marks the Optuna trial
+lease's marker (found through ``/proc/<pid>/environ``, never by name), masks the secrets in the
+server logs of its trial folder (the dead tuner had no time to), and marks the Optuna trial
 FAIL with ``failure_reason=interrupted``. RUNNING trials whose tuner died before it launched
 anything (no lease) are marked FAIL too. Leases of other hosts are left to their hosts.
 
@@ -33,7 +35,9 @@ from typing import Any
 import optuna
 
 from tuner import stored_trial
+from tuner.artifacts import mask_server_logs
 from tuner.engine.process import group_members
+from tuner.stores import hide_url
 from tuner.tracking import close_open_runs, find_parent, log_interrupted
 
 __all__ = ["LEASE_ENV", "Interrupted", "Lease", "Recovered", "close_runs", "recover", "worker_id"]
@@ -57,7 +61,10 @@ class Lease:
     tuner_pid: int
     parent_run_id: str | None
     tracking_uri: str | None
+    """The MLflow store, its password hidden (:func:`close_runs` takes the one configured)."""
     started: float
+    trial_dir: str | None = None
+    """The trial's folder, whose server logs :func:`recover` masks."""
 
     @classmethod
     def create(
@@ -67,6 +74,7 @@ class Lease:
         trial: int,
         parent_run_id: str | None,
         tracking_uri: str | None,
+        trial_dir: Path | None = None,
     ) -> Lease:
         lease = cls(
             id=uuid.uuid4().hex,
@@ -75,8 +83,9 @@ class Lease:
             host=socket.gethostname(),
             tuner_pid=os.getpid(),
             parent_run_id=parent_run_id,
-            tracking_uri=tracking_uri,
+            tracking_uri=hide_url(tracking_uri) if tracking_uri else None,
             started=time.time(),
+            trial_dir=str(trial_dir) if trial_dir is not None else None,
         )
         directory.mkdir(parents=True, exist_ok=True)
         lease.path(directory).write_text(json.dumps(asdict(lease)))
@@ -156,9 +165,10 @@ def _fail_trial(study: optuna.Study, number: int, detail: str) -> dict[str, Any]
     return dict(trial.params)
 
 
-def recover(study: optuna.Study, lease_dir: Path) -> Recovered:
-    """Clean up after dead tuners of this study on this host: stop the servers they left, mark
-    their RUNNING trials FAIL (interrupted). MLflow is :func:`close_runs`'s."""
+def recover(study: optuna.Study, lease_dir: Path, secrets: list[str] | None = None) -> Recovered:
+    """Clean up after dead tuners of this study on this host: stop the servers they left, mask
+    ``secrets`` in the server logs of their trial folders, mark their RUNNING trials FAIL
+    (interrupted). MLflow is :func:`close_runs`'s."""
     host = socket.gethostname()
     out = Recovered()
     leased: set[int] = set()
@@ -174,6 +184,8 @@ def recover(study: optuna.Study, lease_dir: Path) -> Recovered:
         if _pid_alive(lease.tuner_pid):
             continue  # another tuner on this host is running this trial right now
         killed = _kill_marked(lease.id)
+        if lease.trial_dir and secrets:
+            mask_server_logs(Path(lease.trial_dir), secrets)
         detail = f"the tuner (pid {lease.tuner_pid}) died during this trial"
         params = _fail_trial(study, lease.trial, detail)
         if params is not None:
@@ -229,6 +241,8 @@ def close_runs(
     stores = {tracking_uri} if tracking_uri else set()
     for it in recovered.interrupted:
         uri, parent = it.tracking_uri, it.parent_run_id
+        if uri and tracking_uri and uri == hide_url(tracking_uri):
+            uri = tracking_uri  # the lease keeps the store's URL without its password
         try:
             if not (uri and parent) and tracking_uri:
                 uri, parent = tracking_uri, find_parent(tracking_uri, experiment, it.worker)

@@ -623,20 +623,27 @@ def run_report(cfg: TunerConfig) -> Published:
     into this invocation's run dir, without running anything."""
     import optuna
 
+    from tuner.engine.argv import mask, secret_values
     from tuner.errors import ConfigError
     from tuner.recovery import worker_id
     from tuner.storage import storage_url, study_name
+    from tuner.stores import check_database, check_tracking, hide_url
     from tuner.tracking import WORKER, open_tracker
 
     storage = storage_url(cfg)
+    shown = hide_url(storage)
     name = study_name(cfg)
     if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
         raise ConfigError(f"no Optuna storage at {storage}; set study.storage or paths.state_dir")
+    check_database(storage, "study.storage")  # one line, at once, when it is down
+    if cfg.tracking.enabled:
+        check_tracking(cfg.tracking.uri)
     summaries = optuna.get_all_study_summaries(storage)
     if name not in {s.study_name for s in summaries}:
         have = ", ".join(sorted(s.study_name for s in summaries)) or "none"
-        raise ConfigError(f"no study {name!r} in {storage}; stored studies: {have}")
+        raise ConfigError(f"no study {name!r} in {shown}; stored studies: {have}")
     study = optuna.load_study(study_name=name, storage=storage)
+    secrets = secret_values(cfg.engine, model=cfg.model)
     out_dir = Path(cfg.paths.output_dir)
     fetched = _trial_dirs_from_mlflow(study, cfg, out_dir / "trials")
     if fetched:
@@ -647,14 +654,14 @@ def run_report(cfg: TunerConfig) -> Published:
         cfg.tracking.experiment or name,
         f"report-{out_dir.name}",
         {"tuner.study": name, WORKER: worker_id()},
-        lambda s: s,
+        lambda s: mask(s, secrets),
         role="report",
     )
     console = Console(width=160)
     status = "FAILED"
     try:
         console.print(
-            f"Study {name}: {len(study.trials)} trials in {storage} "
+            f"Study {name}: {len(study.trials)} trials in {shown} "
             f"(workload {study.user_attrs.get('workload', '?')}, "
             f"model {study.user_attrs.get('model', '?')})"
         )

@@ -24,13 +24,14 @@ from typing import Any, TypeVar
 import optuna
 
 from tuner.config import TunerConfig
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, StorageError
 from tuner.memory import ModelShape
 from tuner.prescreen import prescreen
 from tuner.records import RequestSpec
 from tuner.recovery import worker_id
 from tuner.space import defaults, defaults_outside, grid
 from tuner.stored_trial import BASELINE, LIVE, is_baseline, prescreen_attrs
+from tuner.stores import check_database, hide_url, mask_credentials
 
 __all__ = [
     "ENGINE_ATTR",
@@ -66,9 +67,29 @@ def storage_url(cfg: TunerConfig) -> str:
     return cfg.study.storage or f"sqlite:///{Path(cfg.paths.state_dir) / 'optuna.db'}"
 
 
+def _schema_race(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, is two workers creating one schema at
+    once: a table, type or row the other has just created (an integrity or "already exists"
+    error), or SQLite's lock while the other writes."""
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, IntegrityError | ProgrammingError):
+            return True
+        if isinstance(seen, OperationalError) and "database is locked" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def retry_schema_race(make: Callable[[], T], what: str, attempts: int = 6) -> T:
     """``make()``, retried when a database is being initialised by another worker at the same
-    moment (two tuners starting on one fresh PostgreSQL database race to create the schema)."""
+    moment (two tuners starting on one fresh PostgreSQL database race to create the schema).
+    Any other database error (one that cannot connect, say) is a :class:`StorageError` at once,
+    in one line."""
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -76,9 +97,13 @@ def retry_schema_race(make: Callable[[], T], what: str, attempts: int = 6) -> T:
         try:
             return make()
         except (SQLAlchemyError, MlflowException) as exc:
+            first = mask_credentials(str(getattr(exc, "orig", None) or exc).strip())
+            first = (first.splitlines() or [type(exc).__name__])[0][:300]
+            if not _schema_race(exc):
+                raise StorageError(f"{what}: {first}") from exc
             if attempt == attempts - 1:
-                raise
-            log.info("%s is being initialised by another worker (%s); retrying", what, exc)
+                raise StorageError(f"{what}: failing after {attempts} tries: {first}") from exc
+            log.info("%s is being initialised by another worker (%s); retrying", what, first)
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
 
@@ -120,15 +145,24 @@ def open_study(cfg: TunerConfig) -> optuna.Study:
             raise ConfigError(
                 "study.sampler=gp needs PyTorch (Optuna's GPSampler); pip install torch"
             )
-    Path(cfg.paths.state_dir).mkdir(parents=True, exist_ok=True)
     storage = storage_url(cfg)
+    check_database(storage, "study.storage")  # one line, at once, when it is down
+    try:
+        Path(cfg.paths.state_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot create paths.state_dir {cfg.paths.state_dir}: {exc.strerror or exc}; run "
+            "from a writable directory or set paths.state_dir"
+        ) from exc
+    shown = hide_url(storage)
     name = study_name(cfg)
     directions = [o.direction for o in cfg.objective.objectives]
     n_existing = 0
     stored: optuna.Study | None = None
     with contextlib.suppress(KeyError):
         stored = retry_schema_race(
-            lambda: optuna.load_study(study_name=name, storage=storage), "Optuna storage"
+            lambda: optuna.load_study(study_name=name, storage=storage),
+            f"Optuna storage {shown}",
         )
     if stored is not None:
         n_existing = len(stored.trials)
@@ -144,7 +178,7 @@ def open_study(cfg: TunerConfig) -> optuna.Study:
                 sampler=_sampler(cfg, n_existing),
                 load_if_exists=True,
             ),
-            "Optuna storage",
+            f"Optuna storage {shown}",
         )
     except ValueError as exc:
         raise ConfigError(f"study {name!r} exists with other objectives: {exc}") from exc
@@ -165,6 +199,7 @@ def _check_same(study: optuna.Study, cfg: TunerConfig, storage: str) -> None:
     """A stored study is continued only with its objectives' directions and on the engine kind
     it was measured on (one stored before the engine was recorded has none, and is continued)."""
     name = study.study_name
+    storage = hide_url(storage)
     directions = [o.direction for o in cfg.objective.objectives]
     if [d.name.lower() for d in study.directions] != directions:
         raise ConfigError(
@@ -247,7 +282,8 @@ def _warm_source(cfg: TunerConfig) -> optuna.Study:
     except KeyError as exc:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         raise ConfigError(
-            f"study.warm_start {cfg.study.warm_start!r} is not in {storage}; have: {names}"
+            f"study.warm_start {cfg.study.warm_start!r} is not in {hide_url(storage)}; "
+            f"have: {names}"
         ) from exc
 
 

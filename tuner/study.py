@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import optuna
 
 from tuner import __version__, stored_trial
-from tuner.artifacts import mask_file, trial_dir
+from tuner.artifacts import trial_dir
 from tuner.config import TunerConfig
 from tuner.confirm import Candidate, ConfirmResult, judge, pick, stressed
 from tuner.engine.argv import cache_root, check_command, mask, secret_values
@@ -55,6 +55,7 @@ from tuner.stored_trial import (
     mark_worker,
     tell,
 )
+from tuner.stores import check_tracking, hide_url
 from tuner.tracking import WORKER, NullTracker, Tracker, open_tracker
 from tuner.trial import TrialContext, lease_dir, run_server, run_trial
 from tuner.workload import build_requests
@@ -95,18 +96,18 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         build_requests(replace(cfg.workload, seed=cfg.workload.seed + k), Path(cfg.model.path))
         for k in range(1, cfg.study.repeats)
     ]
+    if cfg.tracking.enabled:  # a tracking server that is down: one line now, not at trial 1
+        check_tracking(cfg.tracking.uri)
     study = open_study(cfg)
     n_stored = len(study.trials)
     run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    secrets = secret_values(cfg.engine, model=cfg.model)
     # what a killed tuner left behind, first: a trial it was running is FAIL from here on
-    recovered = recover(study, lease_dir(cfg))
+    recovered = recover(study, lease_dir(cfg), secrets)
     for note in recovered.notes:
         log.warning("recovered: %s", note)
     fill_queue(study, cfg, dists, shape, requests, n_stored)
-    secrets = secret_values(cfg.engine, model=cfg.model)
-    for saved in run_dir.glob(".hydra/*.yaml"):  # Hydra's copy of the command line and config
-        mask_file(saved, secrets)
     cache_dir = cache_root(cfg)
     tracker = retry_schema_race(
         lambda: open_tracker(
@@ -117,7 +118,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             _tags(cfg),
             lambda s: mask(s, secrets),
         ),
-        "MLflow store",
+        f"MLflow store {hide_url(cfg.tracking.uri)}",
     )
     # MLflow's side of the recovery, once the store's schema exists: the dead tuner's
     # interrupted trials as child runs, and the runs it left RUNNING closed

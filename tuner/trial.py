@@ -4,7 +4,7 @@
 
     precheck → lease GPUs → wait for free GPU memory → launch (retried on a port clash)
              → for each replay: [reset caches] → measure (tuner.measure) → health check
-             → teardown (stop the server, release the lease, mask logs) → results
+             → teardown (stop the server, mask logs, release the lease) → results
 
 A failure at any step is data, not an exception: it ends the server's replays, and the replay it
 hit and those after it carry it as their ``failure_reason``. :func:`run_trial` is one search
@@ -306,6 +306,7 @@ async def _prepare(run: ServerRun) -> None:
         run.number,
         ctx.parent_run_id,
         cfg.tracking.uri if cfg.tracking.enabled else None,
+        run.tdir,
     )
     if ctx.cpu_sets:
         run.cpus = sorted({c for g in run.gpus for c in ctx.cpu_sets[g]})
@@ -320,7 +321,10 @@ async def _launch(run: ServerRun, stack: contextlib.AsyncExitStack) -> Server:
     ctx, cfg = run.ctx, run.cfg
     engine = replace(cfg.engine, gpus=run.gpus)  # CUDA_VISIBLE_DEVICES = the lease
     assert run.lease is not None
-    env = {**build_env(engine, cache_root=ctx.cache_root), LEASE_ENV: run.lease.id}
+    env = {
+        **build_env(engine, cache_root=ctx.cache_root, model=cfg.model),
+        LEASE_ENV: run.lease.id,
+    }
     log.info(
         "trial %d: launching on GPU %s%s with %s",
         run.number,
@@ -491,14 +495,15 @@ def _step(factor: float, rp: Replay, m: Measured, objective: ObjectiveConfig) ->
 
 
 def _teardown(run: ServerRun) -> None:
-    """After the server stopped (its context closed): release the lease, record the stop, mask
-    the server's logs."""
-    if run.lease is not None:
-        run.lease.release(lease_dir(run.cfg))
+    """After the server stopped (its context closed): mask the server's logs, record the stop,
+    release the lease (last: a tuner killed before it leaves the masking to the next run's
+    recovery)."""
     if run.server is not None:
+        mask_server_logs(run.tdir, run.ctx.secrets)
         run.common["stop_s"] = run.server.stop_s or 0.0
         run.common["survivors"] = float(len(run.server.survivors))
-        mask_server_logs(run.tdir, run.ctx.secrets)
+    if run.lease is not None:
+        run.lease.release(lease_dir(run.cfg))
 
 
 def _results(run: ServerRun) -> list[TrialResult]:

@@ -7,6 +7,11 @@ Rules, the same for searched params, the model's fixed flags and the workload's 
 * a list → ``--x v1 v2 ...`` (``nargs=+`` flags such as ``--cudagraph-capture-sizes``);
 * a mapping → ``--x '{json}'`` (``--compilation-config``, ``--limit-mm-per-prompt``);
 * ``None`` → flag omitted (vLLM's default).
+
+An ``--api-key`` (``engine.extra_args``, ``model.fixed_args``) never goes on the command line: the
+server gets it as ``VLLM_API_KEY`` (:func:`build_env`; vLLM and the simulator read it), so neither
+its own log nor ``/proc/<pid>/cmdline`` shows it, even when the tuner is killed before it masks
+anything. ``--host`` and ``--port`` are the tuner's (:func:`check`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 from tuner.config import EngineConfig, ModelConfig, SpaceConfig, TunerConfig
 from tuner.errors import ConfigError
 from tuner.space import flag_name
+from tuner.stores import MASK, mask_credentials
 
 __all__ = [
     "MASK",
@@ -30,16 +36,20 @@ __all__ = [
     "build_argv",
     "build_env",
     "cache_root",
+    "check",
     "check_command",
     "command_missing",
     "flag_args",
     "mask",
+    "mask_argv",
     "secret_values",
     "trial_argv",
     "when_holds",
 ]
 
-MASK = "***"
+API_KEY_FLAG = "--api-key"
+_TUNER_FLAGS = ("--host", "--port")
+"""Flags the tuner sets on every launch (:func:`build_argv`); refused among the fixed flags."""
 
 
 def _fmt(value: Any) -> str:
@@ -100,6 +110,48 @@ def check_command(engine: EngineConfig) -> None:
         raise ConfigError(problem)
 
 
+def check(cfg: TunerConfig) -> None:
+    """The tuner sets ``--host`` (loopback) and ``--port`` itself; one of them in
+    ``engine.extra_args``, ``model.fixed_args`` or ``workload.server_args`` would override it
+    (vLLM takes the last), so the server would listen elsewhere, or beyond loopback with the dev
+    routes of ``VLLM_SERVER_DEV_MODE=1`` open: refused. So is an ``--api-key`` in
+    ``workload.server_args`` (give it in ``engine.extra_args`` or ``VLLM_API_KEY``)."""
+    sources = {
+        "engine.extra_args": list(cfg.engine.extra_args),
+        "model.fixed_args": _dict_args(cfg.model.fixed_args),
+        "workload.server_args": _dict_args(cfg.workload.server_args),
+    }
+    dev = cfg.engine.env.get("VLLM_SERVER_DEV_MODE") == "1"
+    for where, words in sources.items():
+        for word in words:
+            flag = word.partition("=")[0]
+            if flag in _TUNER_FLAGS:
+                why = ": VLLM_SERVER_DEV_MODE=1 opens dev routes" if dev else ""
+                raise ConfigError(
+                    f"{where} sets {flag}; the tuner sets --host {cfg.engine.host} (loopback "
+                    f"only{why}) and a free --port itself: remove it"
+                )
+            if flag == API_KEY_FLAG and where == "workload.server_args":
+                raise ConfigError(
+                    "workload.server_args sets --api-key; give the key in engine.extra_args "
+                    "or by VLLM_API_KEY (it reaches the server as VLLM_API_KEY, masked)"
+                )
+
+
+def _without_api_key(words: Iterable[str]) -> list[str]:
+    """``words`` less ``--api-key KEY`` / ``--api-key=KEY`` (the key travels in the env)."""
+    out: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == API_KEY_FLAG:
+            skip = True
+        elif not word.startswith(API_KEY_FLAG + "="):
+            out.append(word)
+    return out
+
+
 def build_argv(
     engine: EngineConfig,
     model: ModelConfig,
@@ -113,7 +165,7 @@ def build_argv(
     """The full server argv for one trial. ``baseline`` passes no searched flag (vLLM defaults)."""
     argv = command_prefix(engine) + [model.path]
     argv += ["--host", engine.host, "--port", str(port), "--served-model-name", model.served_name]
-    argv += _dict_args(model.fixed_args)
+    argv += _without_api_key(_dict_args(model.fixed_args))
     argv += _dict_args(server_args or {})
     if not baseline:
         for name, value in params.items():
@@ -122,7 +174,7 @@ def build_argv(
                 continue
             flag = flag_name(name, spec) if spec else "--" + name.replace("_", "-")
             argv += flag_args(flag, value)
-    argv += list(engine.extra_args)
+    argv += _without_api_key(engine.extra_args)
     return argv
 
 
@@ -139,9 +191,9 @@ def when_holds(when: Mapping[str, Any], params: Mapping[str, Any], space: SpaceC
 def _flag_api_key(engine: EngineConfig, model: ModelConfig | None) -> str | None:
     words = list(engine.extra_args) + (_dict_args(model.fixed_args) if model else [])
     for i, word in enumerate(words):
-        if word == "--api-key" and i + 1 < len(words):
+        if word == API_KEY_FLAG and i + 1 < len(words):
             return words[i + 1]
-        if word.startswith("--api-key="):
+        if word.startswith(API_KEY_FLAG + "="):
             return word.split("=", 1)[1]
     return None
 
@@ -177,10 +229,12 @@ def secret_values(
 
 
 def mask(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value replaced by ``***``."""
+    """``text`` with every secret value replaced by ``***``, and the password of any URL in it
+    (``scheme://user:password@host``: ``study.storage``, ``tracking.uri``; by its place, not its
+    value, so a short or common password does not mask every word that equals it)."""
     for s in secrets:
         text = text.replace(s, MASK)
-    return text
+    return mask_credentials(text)
 
 
 def mask_argv(argv: Iterable[str], secrets: Iterable[str]) -> list[str]:
@@ -193,10 +247,10 @@ def mask_argv(argv: Iterable[str], secrets: Iterable[str]) -> list[str]:
             out.append(MASK)
             hide_next = False
             continue
-        if word == "--api-key":
+        if word == API_KEY_FLAG:
             hide_next = True
-        elif word.startswith("--api-key="):
-            word = "--api-key=" + MASK
+        elif word.startswith(API_KEY_FLAG + "="):
+            word = API_KEY_FLAG + "=" + MASK
         out.append(mask(word, secrets))
     return out
 
@@ -231,10 +285,12 @@ def build_env(
     *,
     cache_root: Path | None,
     environ: Mapping[str, str] | None = None,
+    model: ModelConfig | None = None,
 ) -> dict[str, str]:
     """The server's environment: ours, minus ``VLLM_PORT``, plus the lease and engine settings.
 
-    Secrets travel here (``HF_TOKEN``, ``VLLM_API_KEY`` from ``engine.pass_env``), never in argv.
+    Secrets travel here (``HF_TOKEN``, ``VLLM_API_KEY`` from ``engine.pass_env``), never in argv;
+    an ``--api-key`` of ``engine.extra_args`` or ``model``'s fixed flags becomes ``VLLM_API_KEY``.
     """
     base = dict(os.environ if environ is None else environ)
     base.pop("VLLM_PORT", None)  # internal port base; must be unset for back-to-back servers
@@ -244,6 +300,9 @@ def build_env(
             env[k] = base[k]
     for k, v in engine.env.items():
         env[k] = base.get(v[1:], "") if v.startswith("$") else v
+    key = _flag_api_key(engine, model)
+    if key:
+        env["VLLM_API_KEY"] = key
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in engine.gpus)
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
