@@ -102,3 +102,15 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     confirmed = [o for o in outs if "Confirm: the picks under stress" in o]
     assert 1 <= len(confirmed) <= 2
     assert len(optuna.load_study(study_name=name, storage=URL).trials) == len(numbers)
+
+    # the URLs' passwords: neither printed nor in any file (run dirs, .hydra/, logs, leases,
+    # the report), only the URLs with ``***`` (by their place: CI's password is "tuner")
+    from sqlalchemy.engine import make_url
+
+    for url in (URL, MLFLOW_URL):
+        cred = f"{make_url(url).username}:{make_url(url).password}@"
+        assert all(cred not in o for o in [*outs, r.stdout, r.stderr])
+        for f in (p for p in tmp_path.rglob("*") if p.is_file()):
+            assert cred.encode() not in f.read_bytes(), f
+    overrides = next(tmp_path.glob("w0/outputs/runs/*/.hydra/overrides.yaml")).read_text()
+    assert ":***@127.0.0.1" in overrides

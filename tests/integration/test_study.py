@@ -340,13 +340,15 @@ def test_interrupt_leaves_no_process_and_records_the_trial(
 
 
 def test_secrets_never_reach_what_the_tuner_writes(tmp_path: Path) -> None:
-    """HF_TOKEN by environment and an --api-key flag: the server gets both, nothing written shows them."""
+    """HF_TOKEN by environment and an --api-key flag: the server gets both, nothing written shows
+    them, not even the debug log of the launch line (``hydra.verbose=tuner``)."""
     hf, key = "hf_SECRETtoken123456", "sk-SECRETkey987654"
     p = tuner(
         tmp_path,
         "+workload=chat",
         "study.n_trials=1",
         f"engine.extra_args=[--api-key,{key}]",
+        "hydra.verbose=tuner",
         *FAST,
         env={"HF_TOKEN": hf},
     )
@@ -356,7 +358,11 @@ def test_secrets_never_reach_what_the_tuner_writes(tmp_path: Path) -> None:
     assert trial.user_attrs["failure_reason"] is None  # the replay authenticated with the key
     assert trial.user_attrs["metrics"]["success_rate"] == 1.0
     server_log = next(tmp_path.glob("outputs/runs/*/trial_0000/server.log")).read_text()
-    assert "***" in server_log  # the simulator logs its non-default args, as vLLM does
+    # the simulator logs its non-default args, as vLLM does: the key is not among them (it
+    # travels as VLLM_API_KEY), so no kill -9 of the tuner can leave it in the log
+    assert "non-default args" in server_log and "api_key" not in server_log
+    job_log = next(tmp_path.glob("outputs/runs/*/__main__.log")).read_text()
+    assert "started pid" in job_log  # the launch line, logged at DEBUG
     written = [f for f in tmp_path.rglob("*") if f.is_file() and "vllm_cache" not in f.parts]
     assert len(written) > 5
     for f in written:  # run dir, artifacts, Hydra's log, Optuna and MLflow databases
