@@ -10,9 +10,12 @@ on ``PATH``. Every call appends its argv (a JSON list, without the program) to
   with ``serve``) in a session of its own, with only the ``-e`` variables (and ``PATH``,
   ``PYTHONPATH``), as a container would have. It waits for it in the foreground, its output on
   ours, and exits with its status. Killing this process (or its group) leaves the container
-  running, as with the real CLI: only ``stop`` and ``rm`` end it.
-* ``stop -t N ID``: SIGTERM the container, SIGKILL it after N s. ``rm -f ID``: SIGKILL it, forget
-  it. An unknown id fails as docker does.
+  running, as with the real CLI: only ``stop`` and ``rm`` end it. ``<id>.pid`` in the state
+  folder keeps the container's pid (also after ``rm``, which adds ``<id>.removed``).
+* ``stop -t N ID``: SIGTERM the container, SIGKILL it after N s. ``rm -f ID``: SIGKILL it,
+  forget it. An unknown id fails as docker does.
+* ``run`` with ``FAKE_DOCKER_RUN_ERROR`` set: creates the container, then fails to start it
+  (docker's exit status 125, its error line on stderr).
 * ``image inspect``: succeeds, unless ``FAKE_DOCKER_IMAGES`` is set and does not name the image
   (``No such image``), or ``FAKE_DOCKER_DOWN`` is set (the daemon is down).
 """
@@ -50,6 +53,8 @@ VALUED = {
 
 
 def alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -58,8 +63,11 @@ def alive(pid: int) -> bool:
 
 
 def pid_of(cid: str) -> int | None:
+    """The container's pid; None if there is no such container (or it was removed)."""
     f = STATE / f"{cid}.pid"
-    return int(f.read_text()) if f.exists() else None
+    if not f.exists() or (STATE / f"{cid}.removed").exists():
+        return None
+    return int(f.read_text())
 
 
 def run(args: list[str]) -> int:
@@ -89,6 +97,13 @@ def run(args: list[str]) -> int:
     cid = secrets.token_hex(32)
     if cidfile is not None:
         cidfile.write_text(cid)
+    (STATE / f"{cid}.pid").write_text("0")  # created, not started
+    if os.environ.get("FAKE_DOCKER_RUN_ERROR"):  # e.g. no GPU driver: created, never started
+        print(
+            f"docker: Error response from daemon: {os.environ['FAKE_DOCKER_RUN_ERROR']}",
+            file=sys.stderr,
+        )
+        return 125
     env = {k: os.environ[k] for k in ("PATH", "PYTHONPATH") if k in os.environ}
     for spec in opts.get("-e", []) + opts.get("--env", []):
         name, sep, value = spec.partition("=")
@@ -147,7 +162,8 @@ def main(argv: list[str]) -> int:
         return stop(argv[-1], t)
     if argv[:1] == ["rm"]:
         code = stop(argv[-1], 0, kill_first=True)
-        (STATE / f"{argv[-1]}.pid").unlink(missing_ok=True)
+        if code == 0:
+            (STATE / f"{argv[-1]}.removed").touch()
         return code
     if argv[:1] == ["inspect"]:
         return 0 if pid_of(argv[-1]) is not None else 1

@@ -63,8 +63,8 @@ SERVER_VARS = (
 CLI_TIMEOUT_S = 60.0
 """The longest a ``docker stop``/``rm``/``image inspect`` may take beyond its own stop timeout."""
 
-_LIVE: dict[Path, str] = {}
-"""cidfile -> container CLI of each started container not yet removed."""
+_LIVE: dict[Path, tuple[str, dict[str, str]]] = {}
+"""cidfile -> (container CLI, its environment) of each started container not yet removed."""
 
 
 def container_name(study: str, number: int, port: int) -> str:
@@ -212,7 +212,7 @@ def _last_line(p: subprocess.CompletedProcess[str]) -> str:
     return ""
 
 
-def _cli(argv: Sequence[str], timeout: float) -> tuple[int, str]:
+def _cli(argv: Sequence[str], timeout: float, env: Mapping[str, str]) -> tuple[int, str]:
     """Run a container CLI command; its exit status and last output line (-1 if it could not
     run or timed out)."""
     try:
@@ -223,6 +223,7 @@ def _cli(argv: Sequence[str], timeout: float) -> tuple[int, str]:
             timeout=timeout,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env=dict(env),
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return -1, str(exc)
@@ -236,15 +237,15 @@ def _read_id(cidfile: Path) -> str | None:
         return None
 
 
-def _remove(program: str, cid: str, stop_timeout_s: float | None) -> bool:
+def _remove(program: str, cid: str, stop_timeout_s: float | None, env: Mapping[str, str]) -> bool:
     """``docker stop -t`` (when ``stop_timeout_s`` is given) then ``docker rm -f``: True if the
     container is gone."""
     if stop_timeout_s is not None:
         t = max(0, round(stop_timeout_s))
-        code, out = _cli([program, "stop", "-t", str(t), cid], t + CLI_TIMEOUT_S)
+        code, out = _cli([program, "stop", "-t", str(t), cid], t + CLI_TIMEOUT_S, env)
         if code != 0:
             log.warning("`%s stop %s` failed: %s", program, cid[:12], out)
-    code, out = _cli([program, "rm", "-f", cid], CLI_TIMEOUT_S)
+    code, out = _cli([program, "rm", "-f", cid], CLI_TIMEOUT_S, env)
     if code != 0 and "no such container" not in out.lower():
         log.error("container %s was not removed: %s", cid[:12], out)
         return False
@@ -253,10 +254,10 @@ def _remove(program: str, cid: str, stop_timeout_s: float | None) -> bool:
 
 def remove_all_containers() -> None:
     """``docker rm -f`` every container this tuner started and has not removed (exit path)."""
-    for cidfile, program in list(_LIVE.items()):
+    for cidfile, (program, env) in list(_LIVE.items()):
         cid = _read_id(cidfile)
         if cid is not None:
-            _remove(program, cid, None)
+            _remove(program, cid, None, env)
         _LIVE.pop(cidfile, None)
 
 
@@ -277,7 +278,7 @@ class ContainerServer(Server):
 
     async def start(self) -> LaunchInfo:
         self.cidfile.unlink(missing_ok=True)  # docker refuses to write over one
-        _LIVE[self.cidfile] = self.program
+        _LIVE[self.cidfile] = (self.program, self.env)
         return await super().start()
 
     async def stop(self) -> None:
@@ -286,11 +287,11 @@ class ContainerServer(Server):
         cid = self.container_id = _read_id(self.cidfile)
         if cid is not None:  # the CLI's group ends with the container
             grace = self.stop_timeout_s if self.ready else min(self.stop_timeout_s, 2.0)
-            self.removed = await asyncio.to_thread(_remove, self.program, cid, grace)
+            self.removed = await asyncio.to_thread(_remove, self.program, cid, grace, self.env)
         await super().stop()
         if cid is None and (cid := _read_id(self.cidfile)) is not None:
             # created while the CLI was being stopped
             self.container_id = cid
-            self.removed = await asyncio.to_thread(_remove, self.program, cid, None)
+            self.removed = await asyncio.to_thread(_remove, self.program, cid, None, self.env)
         if self.removed is not False:
             _LIVE.pop(self.cidfile, None)
