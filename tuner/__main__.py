@@ -214,8 +214,10 @@ def main() -> None:
         else:
             _app()
     except KeyboardInterrupt:
+        from tuner.engine.container import remove_all_containers
         from tuner.engine.process import kill_all_groups
 
+        remove_all_containers()  # a container outlives its docker CLI's process group
         kill_all_groups()
         print("interrupted; stored trials are kept", file=sys.stderr)
         sys.exit(130)

@@ -24,6 +24,7 @@ from tuner.errors import ConfigError
 __all__ = [
     "ArrivalConfig",
     "ConfirmConfig",
+    "ContainerConfig",
     "DistConfig",
     "EngineConfig",
     "ImageConfig",
@@ -56,8 +57,26 @@ __all__ = [
 
 
 @dataclass
+class ContainerConfig:
+    """``engine.container``: each server runs as ``docker run ... <image>``, stopped and removed
+    by its container id (tuner.engine.container). ``engine.command`` is the command run inside
+    the image (its first word becomes ``--entrypoint``)."""
+
+    image: str = "vllm/vllm-openai:v0.24.0"
+    """Must be on the machine already (``docker pull`` it): trials never pull."""
+    program: str = "docker"
+    """The container CLI (checked on ``PATH`` before the study)."""
+    mounts: list[str] = field(default_factory=list)
+    """More ``-v`` specs (``src:dst[:ro]``); the model dir, the compile cache and the HF cache
+    are mounted at their own paths already."""
+    args: list[str] = field(default_factory=list)
+    """More ``docker run`` options, put before the image."""
+
+
+@dataclass
 class EngineConfig:
-    """How a server is started. ``kind`` is ``sim`` (the simulated engine) or ``vllm``."""
+    """How a server is started. ``kind`` is ``sim`` (the simulated engine) or ``vllm``; with
+    ``container`` set (``engine=docker``) the server runs in a container."""
 
     kind: str = "sim"
     command: list[str] = field(default_factory=lambda: ["python", "-m", "tuner.sim", "serve"])
@@ -88,6 +107,8 @@ class EngineConfig:
     """With ``cpu_pinning``: the first this many cores run the tuner and its replay client (0:
     the tuner stays unpinned). ``workload.client_processes=auto`` takes at most this many client
     processes; give it one per 32 requests in flight (8 at 256, ``tuner.replay.client_cores``)."""
+    container: ContainerConfig | None = None
+    """Run each server in a container (``engine=docker``); None: a process on this machine."""
 
 
 @dataclass
@@ -591,6 +612,9 @@ def check_engine(c: TunerConfig) -> None:
         raise ConfigError(f"engine.host is {c.engine.host!r}; servers bind to loopback only")
     if not c.engine.gpus:
         raise ConfigError("engine.gpus is empty; list at least one GPU index, e.g. [0]")
+    box = c.engine.container
+    if box is not None and not (box.image and box.program):
+        raise ConfigError("engine.container needs an image and a program, e.g. docker")
 
 
 def check_study(c: TunerConfig) -> None:

@@ -9,9 +9,18 @@ from pathlib import Path
 from rich.console import Console
 
 from tuner.config import TunerConfig, WorkloadConfig
-from tuner.engine.argv import command_missing, mask_argv, secret_values, trial_argv
+from tuner.engine.argv import (
+    build_env,
+    cache_root,
+    command_missing,
+    mask_argv,
+    secret_values,
+    trial_argv,
+)
+from tuner.engine.container import CIDFILE, wrap
 from tuner.engine.pool import cpu_layout, describe_cores
 from tuner.records import RequestSpec
+from tuner.recovery import LEASE_ENV
 from tuner.replay import IN_PROCESS_STREAMS, STREAMS_PER_PROCESS, choose_client
 from tuner.space import defaults, defaults_outside, distributions, flag_name
 from tuner.workload import load_trace
@@ -39,6 +48,8 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
     for name, dist in distributions(cfg.space).items():
         console.print(f"  {name}: {dist}")
     _print_argv(cfg, console)
+    if cfg.engine.container is not None:
+        console.print(f"each server in a container: {_container_line(cfg)}", markup=False)
     missing = command_missing(cfg.engine)
     if missing:
         console.print(
@@ -92,6 +103,23 @@ def _print_argv(cfg: TunerConfig, console: Console) -> None:
     console.print(
         f"every trial: {shown}" + (f" plus its value of {flags}" if flags else ""), markup=False
     )
+
+
+def _container_line(cfg: TunerConfig) -> str:
+    """``engine.container``: the ``docker run`` that wraps the command above (its options; the
+    model and flags follow the image as shown)."""
+    argv, _ = wrap(
+        cfg.engine,
+        list(cfg.engine.command),
+        build_env(cfg.engine, cache_root=cache_root(cfg)),
+        model_path=cfg.model.path,
+        cache_root=cache_root(cfg),
+        gpus=["<lease>"],
+        cidfile=f"<trial dir>/{CIDFILE}",
+        name="tuner-<study>-<trial>-<port>",
+        extra_env=[LEASE_ENV],
+    )
+    return " ".join(argv) + " <model and flags as above>"
 
 
 def _loop(w: WorkloadConfig) -> str:

@@ -38,8 +38,9 @@ from tuner.artifacts import (
     write_requests,
 )
 from tuner.capacity import Step, margin, search
-from tuner.config import ObjectiveConfig, TunerConfig
+from tuner.config import EngineConfig, ObjectiveConfig, TunerConfig
 from tuner.engine.argv import api_key, build_env, mask, mask_argv, trial_argv
+from tuner.engine.container import CIDFILE, ContainerServer, container_name, wrap
 from tuner.engine.logparse import port_clash
 from tuner.engine.pool import GpuPool, core_ranges
 from tuner.engine.process import Server, free_port
@@ -333,17 +334,19 @@ async def _launch(run: ServerRun, stack: contextlib.AsyncExitStack) -> Server:
         changed_params(run.params, cfg.space),
     )
     for attempt in range(1, LAUNCH_ATTEMPTS + 1):
-        server = Server(
-            run.argv,
-            env=env,
-            log_path=run.tdir / "server.log",
-            host=cfg.engine.host,
-            port=run.port,
-            startup_timeout_s=cfg.engine.startup_timeout_s,
-            stop_timeout_s=cfg.engine.stop_timeout_s,
-            health_interval_s=cfg.engine.health_interval_s,
-            cpus=run.cpus,
-        )
+        where: dict[str, Any] = {
+            "log_path": run.tdir / "server.log",
+            "host": cfg.engine.host,
+            "port": run.port,
+            "startup_timeout_s": cfg.engine.startup_timeout_s,
+            "stop_timeout_s": cfg.engine.stop_timeout_s,
+            "health_interval_s": cfg.engine.health_interval_s,
+            "cpus": run.cpus,
+        }
+        if engine.container is None:
+            server = Server(run.argv, env=env, **where)
+        else:
+            server = _container_server(run, engine, env, where)
         run.server = server
         try:
             run.launch = await stack.enter_async_context(server)
@@ -366,6 +369,33 @@ async def _launch(run: ServerRun, stack: contextlib.AsyncExitStack) -> Server:
     if run.launch.facts.engine_version:
         ctx.engine_version = run.launch.facts.engine_version
     return server
+
+
+def _container_server(
+    run: ServerRun, engine: EngineConfig, env: dict[str, str], where: dict[str, Any]
+) -> Server:
+    """``engine.container``: the server as a foreground ``docker run`` of ``run.argv`` on the
+    leased GPUs (tuner.engine.container), its id in the trial folder's ``container.id``."""
+    assert engine.container is not None
+    cache = run.ctx.cache_root
+    if cache is not None:  # docker would create a missing mount source owned by root
+        cache.mkdir(parents=True, exist_ok=True)
+    cidfile = run.tdir / CIDFILE
+    argv, env = wrap(
+        engine,
+        run.argv,
+        env,
+        model_path=run.cfg.model.path,
+        cache_root=cache,
+        gpus=run.gpus,
+        cidfile=cidfile,
+        name=container_name(run.ctx.study_name or "study", run.number, run.port),
+        extra_env=[LEASE_ENV],
+    )
+    log.debug("trial %d: %s", run.number, " ".join(argv))
+    return ContainerServer(
+        argv, program=engine.container.program, cidfile=cidfile, env=env, **where
+    )
 
 
 async def _replay_all(run: ServerRun, server: Server) -> None:

@@ -211,7 +211,7 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
     [
         (["+workload=nope"], "allowed: chat, image_heavy, long_docs"),
         (["+workload=chat", "space.params.gpu_memory_utilization.high=1.5"], "0 < x <= 1"),
-        (["engine=gpu9000", "+workload=chat"], "allowed: sim, vllm"),
+        (["engine=gpu9000", "+workload=chat"], "allowed: docker, sim, vllm"),
         ([], "+workload=NAME"),
         (["+workload=chat", "study.repeats=0"], "allowed: 1 to 20"),
         (["+workload=chat", "study.timeout_s=0"], "allowed: seconds > 0, or null"),

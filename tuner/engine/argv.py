@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.config import EngineConfig, ModelConfig, SpaceConfig, TunerConfig
+from tuner.engine.container import check_image
 from tuner.errors import ConfigError
 from tuner.space import flag_name
 from tuner.stores import MASK, mask_credentials
@@ -84,9 +85,10 @@ def _dict_args(flags: Mapping[str, Any]) -> list[str]:
 
 
 def command_prefix(engine: EngineConfig) -> list[str]:
-    """``engine.command`` with a leading ``python`` replaced by this interpreter."""
+    """``engine.command`` with a leading ``python`` replaced by this interpreter (not in a
+    container: there it runs inside the image)."""
     cmd = list(engine.command)
-    if cmd and cmd[0] in ("python", "python3"):
+    if cmd and cmd[0] in ("python", "python3") and engine.container is None:
         cmd[0] = sys.executable
     return cmd
 
@@ -94,6 +96,11 @@ def command_prefix(engine: EngineConfig) -> list[str]:
 def command_missing(engine: EngineConfig) -> str | None:
     """What is wrong with ``engine.command``'s program on this machine (not on ``PATH``, or not
     an executable file), in one line; None when it can be started."""
+    if engine.container is not None:  # engine.command runs inside the image
+        program = engine.container.program
+        if shutil.which(program) is not None:
+            return None
+        return f"engine.container.program {program!r} is not found on PATH: install Docker"
     program = command_prefix(engine)[0]
     if shutil.which(program) is not None:
         return None
@@ -103,11 +110,13 @@ def command_missing(engine: EngineConfig) -> str | None:
 
 
 def check_command(engine: EngineConfig) -> None:
-    """Raise :class:`ConfigError` when ``engine.command`` cannot be started here (checked before
-    the study is opened: every launch would fail)."""
+    """Raise :class:`ConfigError` when ``engine.command`` cannot be started here, or, in a
+    container, the container CLI does not answer or lacks the image (checked before the study is
+    opened: every launch would fail)."""
     problem = command_missing(engine)
     if problem:
         raise ConfigError(problem)
+    check_image(engine)
 
 
 def check(cfg: TunerConfig) -> None:
