@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tuner.config import TunerConfig, WorkloadConfig
-from tuner.engine.argv import command_missing, mask_argv, secret_values, trial_argv
+from tuner.engine.argv import cache_root, command_missing, mask_argv, secret_values, trial_argv
 from tuner.engine.pool import cpu_layout, describe_cores
 from tuner.records import RequestSpec
 from tuner.replay import IN_PROCESS_STREAMS, STREAMS_PER_PROCESS, choose_client
@@ -66,6 +66,9 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
     else:
         console.print(f"then export best-<pick>.yaml for {', '.join(cc.picks) or 'no pick'}")
     console.print(f"state dir {Path(cfg.paths.state_dir).resolve()}")
+    root = cache_root(cfg)
+    where = f"{root.resolve()} (VLLM_CACHE_ROOT)" if root else "not set (the engine's default)"
+    console.print(f"compile cache {where}")
 
 
 def _print_argv(cfg: TunerConfig, console: Console) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "cache_root",
     "check_command",
     "compile_key",
+    "params_key",
     "command_missing",
     "flag_args",
     "mask",
@@ -125,7 +126,8 @@ def build_argv(
             flag = flag_name(name, spec) if spec else "--" + name.replace("_", "-")
             argv += flag_args(flag, value)
     argv += list(engine.extra_args)
-    if engine.pin_capture_size and not any("capture-size" in w or "capture_size" in w for w in argv):
+    sets_size = any("capture-size" in w or "capture_size" in w for w in argv)
+    if engine.pin_capture_size and not sets_size:
         argv.insert(len(argv) - len(engine.extra_args), f"{PIN_FLAG}={MAX_CAPTURE}")
     return argv
 
@@ -233,8 +235,8 @@ def cache_root(cfg: TunerConfig) -> Path | None:
 
 
 def compile_key(cfg: TunerConfig, argv: Sequence[str]) -> str | None:
-    """The predicted compile key of a launch of ``argv`` (:func:`tuner.compile_cache.predicted_key`):
-    only ever used to order launches."""
+    """The predicted compile key of a launch of ``argv``
+    (:func:`tuner.compile_cache.predicted_key`): only ever used to order launches."""
     n = len(command_prefix(cfg.engine))
     return predicted_key(argv[n:], cfg.engine.env, prefix=cfg.engine.command)
 
@@ -265,3 +267,8 @@ def build_env(
     if cache_root is not None:
         env["VLLM_CACHE_ROOT"] = str(cache_root)
     return env
+
+
+def params_key(cfg: TunerConfig, params: Mapping[str, Any], baseline: bool = False) -> str | None:
+    """:func:`compile_key` of a trial of ``params`` (its port plays no part)."""
+    return compile_key(cfg, trial_argv(cfg, params, port=0, baseline=baseline))
