@@ -144,7 +144,9 @@ def predicted_key(
         with contextlib.suppress(ValueError):
             cc_json = dict(json.loads(cc))
     mode = flags.get("cc.mode", cc_json.get("mode"))
-    if flags.get("enforce-eager") is True or str(mode).upper() in ("0", "NONE"):
+    if flags.get("enforce-eager") is True or (
+        mode is not None and str(mode).upper() in ("0", "NONE")
+    ):
         return None
     key = {k: v for k, v in flags.items() if k not in _NOT_IN_KEY}
     explicit = any(f in flags for f in _CAPTURE_FLAGS) or any(
