@@ -37,12 +37,13 @@ def _at(hh: int, mm: int, ss: int) -> float:
 
 
 def test_phases_of_a_real_cold_start() -> None:
-    lines = gzip.open(FIXTURE, "rt", encoding="utf-8").read().splitlines()
+    with gzip.open(FIXTURE, "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
     launched, ready = _at(21, 42, 6), _at(21, 43, 40)
-    f = startup_facts(lines, launched, ready)
+    facts = startup_facts(lines, launched, ready)
     # 21:42:25 first line, :56 EngineCore, :59 loaded, 43:20 compiled, :22 KV, :26 graphs,
     # :38 init engine done
-    assert f.phases == {
+    assert facts.phases == {
         "process": 19.0,
         "api": 31.0,
         "load": 3.0,
@@ -52,10 +53,10 @@ def test_phases_of_a_real_cold_start() -> None:
         "warmup": 12.0,
         "ready": 2.0,
     }
-    assert tuple(f.phases) == PHASES
-    assert sum(f.phases.values()) == pytest.approx(ready - launched)
-    assert (f.compile_cache, f.compile_hash) == ("miss", "e44d0dd376")
-    assert f.aot_hash is not None and f.aot_hash.startswith("b94117934916")
+    assert tuple(facts.phases) == PHASES
+    assert sum(facts.phases.values()) == pytest.approx(ready - launched)
+    assert (facts.compile_cache, facts.compile_hash) == ("miss", "e44d0dd376")
+    assert facts.aot_hash is not None and facts.aot_hash.startswith("b94117934916")
 
 
 def test_a_warm_start_and_missing_marks() -> None:
