@@ -92,7 +92,13 @@ class EngineConfig:
     gpus: list[int] = field(default_factory=lambda: [0])
     """The GPU lease: indices that become ``CUDA_VISIBLE_DEVICES``."""
     cache_root: str | None = None
-    """Shared ``VLLM_CACHE_ROOT`` so torch.compile results are reused across trials."""
+    """``VLLM_CACHE_ROOT``, the compile cache every launch shares: unset → one per user
+    (``<user cache dir>/tuner/vllm``) for ``kind=vllm``, none for the simulator; ``user``,
+    ``state`` (``<paths.state_dir>/vllm_cache``), ``none`` (vLLM's default), or a path."""
+    pin_capture_size: bool = False
+    """Add ``-cc.max_cudagraph_capture_size=512`` (vLLM's cap) to every launch that sets no capture
+    size, so ``max_num_seqs`` < 256 no longer changes the compile key. Off: it may change which
+    batch sizes run in CUDA graphs (not measured yet)."""
     gpu_free_timeout_s: float = 120.0
     """Before a launch, wait at most this long for NVML to show the memory the trial needs."""
     extra_args: list[str] = field(default_factory=list)

@@ -77,6 +77,9 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
     else:
         console.print(f"then export best-<pick>.yaml for {', '.join(cc.picks) or 'no pick'}")
     console.print(f"state dir {Path(cfg.paths.state_dir).resolve()}")
+    root = cache_root(cfg)
+    where = f"{root.resolve()} (VLLM_CACHE_ROOT)" if root else "not set (the engine's default)"
+    console.print(f"compile cache {where}")
 
 
 def _print_argv(cfg: TunerConfig, console: Console) -> None:

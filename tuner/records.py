@@ -14,6 +14,7 @@ from typing import Any, Literal
 __all__ = [
     "LaunchInfo",
     "LogFacts",
+    "StartupFacts",
     "RequestRecord",
     "RequestSpec",
     "TrialResult",
@@ -26,11 +27,16 @@ RequestStatus = Literal["ok", "error", "timeout"]
 
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses, enums, tuples and mappings to plain JSON types (recursively). A dataclass
-    field with ``metadata={"inline": True}`` is written as its own fields, in its place."""
+    field with ``metadata={"inline": True}`` is written as its own fields, in its place; one with
+    ``metadata={"omit_none": True}`` is left out while it is None (a field added later: the
+    records written before it keep their text)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(obj):
-            value = to_jsonable(getattr(obj, f.name))
+            raw = getattr(obj, f.name)
+            if raw is None and f.metadata.get("omit_none"):
+                continue
+            value = to_jsonable(raw)
             if f.metadata.get("inline"):
                 out.update(value)
             else:
@@ -118,15 +124,36 @@ class LogFacts:
 
 
 @dataclasses.dataclass(frozen=True)
+class StartupFacts:
+    """Where a launch's start-up time went and what the compile cache did
+    (:func:`tuner.engine.startup_log.startup_facts`).
+
+    ``phases``: seconds per phase, in start-up order (``tuner.engine.startup_log.PHASES``), each
+    from the previous mark to its own: the launch, the log's first line, EngineCore's first
+    line, model loaded, torch.compile done, KV cache allocated, CUDA graphs captured, engine
+    init done, /health ready. A phase whose mark the log lacks is absent (its time counts in the
+    next one). ``compile_cache``: ``hit`` (the compiled artifact was loaded), ``miss`` (it was
+    compiled), None (no torch.compile, e.g. ``--enforce-eager``). ``compile_hash``: vLLM's own
+    cache key (the folder under ``torch_compile_cache/``), ``aot_hash`` its AOT artifact's."""
+
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    compile_cache: str | None = None
+    compile_hash: str | None = None
+    aot_hash: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchInfo:
     """What the launcher learned while starting a server: its port, pid and start-up time, and
     what its log said (``facts``; its ``engine_version`` is the server's ``/version`` answer when
-    there is one). Serialised flat: ``facts``' fields follow ``startup_s``."""
+    there is one). Serialised flat: ``facts``' fields follow ``startup_s``, then ``startup``
+    (absent from records written before it existed)."""
 
     port: int
     pid: int
     startup_s: float
     facts: LogFacts = dataclasses.field(default_factory=LogFacts, metadata={"inline": True})
+    startup: StartupFacts | None = dataclasses.field(default=None, metadata={"omit_none": True})
 
 
 @dataclasses.dataclass(frozen=True)

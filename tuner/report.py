@@ -22,6 +22,7 @@ from tuner.config import TunerConfig
 from tuner.confirm import Candidate, ConfirmResult, round_values
 from tuner.records import TrialResult
 from tuner.space import changed_params
+from tuner.startup import run_summary, summary_line
 from tuner.verdict import CONFIDENCE, Gain, Verdict, line, pct
 
 log = logging.getLogger("tuner")
@@ -109,6 +110,7 @@ def parent_summary(results: Sequence[TrialResult]) -> dict[str, float]:
         "trials_failed": float(sum(not r.ok for r in results)),
         "trials_pruned": float(sum(bool(r.pruned) for r in results)),
         **gpu_time(results),
+        **run_summary(results),
     }
 
 
@@ -183,6 +185,7 @@ def print_summary(
         f"{g['gpu_s_failed_launches']:,.1f} s ({g['gpu_s_failed_share']:.1%}) on launches that "
         f"failed; {g['trials_not_launched']:.0f} trial(s) rejected before launch by the precheck."
     )
+    console.print(summary_line(run_summary(results)))
     _print_client_lag(results, console)
     print_pareto(study, cfg, console)
 

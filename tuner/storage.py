@@ -23,7 +23,9 @@ from typing import Any, TypeVar
 
 import optuna
 
+from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
+from tuner.engine.argv import cache_root, params_key
 from tuner.errors import ConfigError, StorageError
 from tuner.memory import ModelShape
 from tuner.prescreen import prescreen
@@ -250,28 +252,42 @@ def fill_queue(
                 log.info(
                     "the baseline trial (vLLM's defaults) has not finished yet; enqueued again"
                 )
+    # the rest in any order: the configs whose compile key is warm in the shared cache first
+    pending: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     if cfg.study.warm_start:
-        _warm_start(study, cfg, dists)
-    for entry in cfg.study.enqueue:
-        enqueue_once(study, {**defaults(cfg.space), **entry})
+        pending += _warm_start(cfg, dists)
+    pending += [({**defaults(cfg.space), **entry}, None) for entry in cfg.study.enqueue]
+    summary: dict[str, Any] | None = None
     if cfg.study.prescreen.trials and "prescreen" not in study.user_attrs:
-        _prescreen(study, cfg, shape, requests)
+        picks, summary = prescreen(cfg, shape, requests)
+        pending += [
+            ({**defaults(cfg.space), **c.params}, prescreen_attrs(c.predicted)) for c in picks
+        ]
+    root = cache_root(cfg)
+    added = 0
+    for params, attrs in warm_first(pending, lambda p: params_key(cfg, p[0]), root):
+        new = enqueue_once(study, params, user_attrs=attrs)
+        added += int(new and attrs is not None)  # the prescreen's picks carry attrs
+    if summary is not None:  # recorded: a resumed study does not prescreen again
+        study.set_user_attr("prescreen", {**summary, "enqueued": added})
 
 
-def _warm_start(study: optuna.Study, cfg: TunerConfig, dists: Distributions) -> None:
-    """Enqueue the Pareto-best feasible configs of another study (once: :func:`enqueue_once`)."""
+def _warm_start(cfg: TunerConfig, dists: Distributions) -> list[tuple[dict[str, Any], None]]:
+    """The Pareto-best feasible configs of another study (enqueued once: :func:`enqueue_once`)."""
     source = _warm_source(cfg)
     best = source.best_trials
+    out: list[tuple[dict[str, Any], None]] = []
     for t in best:
         params = {
             k: v
             for k, v in t.params.items()
             if k in dists and dists[k]._contains(dists[k].to_internal_repr(v))
         }
-        enqueue_once(study, {**defaults(cfg.space), **params})
+        out.append(({**defaults(cfg.space), **params}, None))
     log.info(
         "warm start: enqueued %d Pareto-best configs of study %s", len(best), source.study_name
     )
+    return out
 
 
 def _warm_source(cfg: TunerConfig) -> optuna.Study:
@@ -285,22 +301,6 @@ def _warm_source(cfg: TunerConfig) -> optuna.Study:
             f"study.warm_start {cfg.study.warm_start!r} is not in {hide_url(storage)}; "
             f"have: {names}"
         ) from exc
-
-
-def _prescreen(
-    study: optuna.Study, cfg: TunerConfig, shape: ModelShape, requests: list[RequestSpec]
-) -> None:
-    """Enqueue the simulator's best configs (:mod:`tuner.prescreen`), once per study: the study
-    records that it ran, so a resumed study does not repeat it."""
-    picks, summary = prescreen(cfg, shape, requests)
-    added = 0
-    for choice in picks:
-        added += enqueue_once(
-            study,
-            {**defaults(cfg.space), **choice.params},
-            user_attrs=prescreen_attrs(choice.predicted),
-        )
-    study.set_user_attr("prescreen", {**summary, "enqueued": added})
 
 
 def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -30,9 +30,10 @@ import optuna
 
 from tuner import __version__, stored_trial
 from tuner.artifacts import trial_dir
+from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
 from tuner.confirm import Candidate, ConfirmResult, judge, pick, stressed
-from tuner.engine.argv import cache_root, check_command, mask, secret_values
+from tuner.engine.argv import cache_root, check_command, mask, params_key, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, on_cores
 from tuner.measure import Replay, note_client_cores
 from tuner.memory import ModelShape
@@ -299,9 +300,10 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
     """Every candidate once per round (``confirm.rounds``), interleaved (A, B, defaults, A, B,
     defaults, ...) so a drift of the machine hits them alike, each run on a fresh server with one
     stress replay per seed; one server at a time (no co-running trial biases the numbers that
-    decide the recommendation). A run's folder, ``confirm/trial_NNNN/round_R/seed_S/``, is written
+    decide the recommendation); within a round, candidates whose compile key is warm first. A
+    run's folder, ``confirm/trial_NNNN/round_R/seed_S/``, is written
     as soon as it ends."""
-    cfg = ctx.cfg
+    cfg, root = ctx.cfg, ctx.cache_root
     cc = cfg.confirm
     replays = []
     for seed in cc.seeds:  # the same stress streams in every round and for every candidate
@@ -319,8 +321,8 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
         list(cc.seeds),
     )
     step = 0
-    for rnd in range(1, cc.rounds + 1):
-        for c in candidates:
+    for rnd in range(1, cc.rounds + 1):  # within a round the order is free: warm keys first
+        for c in warm_first(candidates, lambda c: params_key(cfg, c.params, c.baseline), root):
             step += 1
             log.info(
                 "confirm %d/%d: round %d, trial %d (%s)",

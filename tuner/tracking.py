@@ -132,6 +132,10 @@ class Tracker:
             "trial.state": state,
             "trial.baseline": str(result.baseline).lower(),
         }
+        startup = result.launch.startup if result.launch else None
+        if startup is not None and startup.compile_cache:  # hit or miss, and vLLM's key
+            trial_tags["compile_cache"] = startup.compile_cache
+            trial_tags["compile_hash"] = startup.compile_hash or startup.aot_hash or ""
         if result.pruned:
             trial_tags["pruned_reason"] = result.pruned
         if result.failure_reason:
@@ -347,6 +351,8 @@ def _metrics(result: TrialResult) -> dict[str, float]:
             v = getattr(launch.facts, k)
             if v is not None:
                 out[k] = float(v)
+        for phase, seconds in (launch.startup.phases if launch.startup else {}).items():
+            out[f"startup_{phase}_s"] = float(seconds)
     if result.predicted_kv_tokens is not None:
         out["predicted_kv_tokens"] = float(result.predicted_kv_tokens)
     out["failed_launch"] = 0.0 if result.ok or result.launch is not None else 1.0

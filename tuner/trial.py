@@ -38,8 +38,9 @@ from tuner.artifacts import (
     write_requests,
 )
 from tuner.capacity import Step, margin, search
+from tuner.compile_cache import record
 from tuner.config import EngineConfig, ObjectiveConfig, TunerConfig
-from tuner.engine.argv import api_key, build_env, mask, mask_argv, trial_argv
+from tuner.engine.argv import api_key, build_env, compile_key, mask, mask_argv, trial_argv
 from tuner.engine.container import CIDFILE, ContainerServer, container_name, wrap
 from tuner.engine.logparse import port_clash
 from tuner.engine.pool import GpuPool, core_ranges
@@ -366,6 +367,8 @@ async def _launch(run: ServerRun, stack: contextlib.AsyncExitStack) -> Server:
         )
         run.argv = trial_argv(cfg, run.params, port=run.port, baseline=run.baseline)
     assert run.launch is not None  # the loop launched or raised
+    # the shared cache's index: this config's key is warm from now on (orders later launches)
+    record(ctx.cache_root, compile_key(cfg, run.argv), run.launch.startup)
     if run.launch.facts.engine_version:
         ctx.engine_version = run.launch.facts.engine_version
     return server
@@ -408,7 +411,9 @@ async def _replay_all(run: ServerRun, server: Server) -> None:
         if i:  # the previous replay warmed the caches: start this one cold
             key = api_key(cfg.engine, cfg.model)
             extra["caches_reset"] = float(await reset_caches(server.base_url, key))
-        ready = f"ready in {launch.startup_s:.1f} s, " if not i else ""
+        cache = launch.startup.compile_cache if launch.startup else None
+        ready = f"ready in {launch.startup_s:.1f} s{f' (compile cache {cache})' if cache else ''}, "
+        ready = ready if not i else ""
         log.info(
             "trial %d: %sKV cache %s tokens (predicted %s); replaying %d requests (%d warm-up)%s",
             run.number,

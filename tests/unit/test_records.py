@@ -109,3 +109,14 @@ def test_a_launch_whose_log_said_nothing() -> None:
         '"graph_capture_gib": null, "init_engine_s": null, "compile_s": null, '
         '"engine_version": null}'
     )
+
+
+def test_a_launch_with_its_startup_phases_adds_one_key_last() -> None:
+    from tuner.records import StartupFacts
+
+    startup = StartupFacts(phases={"process": 19.0, "ready": 2.0}, compile_cache="hit")
+    text = to_json(LaunchInfo(port=1, pid=2, startup_s=3.0, startup=startup))
+    assert text.endswith(
+        '"engine_version": null, "startup": {"phases": {"process": 19.0, "ready": 2.0}, '
+        '"compile_cache": "hit", "compile_hash": null, "aot_hash": null}}'
+    )

@@ -21,10 +21,11 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.compile_cache import MAX_CAPTURE, cache_location, predicted_key
 from tuner.config import EngineConfig, ModelConfig, SpaceConfig, TunerConfig
 from tuner.engine.container import check_image
 from tuner.errors import ConfigError
@@ -39,6 +40,8 @@ __all__ = [
     "cache_root",
     "check",
     "check_command",
+    "compile_key",
+    "params_key",
     "command_missing",
     "flag_args",
     "mask",
@@ -183,8 +186,17 @@ def build_argv(
                 continue
             flag = flag_name(name, spec) if spec else "--" + name.replace("_", "-")
             argv += flag_args(flag, value)
-    argv += _without_api_key(engine.extra_args)
+    extra = _without_api_key(engine.extra_args)
+    argv += extra
+    sets_size = any("capture-size" in w or "capture_size" in w for w in argv)
+    if engine.pin_capture_size and not sets_size:
+        argv.insert(len(argv) - len(extra), f"{PIN_FLAG}={MAX_CAPTURE}")
     return argv
+
+
+PIN_FLAG = "-cc.max_cudagraph_capture_size"
+"""``engine.pin_capture_size``: the capture size fixed at vLLM's cap, so ``max_num_seqs`` does
+not change the compile key (not when the argv sets a capture size itself)."""
 
 
 def when_holds(when: Mapping[str, Any], params: Mapping[str, Any], space: SpaceConfig) -> bool:
@@ -280,13 +292,17 @@ def trial_argv(
 
 
 def cache_root(cfg: TunerConfig) -> Path | None:
-    """``VLLM_CACHE_ROOT`` for the servers: ``engine.cache_root``, else (real vLLM) a folder of
-    the state dir, so torch.compile results are shared by the trials of every run."""
-    if cfg.engine.cache_root:
-        return Path(cfg.engine.cache_root)
-    if cfg.engine.kind == "vllm":
-        return Path(cfg.paths.state_dir) / "vllm_cache"
-    return None
+    """``VLLM_CACHE_ROOT`` for the servers (``engine.cache_root``,
+    :func:`tuner.compile_cache.cache_location`): by default, for real vLLM, one per user, so
+    torch.compile results are shared by every study on the machine."""
+    return cache_location(cfg.engine.cache_root, cfg.engine.kind, cfg.paths.state_dir)
+
+
+def compile_key(cfg: TunerConfig, argv: Sequence[str]) -> str | None:
+    """The predicted compile key of a launch of ``argv``
+    (:func:`tuner.compile_cache.predicted_key`): only ever used to order launches."""
+    n = len(command_prefix(cfg.engine))
+    return predicted_key(argv[n:], cfg.engine.env, prefix=cfg.engine.command)
 
 
 def build_env(
@@ -320,3 +336,8 @@ def build_env(
     if cache_root is not None:
         env["VLLM_CACHE_ROOT"] = str(cache_root)
     return env
+
+
+def params_key(cfg: TunerConfig, params: Mapping[str, Any], baseline: bool = False) -> str | None:
+    """:func:`compile_key` of a trial of ``params`` (its port plays no part)."""
+    return compile_key(cfg, trial_argv(cfg, params, port=0, baseline=baseline))

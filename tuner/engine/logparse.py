@@ -54,7 +54,8 @@ _FACTS: dict[str, re.Pattern[str]] = {
         r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?:econds)?"
         r"(?: \(compilation: ([\d.]+) s\))?"
     ),
-    "compile": re.compile(r"torch\.compile takes ([\d.]+) s in total"),
+    # 0.24 logs "torch.compile took 20.40 s in total" (compilation/monitor.py:53), older "takes"
+    "compile": re.compile(r"torch\.compile (?:took|takes) ([\d.]+) s in total"),
     "max_model_len": re.compile(r"Using max model len (\d+)"),
     "version": re.compile(r"vLLM (?:API )?server version ([0-9][\w.+-]*?),? "),
 }

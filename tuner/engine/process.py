@@ -29,6 +29,7 @@ from types import TracebackType
 import aiohttp
 
 from tuner.engine.logparse import classify, is_fatal, parse_facts, strip_prefix
+from tuner.engine.startup_log import startup_facts
 from tuner.errors import EngineError, FailureReason, LaunchFailed, ReplayFailed
 from tuner.records import LaunchInfo
 
@@ -165,6 +166,7 @@ class Server:
         """Launch and wait until ready. Raises :class:`LaunchFailed` with a classified reason."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = self._t_start = time.monotonic()
+        launched_at = time.time()  # wall clock: the log's stamps are wall times
         with self.log_path.open("wb") as logf:
             try:
                 self.proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
@@ -210,14 +212,17 @@ class Server:
                     break
                 await asyncio.sleep(self.health_interval_s)
             startup_s = time.monotonic() - t0
+            ready_at = launched_at + startup_s
             version = await self._version(http)
         self.ready = True
-        facts = parse_facts(self.log_lines())
+        lines = self.log_lines()
+        facts = parse_facts(lines)
         return LaunchInfo(
             port=self.port,
             pid=self.proc.pid,
             startup_s=round(startup_s, 3),
             facts=dataclasses.replace(facts, engine_version=version or facts.engine_version),
+            startup=startup_facts(lines, launched_at, ready_at),
         )
 
     def _failed(self) -> LaunchFailed:

@@ -12,6 +12,7 @@ the command line or the machine (model directory, compilation config, free memor
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,7 +32,16 @@ from tuner.memory import (
 )
 from tuner.sim.cli import CUDAGRAPH_MODES, SimArgs
 
-__all__ = ["Refusal", "Settings", "engine_check", "env_float", "gpu_from_env", "resolve"]
+__all__ = [
+    "Refusal",
+    "Settings",
+    "compile_hashes",
+    "compiles",
+    "engine_check",
+    "env_float",
+    "gpu_from_env",
+    "resolve",
+]
 
 
 class Refusal(Exception):
@@ -230,3 +240,32 @@ def env_float(env: Mapping[str, str], key: str, default: float) -> float:
         return float(env.get(key, "") or default)
     except ValueError:
         return default
+
+
+def compiles(s: Settings, args: SimArgs) -> bool:
+    """Whether vLLM would torch.compile: not with ``--enforce-eager`` or ``-cc.mode=0``."""
+    mode = str(args.compilation_config.get("mode", "")).upper()
+    return not s.resolved.enforce_eager and mode not in ("0", "NONE")
+
+
+def compile_hashes(s: Settings, version: str) -> tuple[str, str]:
+    """The simulated server's compile cache keys ``(config hash, AOT hash)``, from its own
+    resolved settings and the factors vLLM 0.24 hashes (``VllmConfig.compute_hash``): the
+    version, the model, max_model_len, the dtype, block_size, the KV cache dtype,
+    max_num_batched_tokens, TP, the CUDA-graph mode and capture sizes (where max_num_seqs
+    enters); not gpu_memory_utilization, prefix caching or chunked prefill."""
+    r = s.resolved
+    factors = [
+        version,
+        str(s.model_dir),
+        s.max_model_len,
+        s.shape.dtype_bytes,
+        r.block_size,
+        r.kv_cache_dtype,
+        r.max_num_batched_tokens,
+        r.tensor_parallel_size,
+        r.cudagraph_mode,
+        list(r.capture_sizes),
+    ]
+    digest = hashlib.sha256(str(factors).encode()).hexdigest()
+    return digest[:10], hashlib.sha256(f"aot {factors}".encode()).hexdigest()

@@ -1,0 +1,198 @@
+"""Where a launch's start-up time goes, cold and warm compile cache (issue #22).
+
+Usage::
+
+    python benchmarks/startup.py [--engine sim|vllm] [--model PATH] [--hold-s S] [--out PATH]
+        [-- TUNER OVERRIDES...]
+
+On the H200::
+
+    python benchmarks/startup.py --engine vllm --model models/qwen3-8b-dummy
+
+Launches a fixed list of configs (:data:`CONFIGS`: vLLM's defaults, a max_num_batched_tokens
+change, a gpu_memory_utilization change (the same compile key as the defaults) and a block_size
+change) through the tuner's own launcher (``trial_argv``, ``build_env``,
+:class:`tuner.engine.process.Server`), one server at a time, in three passes:
+
+* ``cold``: each config once on a fresh compile cache (``engine.cache_root``: a new folder);
+* ``warm``: each config once more on that cache;
+* ``study``: a study-like order (:data:`STUDY`, configs coming back) on another fresh cache, each
+  launch in the order the tuner would pick among them (:func:`tuner.compile_cache.warm_first`
+  over the launches left, as the tuner orders its queue).
+
+Each server stays up ``--hold-s`` after it is ready (a stand-in for the replay: 20 s on vLLM, a
+chat trial's replay took 15-25 s on the H200; 0 on the simulator), then is stopped. Each launch's
+row: its ready time split into phases from its log (:mod:`tuner.engine.startup_log`), the compile
+cache's hit or miss and vLLM's key, the seconds the server was held. Per pass and for the whole
+run: ``median_ready_s`` and ``startup_share`` (server seconds before ready ÷ server seconds held),
+the phase medians, hits and misses (:func:`tuner.startup.launch_summary`). Writes
+``benchmarks/results/startup-<gpu>.json`` (the GPU's NVML name, ``sim`` on the simulator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.checks import load_config  # noqa: E402
+from tuner.compile_cache import record, warm_first  # noqa: E402
+from tuner.config import TunerConfig  # noqa: E402
+from tuner.engine.argv import build_env, compile_key, params_key, trial_argv  # noqa: E402
+from tuner.engine.process import Server, free_port, kill_all_groups  # noqa: E402
+from tuner.engine.startup_log import PHASES  # noqa: E402
+from tuner.records import LaunchInfo, to_jsonable  # noqa: E402
+from tuner.startup import launch_summary  # noqa: E402
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "mbt_4096": {"max_num_batched_tokens": 4096},
+    "gmu_0.80": {"gpu_memory_utilization": 0.8},  # not in vLLM's compile key
+    "block_32": {"block_size": 32},
+}
+STUDY = ["block_32", "defaults", "mbt_4096", "gmu_0.80", "block_32", "defaults"]
+
+
+def gpu_slug(cfg: TunerConfig) -> str:
+    """``sim`` on the simulator, else the first GPU's NVML name (``h200`` of ``NVIDIA H200``)."""
+    if cfg.engine.kind == "sim":
+        return "sim"
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(cfg.engine.gpus[0]))
+    finally:
+        pynvml.nvmlShutdown()
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return name.lower().replace("nvidia", "").strip().replace(" ", "-") or "gpu"
+
+
+async def launch(
+    cfg: TunerConfig, name: str, root: Path, hold_s: float, log_dir: Path, k: int
+) -> dict[str, Any]:
+    port = free_port(cfg.engine.host)
+    argv = trial_argv(cfg, CONFIGS[name], port=port, baseline=False)
+    server = Server(
+        argv,
+        env=build_env(cfg.engine, cache_root=root),
+        log_path=log_dir / f"{k:02d}-{name}.log",
+        host=cfg.engine.host,
+        port=port,
+        startup_timeout_s=cfg.engine.startup_timeout_s,
+        stop_timeout_s=cfg.engine.stop_timeout_s,
+        health_interval_s=cfg.engine.health_interval_s,
+    )
+    async with server as info:
+        await asyncio.sleep(hold_s)
+    record(root, compile_key(cfg, argv), info.startup)  # the tuner's index, as a trial writes it
+    startup = info.startup
+    row = {
+        "config": name,
+        "ready_s": info.startup_s,
+        "held_s": server.lifetime_s,
+        "phases": startup.phases if startup else {},
+        "compile_cache": startup.compile_cache if startup else None,
+        "compile_hash": startup.compile_hash if startup else None,
+        "engine_version": info.facts.engine_version,
+        "_launch": info,
+    }
+    phases = " ".join(f"{p} {row['phases'][p]:.1f}" for p in PHASES if p in row["phases"])
+    print(f"  {name:10s} ready {info.startup_s:6.1f} s  cache {row['compile_cache']}  {phases}")
+    return row
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
+    launches: list[LaunchInfo] = [r["_launch"] for r in rows]
+    before = sum(r["ready_s"] for r in rows)
+    return launch_summary(launches, before, sum(r["held_s"] for r in rows))
+
+
+async def run(cfg: TunerConfig, hold_s: float, work: Path) -> dict[str, Any]:
+    passes: dict[str, list[dict[str, Any]]] = {}
+    cold_root, study_root = work / "cache-cold", work / "cache-study"
+    k = 0
+    for pass_name, root, order in (
+        ("cold", cold_root, list(CONFIGS)),
+        ("warm", cold_root, list(CONFIGS)),
+        ("study", study_root, list(STUDY)),
+    ):
+        print(f"{pass_name} pass (VLLM_CACHE_ROOT={root})")
+        rows = []
+        left = order
+        while left:  # the study pass: the tuner's warm-first pick among the launches left
+            if pass_name == "study":
+                left = warm_first(left, lambda n: params_key(cfg, CONFIGS[n]), root)
+            name, left = left[0], left[1:]
+            k += 1
+            rows.append(await launch(cfg, name, root, hold_s, work / "logs", k))
+        passes[pass_name] = rows
+    every = [r for rows in passes.values() for r in rows]
+    out: dict[str, Any] = {
+        "engine": cfg.engine.kind,
+        "model": cfg.model.path,
+        "hold_s": hold_s,
+        "configs": CONFIGS,
+        "summary": summary(every),
+        "passes": {
+            n: {
+                "summary": summary(rows),
+                "launches": [{k: v for k, v in r.items() if k != "_launch"} for r in rows],
+            }
+            for n, rows in passes.items()
+        },
+    }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    overrides: list[str] = []
+    if "--" in args_in:
+        i = args_in.index("--")
+        args_in, overrides = args_in[:i], args_in[i + 1 :]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    ap.add_argument("--model", help="model path (default: the engine config's)")
+    ap.add_argument("--hold-s", type=float, help="seconds each server stays up after ready")
+    ap.add_argument("--out", type=Path, help="default benchmarks/results/startup-<gpu>.json")
+    args = ap.parse_args(args_in)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+    with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
+        work = Path(tmp)
+        base = [f"engine={args.engine}", "+workload=chat", f"paths.output_dir={work / 'run'}"]
+        if args.model:
+            base.append(f"model.path={args.model}")
+        cfg = load_config(base + overrides)
+        hold_s = args.hold_s if args.hold_s is not None else (20.0 if args.engine == "vllm" else 0)
+        t0 = time.monotonic()
+        try:
+            result = asyncio.run(run(cfg, hold_s, work))
+        except KeyboardInterrupt:
+            kill_all_groups()
+            return 130
+        result["wall_s"] = round(time.monotonic() - t0, 1)
+        result["gpu"] = gpu_slug(cfg)
+    out = args.out or ROOT / "benchmarks" / "results" / f"startup-{result['gpu']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(to_jsonable(result), indent=1) + "\n")
+    s = result["summary"]
+    print(
+        f"median ready {s.get('median_ready_s', 0):.1f} s, start-up share "
+        f"{s.get('startup_share', 0):.0%}, compile cache {s.get('compile_cache_hits', 0):.0f} "
+        f"hit(s) / {s.get('compile_cache_misses', 0):.0f} miss(es); wrote {out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

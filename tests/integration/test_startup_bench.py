@@ -1,0 +1,37 @@
+"""benchmarks/startup.py on the simulator: cold misses, warm hits, the study pass's warm-first."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # ~40 s: 14 simulated launches
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_startup_benchmark_on_the_simulator(tmp_path: Path) -> None:
+    out = tmp_path / "startup-sim.json"
+    p = subprocess.run(
+        [sys.executable, "benchmarks/startup.py", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["gpu"] == "sim"
+    cold = [r["compile_cache"] for r in data["passes"]["cold"]["launches"]]
+    assert cold == ["miss", "miss", "hit", "miss"]  # gpu_memory_utilization shares the key
+    assert {r["compile_cache"] for r in data["passes"]["warm"]["launches"]} == {"hit"}
+    study = [r["config"] for r in data["passes"]["study"]["launches"]]
+    assert study == ["block_32", "block_32", "defaults", "gmu_0.80", "defaults", "mbt_4096"]
+    s = data["summary"]
+    assert s["median_ready_s"] > 0 and 0 < s["startup_share"] <= 1
+    assert (s["compile_cache_hits"], s["compile_cache_misses"]) == (8, 6)
+    assert set(data["passes"]["cold"]["launches"][0]["phases"]) >= {"process", "ready"}
