@@ -156,6 +156,4 @@ def resolve(model: ModelConfig) -> ModelConfig:
                 f"{config_path} states no context length (max_position_embeddings); "
                 "set model.max_model_len"
             )
-    return dataclasses.replace(
-        model, local_dir=str(files), name=name, max_model_len=max_model_len
-    )
+    return dataclasses.replace(model, local_dir=str(files), name=name, max_model_len=max_model_len)

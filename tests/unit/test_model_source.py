@@ -95,17 +95,13 @@ def test_a_custom_directory_derives_name_length_and_real_weights(make_cfg, tmp_p
     assert cfg.space.params["max_model_len"].default == 32768
     argv = trial_argv(cfg, {}, port=1, baseline=True)
     assert argv[2] == str(d) and "--load-format" not in argv
-    cfg = make_cfg(
-        "+workload=chat", "model=custom", f"model.path={d}", "model.load_format=dummy"
-    )
+    cfg = make_cfg("+workload=chat", "model=custom", f"model.path={d}", "model.load_format=dummy")
     assert trial_argv(cfg, {}, port=1, baseline=True)[-2:] == ["--load-format", "dummy"]
     cfg = make_cfg("+workload=chat", "model=custom", f"model.path={d}", "model.max_model_len=16384")
     assert cfg.model.max_model_len == 16384
 
 
-def test_a_repo_id_is_served_as_given_and_read_from_the_cache(
-    make_cfg, offline_hub: Path
-) -> None:
+def test_a_repo_id_is_served_as_given_and_read_from_the_cache(make_cfg, offline_hub: Path) -> None:
     snapshot = hf_cache(offline_hub, "Org/Tiny-Qwen")
     cfg = make_cfg("+workload=chat", "model=custom", "model.path=Org/Tiny-Qwen")
     assert (cfg.model.name, cfg.model.max_model_len) == ("tiny-qwen", 32768)
