@@ -420,7 +420,7 @@ async def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
         raise ConfigError(f"no CPU plan: {exc}") from exc
     reserved = cores[:reserve]
     params: dict[str, Any] = json.loads(args.params) if args.params else {}
-    requests = build_requests(cfg.workload, Path(cfg.model.path))
+    requests = build_requests(cfg.workload, cfg.model.files)
     benches = make_servers(cfg, params, not args.params, plan, log_dir)
     log.info(
         "%s engine, model %s, workload %s (%d requests, %d warm-up); %d cores %s, reserve %d; "

@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"skipping {kind}: {skipped[kind]}")
     shape = ModelShape.from_dir(cfg.model.path)
     gpu = GPU_PROFILES[cfg.engine.gpu]
-    requests = build_requests(w, Path(cfg.model.path))
+    requests = build_requests(w, cfg.model.files)
     stream = prepare_stream(requests, w.system_prompt_tokens)
     concurrency = w.arrival.concurrency
     measured = sum(not r.warmup for r in requests)

@@ -115,7 +115,7 @@ def _stream(workload: Mapping[str, Any]) -> tuple[PreparedStream, int, SLOConfig
                 [*workload["overrides"], f"paths.output_dir={tmp}", f"paths.state_dir={tmp}"]
             )
         w = cfg.workload
-        reqs = build_requests(w, Path(cfg.model.path))
+        reqs = build_requests(w, cfg.model.files)
         return prepare_stream(reqs, w.system_prompt_tokens), w.arrival.concurrency, w.slo
     if kind == "bench":
         from benchmarks.replay_vs_vllm_bench import output_lengths

@@ -70,7 +70,7 @@ def main() -> int:
     gpu = GPU_PROFILES[cfg.engine.gpu]
     streams = {
         s: prepare_stream(
-            build_requests(replace(w, seed=s), Path(cfg.model.path)), w.system_prompt_tokens
+            build_requests(replace(w, seed=s), cfg.model.files), w.system_prompt_tokens
         )
         for s in args.seeds
     }

@@ -14,11 +14,12 @@ the trace settings, ``workload.images`` the image sizes against the model, and
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 from omegaconf import DictConfig
 
-from tuner import config, prescreen, replay, score, space
+from tuner import config, model_source, prescreen, replay, score, space
 from tuner.config import TunerConfig
 from tuner.engine import argv, pool
 from tuner.workload import images, trace
@@ -51,11 +52,19 @@ def check(cfg: TunerConfig) -> None:
 
 
 def to_config(cfg: DictConfig) -> TunerConfig:
-    """Convert the composed Hydra config to :class:`~tuner.config.TunerConfig` and check it.
+    """Convert the composed Hydra config to :class:`~tuner.config.TunerConfig`, fill in what the
+    model's YAML leaves to be derived (:func:`tuner.model_source.resolve`) and check it.
 
     Raises :class:`~tuner.errors.ConfigError` with one line naming what is wrong and what is
     allowed.
     """
+    model = model_source.resolve(config.convert(cfg).model)
+    # the derived values go into the composed config, so that what interpolates them (the
+    # space's ${model.max_model_len}) sees them too
+    cfg = copy.deepcopy(cfg)
+    cfg.model.name = model.name
+    cfg.model.max_model_len = model.max_model_len
+    cfg.model.local_dir = model.local_dir
     obj = config.convert(cfg)
     check(obj)
     return obj

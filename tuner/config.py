@@ -45,6 +45,7 @@ __all__ = [
     "check_engine",
     "check_images",
     "check_model",
+    "check_model_path",
     "check_override_keys",
     "check_study",
     "check_workload",
@@ -104,7 +105,9 @@ class EngineConfig:
     extra_args: list[str] = field(default_factory=list)
     """Flags added to every launch, after the model's fixed flags."""
     gpu: str = "h200"
-    """GPU profile for the memory model's KV prediction (tuner.memory.GPU_PROFILES)."""
+    """GPU profile for the memory model's KV prediction (tuner.memory.GPU_PROFILES) where NVML
+    cannot say (no driver here) and for the simulator; with ``kind: vllm`` and NVML, the leased
+    GPUs' own memory is used (:func:`tuner.precheck.gpu_profile`)."""
     cpu_pinning: bool = False
     """Pin each server's process tree to CPU cores of its own (a fixed share per GPU of
     ``engine.gpus``), so parallel trials (``study.n_workers`` > 1) do not compete for cores, and
@@ -119,15 +122,32 @@ class EngineConfig:
 
 @dataclass
 class ModelConfig:
-    """The model under test. ``path`` is a local directory with ``config.json`` and a tokenizer."""
+    """The model under test. ``path`` is a local directory with ``config.json`` and a tokenizer,
+    or a Hugging Face repo id (``Qwen/Qwen3-8B``) whose config and tokenizer files come from the
+    Hugging Face cache (:mod:`tuner.model_source`). The server gets ``path`` as it is and loads
+    the weights itself (vLLM downloads a repo id's)."""
 
-    name: str = MISSING
+    name: str | None = None
+    """Default (null): the last component of ``path`` (the repo's name), lower-cased."""
     path: str = MISSING
     served_name: str = "m"
-    max_model_len: int = MISSING
-    """The model's own context length (vLLM's derived max_model_len)."""
+    max_model_len: int | None = None
+    """The model's own context length (vLLM's derived max_model_len). Default (null): derived
+    from ``config.json`` (``text_config``'s for a vision-language model)."""
+    load_format: str | None = None
+    """``--load-format`` on every launch: ``dummy`` builds the model's shape with random weights
+    (the shipped shapes under ``models/`` have none); null: vLLM's default, the real weights."""
     fixed_args: dict[str, Any] = field(default_factory=dict)
-    """Flags passed on every launch, e.g. ``{load-format: dummy}``."""
+    """Flags passed on every launch, e.g. ``{enforce-eager: true}``."""
+    local_dir: str | None = None
+    """Set at load, not by hand: the local directory the tuner reads ``config.json``, the
+    tokenizer and the chat template from (``path`` itself, or the repo's snapshot in the
+    Hugging Face cache)."""
+
+    @property
+    def files(self) -> Path:
+        """The local directory with the model's ``config.json`` and tokenizer files."""
+        return Path(self.local_dir or self.path)
 
 
 @dataclass
@@ -564,6 +584,45 @@ def check_override_keys(overrides: Sequence[str]) -> None:
         problem = unknown_key(path)
         if problem:
             raise ConfigError(problem)
+    check_model_path(overrides)
+
+
+def _model_choice(overrides: Sequence[str]) -> str | None:
+    """The ``model`` option the overrides select (the last ``model=NAME``), else the default of
+    ``conf/config.yaml``."""
+    choice = None
+    for arg in overrides:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if key == "model" and sep:
+            choice = value
+    if choice is None:
+        primary = OmegaConf.load(conf_dir() / "config.yaml")
+        for entry in primary.defaults if isinstance(primary, DictConfig) else []:
+            if isinstance(entry, DictConfig) and "model" in entry:
+                choice = str(entry["model"])
+    return choice
+
+
+def check_model_path(overrides: Sequence[str]) -> None:
+    """Refuse ``model.path=...`` on a model option that asks for dummy weights (the shipped
+    shapes): its name, ``max_model_len`` and load format belong to its own directory, and a
+    run on another model with them would silently serve random weights. ``model=custom`` derives
+    them from the path."""
+    if not any(a.lstrip("+").startswith("model.path=") for a in overrides):
+        return
+    choice = _model_choice(overrides)
+    option = conf_dir() / "model" / f"{choice}.yaml"
+    if choice is None or not option.is_file():
+        return
+    shipped = OmegaConf.load(option)
+    load_format = shipped.get("load_format") if isinstance(shipped, DictConfig) else None
+    if load_format is None:
+        return
+    raise ConfigError(
+        f"model.path is set on model={choice}, a shipped shape whose name, max_model_len and "
+        f"load_format {load_format} belong to its own directory; for your model use "
+        "model=custom model.path=PATH (add model.load_format=dummy for random weights)"
+    )
 
 
 def _key_paths(node: Any, prefix: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
@@ -724,9 +783,16 @@ def check_images(c: TunerConfig) -> None:
 
 
 def check_model(c: TunerConfig) -> None:
-    """``model.path`` is a model directory (has ``config.json``)."""
-    if not Path(c.model.path, "config.json").is_file():
-        raise ConfigError(f"model.path {c.model.path!r} has no config.json")
+    """``model.path``'s files (a directory, or the repo's snapshot: :mod:`tuner.model_source`)
+    have ``config.json``; the load format is given once."""
+    m = c.model
+    if not (m.files / "config.json").is_file():
+        raise ConfigError(f"model.path {m.path!r} has no config.json")
+    if m.load_format is not None and "load-format" in m.fixed_args:
+        raise ConfigError(
+            "the load format is given twice (model.load_format and "
+            "model.fixed_args.load-format); keep model.load_format"
+        )
 
 
 def usable_cores() -> int:

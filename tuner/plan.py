@@ -37,6 +37,7 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
 
     console = console or Console()
     console.print(f"study {study_name(cfg)} · engine {cfg.engine.kind} · model {cfg.model.name}")
+    _print_model(cfg, console)
     w = cfg.workload
     if w.trace is not None:  # its rows are the requests; num_requests is not used
         rows = len(load_trace(w.trace))
@@ -56,7 +57,7 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
             f"note: {missing}; the study would stop there, before storing anything",
             markup=False,
         )
-    requests = build_requests(cfg.workload, Path(cfg.model.path))
+    requests = build_requests(cfg.workload, cfg.model.files)
     _print_refusals(cfg, requests, console)
     _print_client(cfg, requests, console)
     _print_cores(cfg, console)
@@ -80,6 +81,27 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
     root = cache_root(cfg)
     where = f"{root.resolve()} (VLLM_CACHE_ROOT)" if root else "not set (the engine's default)"
     console.print(f"compile cache {where}")
+
+
+def _print_model(cfg: TunerConfig, console: Console) -> None:
+    """The model's path and files, its max_model_len and weights, and the GPU the memory model
+    predicts for (:func:`tuner.precheck.gpu_of`)."""
+    from tuner.precheck import gpu_of
+
+    m = cfg.model
+    files = "" if m.files == Path(m.path) else f" (files from {m.files})"
+    weights = (
+        "vLLM's default load format (the real weights)"
+        if m.load_format is None
+        else f"load format {m.load_format}"
+    )
+    console.print(
+        f"model path {m.path}{files}: max_model_len {m.max_model_len}, {weights}", markup=False
+    )
+    gpu = gpu_of(cfg)
+    console.print(f"memory model GPU: {gpu.source}", markup=False)
+    if gpu.note:
+        console.print(f"note: {gpu.note}", markup=False)
 
 
 def _print_argv(cfg: TunerConfig, console: Console) -> None:
@@ -161,7 +183,7 @@ def _print_client(cfg: TunerConfig, requests: list[RequestSpec], console: Consol
         line = "  auto chooses again for each replay's own load (capacity steps, confirm runs)"
         if cc.enabled and cc.picks and cc.load_factor != 1:
             harder = stressed(w, cc, w.seed)
-            at = choose_client(harder, cfg.engine, build_requests(harder, Path(cfg.model.path)))
+            at = choose_client(harder, cfg.engine, build_requests(harder, cfg.model.files))
             line += f"; at the confirm stage's {cc.load_factor:g}x: {at.describe()}"
         console.print(line)
     if choice.processes < choice.wanted:
@@ -206,9 +228,9 @@ def refusal_shares(
     from tuner.workload import build_requests
 
     dists = distributions(cfg.space)
-    shape = ModelShape.from_dir(cfg.model.path)
+    shape = ModelShape.from_dir(cfg.model.files)
     if requests is None:
-        requests = build_requests(cfg.workload, Path(cfg.model.path))
+        requests = build_requests(cfg.workload, cfg.model.files)
     counts: dict[str, int] = {}
     with quiet_optuna():
         sampler = optuna.samplers.RandomSampler(seed=seed)

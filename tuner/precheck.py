@@ -16,17 +16,24 @@ Three kinds, each with the reason vLLM itself would give:
 
 The margin: ``0.5 GiB + 2 %`` of the gmu budget. On the H200 the model was within 1.4 % of vLLM's
 logged KV tokens for Qwen3-8B (docs/gpu-runs/2026-11-30-h200.md); at gmu 0.92 2 % is 2.6 GiB.
+
+The GPU (:func:`leased_gpu`): with ``engine.kind=vllm`` and NVML, the leased GPUs' own memory
+(the smallest of ``engine.gpus``); a GPU the model was not measured on (its NVML name names no
+profile of ``tuner.memory.GPU_PROFILES``) gets a wider margin, ``1 GiB + 5 %``, and a note.
+Without NVML, and for the simulator (which models ``engine.gpu``), the ``engine.gpu`` profile.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tuner.config import SpaceConfig, TunerConfig
 from tuner.engine.argv import when_holds
-from tuner.errors import FailureReason, TrialFailed
+from tuner.errors import EngineError, FailureReason, TrialFailed
 from tuner.memory import (
     GPU_PROFILES,
     GiB,
@@ -38,6 +45,7 @@ from tuner.memory import (
 )
 from tuner.records import RequestSpec
 from tuner.space import resolved
+from tuner.telemetry.gpu import gpu_memory, nvml_available
 from tuner.vllm_rules import (
     BLOCK_SIZE_NOT_SUPPORTED,
     Rule,
@@ -46,10 +54,92 @@ from tuner.vllm_rules import (
     backend_refusal,
 )
 
-__all__ = ["MARGIN_FRACTION", "MARGIN_GIB", "Verdict", "passed_params", "precheck", "refusal"]
+__all__ = [
+    "MARGIN_FRACTION",
+    "MARGIN_GIB",
+    "UNMEASURED_MARGIN_FRACTION",
+    "UNMEASURED_MARGIN_GIB",
+    "LeasedGpu",
+    "Verdict",
+    "gpu_of",
+    "leased_gpu",
+    "passed_params",
+    "precheck",
+    "refusal",
+]
+
+log = logging.getLogger(__name__)
 
 MARGIN_GIB = 0.5
 MARGIN_FRACTION = 0.02
+UNMEASURED_MARGIN_GIB = 1.0
+UNMEASURED_MARGIN_FRACTION = 0.05
+"""The margin on a GPU the memory model was not measured on."""
+
+
+@dataclass(frozen=True)
+class LeasedGpu:
+    """The GPU the memory model predicts for (:func:`leased_gpu`)."""
+
+    profile: GpuProfile | None
+    """None: no profile and no NVML; the memory is not predicted."""
+    measured: bool
+    """The memory model was measured on this GPU (the normal margin); else the wider one."""
+    source: str
+    """Where the figures come from, for the dry run."""
+    note: str | None = None
+    """Said once when the margin is widened or the memory cannot be predicted."""
+
+    @property
+    def margin(self) -> tuple[float, float]:
+        """(GiB, fraction of the gmu budget) a predicted deficit must exceed to be certain."""
+        if self.measured:
+            return MARGIN_GIB, MARGIN_FRACTION
+        return UNMEASURED_MARGIN_GIB, UNMEASURED_MARGIN_FRACTION
+
+
+@functools.lru_cache(maxsize=16)
+def leased_gpu(kind: str, name: str, gpus: tuple[int, ...]) -> LeasedGpu:
+    """The GPU of ``engine.kind`` / ``engine.gpu`` / ``engine.gpus``: with ``vllm`` and NVML, the
+    smallest leased GPU's total memory (vLLM's ``gpu_memory_utilization`` is a share of it), its
+    profile's name where its NVML name names one; else the ``engine.gpu`` profile (the simulator
+    models that one). Cached per process: the dry run and every trial ask again."""
+    profile = GPU_PROFILES.get(name)
+    mem = []
+    if kind == "vllm" and nvml_available():
+        try:
+            mem = gpu_memory(gpus)
+        except EngineError as exc:
+            log.warning("NVML could not read GPUs %s (%s); memory model on engine.gpu", gpus, exc)
+    if mem:
+        small = min(mem, key=lambda m: m.total_gib)
+        words = small.name.lower().replace("-", " ").split()
+        key = next((k for k in GPU_PROFILES if k in words), None)
+        found = GpuProfile(key or small.name, round(small.total_gib, 2))
+        source = f"GPU {small.index}: {small.name or '?'}, {small.total_gib:.1f} GiB (NVML)"
+        if key is not None:
+            return LeasedGpu(found, True, source)
+        gib, frac = UNMEASURED_MARGIN_GIB, UNMEASURED_MARGIN_FRACTION
+        note = (
+            f"the memory model was measured on {', '.join(GPU_PROFILES)}, not on "
+            f"{small.name or 'this GPU'}: the precheck refuses a config only when its predicted "
+            f"KV memory is short by more than {gib:g} GiB + {frac:.0%} of its budget"
+        )
+        log.warning(note)
+        return LeasedGpu(found, False, source, note)
+    if profile is not None:
+        why = "the simulator's GPU" if kind == "sim" else "NVML cannot read the GPU here"
+        return LeasedGpu(profile, True, f"engine.gpu={name}, {profile.total_gib:g} GiB ({why})")
+    note = (
+        f"engine.gpu {name!r} has no profile ({', '.join(GPU_PROFILES)}) and NVML cannot read "
+        "the GPU here: the precheck does not predict memory"
+    )
+    return LeasedGpu(None, False, f"engine.gpu={name} (no profile)", note)
+
+
+def gpu_of(cfg: TunerConfig) -> LeasedGpu:
+    """:func:`leased_gpu` of ``cfg.engine``."""
+    return leased_gpu(cfg.engine.kind, cfg.engine.gpu, tuple(cfg.engine.gpus))
 
 
 @dataclass(frozen=True)
@@ -83,14 +173,14 @@ def precheck(
     _tuner_limits(cfg, shape, params, requests)
     if veto and not baseline:
         _vllm_validation(cfg, shape, params)
-    gpu = GPU_PROFILES.get(cfg.engine.gpu)
-    if gpu is None:
+    gpu = gpu_of(cfg)
+    if gpu.profile is None:
         return Verdict(None)
     try:
-        est = estimate(shape, gpu, params)
+        est = estimate(shape, gpu.profile, params)
     except (ValueError, KeyError, TypeError, ZeroDivisionError):
         return Verdict(None)
-    if veto and est.failure is not None and _certain(est):
+    if veto and est.failure is not None and _certain(est, *gpu.margin):
         raise TrialFailed(est.failure, f"predicted before launch: {est.message}")
     return Verdict(est)
 
@@ -110,14 +200,16 @@ def refusal(
     return None
 
 
-def _certain(est: MemoryEstimate) -> bool:
+def _certain(
+    est: MemoryEstimate, margin_gib: float = MARGIN_GIB, margin_fraction: float = MARGIN_FRACTION
+) -> bool:
     """The predicted deficit is larger than the model's error margin."""
     need_gib = est.bytes_per_token * max(est.max_model_len, 1) / GiB
     if est.failure is FailureReason.NO_KV_MEMORY:
         deficit = max(-est.kv_gib, 0.0) + need_gib
     else:
         deficit = need_gib - est.kv_gib
-    return deficit > MARGIN_GIB + MARGIN_FRACTION * est.budget_gib
+    return deficit > margin_gib + margin_fraction * est.budget_gib
 
 
 def _tuner_limits(
@@ -173,7 +265,7 @@ def _vllm_validation(cfg: TunerConfig, shape: ModelShape, params: Mapping[str, A
     big-GPU and the small-GPU defaults.
     """
     passed = passed_params(cfg.space, params)
-    gpu = GPU_PROFILES.get(cfg.engine.gpu)
+    gpu = gpu_of(cfg).profile
     profiles = [gpu] if gpu is not None else [GpuProfile("big", 80.0), GpuProfile("small", 40.0)]
     found: list[Violation] = []
     for profile in profiles:

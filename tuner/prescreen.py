@@ -33,7 +33,6 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -146,7 +145,7 @@ def prescreen(
     dists = distributions(space)
     objective = cfg.objective
     signs = [1.0 if o.direction == "maximize" else -1.0 for o in objective.objectives]
-    second = build_requests(replace(w, seed=w.seed + 1), Path(cfg.model.path))
+    second = build_requests(replace(w, seed=w.seed + 1), cfg.model.files)
     streams = [prepare_stream(r, w.system_prompt_tokens) for r in (requests, second)]
     baseline_key = _key(passed_params(space, defaults(space)))
 

@@ -71,7 +71,8 @@ def _check_value(name: str, value: Any, model: ModelConfig) -> str | None:
             return f"allowed: {text}"
         too_low = value < lo or (value == lo and not lo_incl)
         too_high = hi is not None and (value > hi or (value == hi and name == "watermark"))
-        if name == "max_model_len" and value > model.max_model_len:
+        limit = model.max_model_len
+        if name == "max_model_len" and limit is not None and value > limit:
             return f"allowed: <= {model.max_model_len} (model {model.name}'s max_model_len)"
         if too_low or too_high:
             return f"allowed: {text}"

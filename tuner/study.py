@@ -90,11 +90,11 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     check_command(cfg.engine)
     dists = distributions(cfg.space)
     check_enqueue(cfg, dists)  # before the study is created or changed
-    shape = ModelShape.from_dir(cfg.model.path)
-    requests = build_requests(cfg.workload, Path(cfg.model.path))
+    shape = ModelShape.from_dir(cfg.model.files)
+    requests = build_requests(cfg.workload, cfg.model.files)
     # study.repeats: the other request streams, built here, not while trials replay
     repeat_requests = [
-        build_requests(replace(cfg.workload, seed=cfg.workload.seed + k), Path(cfg.model.path))
+        build_requests(replace(cfg.workload, seed=cfg.workload.seed + k), cfg.model.files)
         for k in range(1, cfg.study.repeats)
     ]
     if cfg.tracking.enabled:  # a tracking server that is down: one line now, not at trial 1
@@ -308,7 +308,7 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
     replays = []
     for seed in cc.seeds:  # the same stress streams in every round and for every candidate
         w = stressed(cfg.workload, cc, seed)
-        replays.append(Replay(f"seed_{seed}", build_requests(w, Path(cfg.model.path)), w))
+        replays.append(Replay(f"seed_{seed}", build_requests(w, cfg.model.files), w))
     runs: dict[int, list[tuple[int, int, TrialResult]]] = {c.trial: [] for c in candidates}
     log.info(
         "confirm: %d candidate(s) x %d round(s), each on a fresh server: %d server starts at %gx "
@@ -436,7 +436,7 @@ def _tags(cfg: TunerConfig) -> dict[str, str]:
         WORKER: worker_id(),
         "tuner.study": study_name(cfg),
         "engine": cfg.engine.kind,
-        "model": cfg.model.name,
+        "model": str(cfg.model.name),
         "workload": cfg.workload.name,
         "tuner.version": __version__,
         "optuna.version": optuna.__version__,

@@ -458,7 +458,7 @@ async def _capacity(run: ServerRun, server: Server) -> None:
         if _closed(base):  # a steady state needs several requests per slot: 3 each at least
             n = max(n, CLOSED_LOOP_REQUESTS_PER_SLOT * w.arrival.concurrency)
         w = replace(w, num_requests=n)
-        requests = await asyncio.to_thread(build_requests, w, Path(cfg.model.path))
+        requests = await asyncio.to_thread(build_requests, w, cfg.model.files)
         rp = Replay(f"capacity_{k}", requests, w)
         if not await wait_idle(server.base_url):  # a step stopped early left requests running
             log.warning("trial %d: the server was still busy 120 s after a replay", run.number)

@@ -36,7 +36,7 @@ def test_missing_workload_is_one_line(make_cfg) -> None:
         ("study.sampler=bogus", "tpe"),
         ("objective.objectives.0.metric=speed", "output_throughput"),
         ("workload.arrival.kind=storm", "poisson"),
-        ("model.path=/nonexistent", "config.json"),
+        ("model.path=/nonexistent", "use model=custom model.path=PATH"),
         ("study.max_rejected=-1", r"study.max_rejected is -1; allowed: an integer >= 0"),
         ("confirm.rounds=0", r"confirm.rounds is 0; allowed: an integer >= 1"),
         ("confirm.min_effect=-0.1", r"confirm.min_effect is -0.1; allowed: 0.0"),
@@ -74,7 +74,10 @@ def test_every_objective_composes(make_cfg, objective: str) -> None:
         (["study.prescreen.top=0", "objective.objectives.0.metric=speed"], "study.prescreen"),
         (["objective.objectives.0.metric=speed", "confirm.seeds=[]"], "objective metric"),
         (["workload.client_loop=nope", "workload.arrival.kind=storm"], "workload.client_loop"),
-        (["model.path=/nonexistent", "space.params.max_num_seqs.low=0"], "config.json"),
+        (
+            ["model=custom", "model.path=/nonexistent", "space.params.max_num_seqs.low=0"],
+            "model.path '/nonexistent' is not a directory",
+        ),
     ],
 )
 def test_checks_run_in_order(make_cfg, overrides: list[str], needle: str) -> None:

@@ -216,6 +216,10 @@ class FakeNVMLError(Exception):
     pass
 
 
+RESERVED = 1 << 29  # 0.5 GiB the driver reserves on an idle GPU
+V2 = 0x2000028  # pynvml.nvmlMemory_v2
+
+
 def fake_pynvml(free_after: int = 0, fail_index: int | None = None) -> Any:
     """A stand-in pynvml: 80 GiB GPUs whose free memory grows after ``free_after`` reads."""
     reads = {"n": 0}
@@ -226,16 +230,22 @@ def fake_pynvml(free_after: int = 0, fail_index: int | None = None) -> Any:
             raise FakeNVMLError("Invalid Argument")
         return i
 
-    def mem(h: int) -> Any:
+    def mem(h: int, version: int | None = None) -> Any:
+        # v2 (nvidia-smi's figures): used leaves out the driver's reserve; v1 counts it as used
         reads["n"] += 1
         used = 70 * gib if reads["n"] <= free_after else 10 * gib
-        return types.SimpleNamespace(used=used, free=80 * gib - used, total=80 * gib)
+        free = 80 * gib - used - RESERVED
+        if version == V2:
+            return types.SimpleNamespace(used=used, free=free, total=80 * gib, reserved=RESERVED)
+        return types.SimpleNamespace(used=used + RESERVED, free=free, total=80 * gib)
 
     return types.SimpleNamespace(
         NVMLError=FakeNVMLError,
+        nvmlMemory_v2=V2,
         nvmlInit=lambda: None,
         nvmlDeviceGetHandleByIndex=handle,
         nvmlDeviceGetMemoryInfo=mem,
+        nvmlDeviceGetName=lambda h: "NVIDIA A100-SXM4-80GB",
         nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50 + 10 * h),
         nvmlDeviceGetPowerUsage=lambda h: 300_000,
     )
@@ -245,13 +255,31 @@ def test_fake_nvml_memory_and_wait(monkeypatch: pytest.MonkeyPatch, fresh_nvml: 
     monkeypatch.setattr(gpu, "pynvml", fake_pynvml(free_after=2))
     assert gpu.nvml_available()
     (m,) = gpu.gpu_memory([0])
-    assert (m.index, m.used_gib, m.free_gib, m.total_gib) == (0, 70.0, 10.0, 80.0)
+    # used as nvidia-smi shows it (v2: without the 0.5 GiB reserve; it once said 0.60 GiB used
+    # before launch on an idle H200 where nvidia-smi said 0 MiB)
+    assert (m.index, m.used_gib, m.free_gib, m.total_gib) == (0, 70.0, 9.5, 80.0)
+    assert m.name == "NVIDIA A100-SXM4-80GB"
     ok, mem = gpu.wait_for_free_memory([0], need_gib=40.0, timeout_s=30.0, poll_s=0.001)
     assert ok
-    assert mem[0].free_gib == 70.0
+    assert mem[0].free_gib == 69.5
     ok, mem = gpu.wait_for_free_memory([0], need_gib=75.0, timeout_s=0.0, poll_s=0.001)
     assert not ok
-    assert mem[0].free_gib == 70.0
+    assert mem[0].free_gib == 69.5
+
+
+def test_a_driver_without_v2_gives_v1(monkeypatch: pytest.MonkeyPatch, fresh_nvml: None) -> None:
+    fake = fake_pynvml()
+    v1 = fake.nvmlDeviceGetMemoryInfo
+
+    def no_v2(h: int, version: int | None = None) -> Any:
+        if version is not None:
+            raise FakeNVMLError("Function Not Found")
+        return v1(h)
+
+    fake.nvmlDeviceGetMemoryInfo = no_v2
+    monkeypatch.setattr(gpu, "pynvml", fake)
+    (m,) = gpu.gpu_memory([0])
+    assert (m.used_gib, m.free_gib) == (10.5, 69.5)
 
 
 def test_fake_nvml_error_translated(monkeypatch: pytest.MonkeyPatch, fresh_nvml: None) -> None:

@@ -141,7 +141,7 @@ def test_model_conf_matches_directory(shape: ModelShape) -> None:
     conf = yaml.safe_load((ROOT / "conf" / "model" / "qwen3-vl-8b.yaml").read_text())
     assert conf["path"].endswith("/models/qwen3-vl-8b-dummy")
     assert conf["max_model_len"] == shape.max_position_embeddings
-    assert conf["fixed_args"] == {"load-format": "dummy"}
+    assert conf["load_format"] == "dummy"
 
 
 def test_preprocessor_limit() -> None:

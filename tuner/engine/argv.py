@@ -177,6 +177,8 @@ def build_argv(
     """The full server argv for one trial. ``baseline`` passes no searched flag (vLLM defaults)."""
     argv = command_prefix(engine) + [model.path]
     argv += ["--host", engine.host, "--port", str(port), "--served-model-name", model.served_name]
+    if model.load_format is not None:
+        argv += ["--load-format", model.load_format]
     argv += _without_api_key(_dict_args(model.fixed_args))
     argv += _dict_args(server_args or {})
     if not baseline:

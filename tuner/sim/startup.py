@@ -157,6 +157,14 @@ def _cudagraph_settings(args: SimArgs) -> tuple[str | None, int | None, list[int
 def resolve(args: SimArgs, env: Mapping[str, str]) -> Settings:
     """Apply vLLM's defaults and the API-server-side checks; raise :class:`Refusal`."""
     model_dir = Path(args.model_tag)
+    if not model_dir.is_dir():  # a Hugging Face repo id, as vLLM takes one: from the HF cache
+        from tuner.errors import ConfigError
+        from tuner.model_source import local_files
+
+        try:
+            model_dir = local_files(args.model_tag)
+        except ConfigError:
+            pass
     if not (model_dir / "config.json").is_file():
         raise Refusal(
             f"ValueError: Invalid repository ID or local directory specified: '{args.model_tag}'.",

@@ -27,6 +27,7 @@ __all__ = [
     "GpuMemory",
     "GpuSampler",
     "gpu_memory",
+    "memory_info",
     "nvml_available",
     "wait_for_free_memory",
 ]
@@ -41,10 +42,14 @@ _state: dict[str, Any] = {"checked": False, "ok": False, "error": None}
 
 @dataclasses.dataclass(frozen=True)
 class GpuMemory:
+    """One GPU's memory as nvidia-smi shows it (:func:`memory_info`)."""
+
     index: int
     used_gib: float
     free_gib: float
     total_gib: float
+    name: str = ""
+    """NVML's device name, e.g. ``NVIDIA H200``."""
 
 
 def nvml_available() -> bool:
@@ -76,10 +81,26 @@ def _reset() -> None:
         _state.update(checked=False, ok=False, error=None)
 
 
+def memory_info(handle: Any) -> Any:
+    """NVML's memory figures of a device as nvidia-smi shows them: ``nvmlDeviceGetMemoryInfo_v2``,
+    whose ``used`` leaves out what the driver reserves (the v1 ``used`` counts it: 0.60 GiB on an
+    idle H200 where nvidia-smi said 0 MiB); v1 where the driver lacks v2. ``free`` and ``total``
+    are the same in both."""
+    try:
+        return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    except Exception:  # NVMLError (no v2 in this driver), or a pynvml without the version
+        return pynvml.nvmlDeviceGetMemoryInfo(handle)
+
+
 def _memory(index: int) -> GpuMemory:
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-    mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-    return GpuMemory(index, mem.used / GIB, mem.free / GIB, mem.total / GIB)
+    mem = memory_info(handle)
+    try:
+        name = pynvml.nvmlDeviceGetName(handle)
+    except Exception:  # NVMLError: the name is only shown
+        name = ""
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return GpuMemory(index, mem.used / GIB, mem.free / GIB, mem.total / GIB, name)
 
 
 def gpu_memory(indices: Sequence[int]) -> list[GpuMemory]:
@@ -180,7 +201,7 @@ class GpuSampler:
         for index, handle in self._handles:
             row: dict[str, float] = {"t_s": t, "gpu": float(index)}
             try:
-                row["mem_used_gib"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / GIB
+                row["mem_used_gib"] = memory_info(handle).used / GIB
             except Exception as exc:
                 self._fail(exc)
             try:

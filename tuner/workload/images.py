@@ -190,10 +190,10 @@ def model_image_limit(model_dir: Path | str, default_max_pixels: int) -> ImageLi
 
 
 def check(cfg: TunerConfig) -> None:
-    """``workload.images``: every size bucket within what ``model.path`` accepts
+    """``workload.images``: every size bucket within what the model (``model.path``) accepts
     (:func:`check_image_sizes`)."""
     if cfg.workload.images is not None:
-        check_image_sizes(cfg.workload.images, cfg.model.path)
+        check_image_sizes(cfg.workload.images, cfg.model.files)
 
 
 def check_image_sizes(im: ImageConfig, model_dir: Path | str) -> None:

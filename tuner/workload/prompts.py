@@ -145,7 +145,8 @@ def _chatml(messages: Sequence[Mapping[str, str]]) -> str:
 
 
 class ChatTemplate:
-    """Renders chat messages with the model's template (``tokenizer_config.json``) for counting.
+    """Renders chat messages with the model's template for counting: ``chat_template.jinja`` where
+    the model has one (transformers prefers it), else ``tokenizer_config.json``'s.
 
     Falls back to ChatML when the model has no template or it cannot be rendered here (jinja2
     missing, a template that needs features we do not provide).
@@ -160,6 +161,12 @@ class ChatTemplate:
         except (OSError, ValueError):
             cfg = {}
         source = cfg.get("chat_template")
+        jinja = Path(model_dir) / "chat_template.jinja"
+        if jinja.is_file():  # transformers saves the template here, and prefers this file
+            try:
+                source = jinja.read_text(encoding="utf-8")
+            except OSError:
+                pass
         if isinstance(source, list):  # [{"name": "default", "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
             source = named.get("default")
