@@ -3,11 +3,11 @@
 Usage::
 
     python benchmarks/startup.py [--engine sim|vllm] [--model PATH] [--hold-s S] [--out PATH]
-        [-- TUNER OVERRIDES...]
+        [--configs A,B] [--passes cold,warm,study] [-- TUNER OVERRIDES...]
 
 On the H200::
 
-    python benchmarks/startup.py --engine vllm --model models/qwen3-8b-dummy
+    python benchmarks/startup.py --engine vllm --configs defaults,gmu_0.80 --passes cold,warm
 
 Launches a fixed list of configs (:data:`CONFIGS`: vLLM's defaults, a max_num_batched_tokens
 change, a gpu_memory_utilization change (the same compile key as the defaults) and a block_size
@@ -59,6 +59,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gmu_0.80": {"gpu_memory_utilization": 0.8},  # not in vLLM's compile key
     "block_32": {"block_size": 32},
 }
+PASSES = ("cold", "warm", "study")
 STUDY = ["block_32", "defaults", "mbt_4096", "gmu_0.80", "block_32", "defaults"]
 
 
@@ -117,15 +118,19 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     return launch_summary(launches, before, sum(r["held_s"] for r in rows))
 
 
-async def run(cfg: TunerConfig, hold_s: float, work: Path) -> dict[str, Any]:
+async def run(
+    cfg: TunerConfig, hold_s: float, work: Path, configs: list[str], passes_asked: list[str]
+) -> dict[str, Any]:
     passes: dict[str, list[dict[str, Any]]] = {}
     cold_root, study_root = work / "cache-cold", work / "cache-study"
     k = 0
     for pass_name, root, order in (
-        ("cold", cold_root, list(CONFIGS)),
-        ("warm", cold_root, list(CONFIGS)),
-        ("study", study_root, list(STUDY)),
+        ("cold", cold_root, configs),
+        ("warm", cold_root, configs),
+        ("study", study_root, [n for n in STUDY if n in configs]),
     ):
+        if pass_name not in passes_asked:
+            continue
         print(f"{pass_name} pass (VLLM_CACHE_ROOT={root})")
         rows = []
         left = order
@@ -141,7 +146,7 @@ async def run(cfg: TunerConfig, hold_s: float, work: Path) -> dict[str, Any]:
         "engine": cfg.engine.kind,
         "model": cfg.model.path,
         "hold_s": hold_s,
-        "configs": CONFIGS,
+        "configs": {n: CONFIGS[n] for n in configs},
         "summary": summary(every),
         "passes": {
             n: {
@@ -162,21 +167,28 @@ def main(argv: list[str] | None = None) -> int:
         args_in, overrides = args_in[:i], args_in[i + 1 :]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--engine", choices=("sim", "vllm"), default="sim")
-    ap.add_argument("--model", help="model path (default: the engine config's)")
+    ap.add_argument(
+        "--model", help="model=custom model.path=MODEL (default: the shipped qwen3-8b shape)"
+    )
     ap.add_argument("--hold-s", type=float, help="seconds each server stays up after ready")
     ap.add_argument("--out", type=Path, help="default benchmarks/results/startup-<gpu>.json")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"a subset of {','.join(CONFIGS)}")
+    ap.add_argument("--passes", default=",".join(PASSES), help=f"a subset of {','.join(PASSES)}")
     args = ap.parse_args(args_in)
+    configs, passes = args.configs.split(","), args.passes.split(",")
+    if bad := [c for c in configs if c not in CONFIGS] + [p for p in passes if p not in PASSES]:
+        ap.error(f"unknown config or pass: {', '.join(bad)}")
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         work = Path(tmp)
         base = [f"engine={args.engine}", "+workload=chat", f"paths.output_dir={work / 'run'}"]
-        if args.model:
-            base.append(f"model.path={args.model}")
+        if args.model:  # a model of your own (a directory or a repo id); the shipped shapes refuse
+            base += ["model=custom", f"model.path={args.model}"]
         cfg = load_config(base + overrides)
         hold_s = args.hold_s if args.hold_s is not None else (20.0 if args.engine == "vllm" else 0)
         t0 = time.monotonic()
         try:
-            result = asyncio.run(run(cfg, hold_s, work))
+            result = asyncio.run(run(cfg, hold_s, work, configs, passes))
         except KeyboardInterrupt:
             kill_all_groups()
             return 130
