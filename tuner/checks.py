@@ -15,6 +15,7 @@ the trace settings, ``workload.images`` the image sizes against the model, and
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 
 from omegaconf import DictConfig
@@ -23,6 +24,8 @@ from tuner import config, model_source, prescreen, replay, score, space
 from tuner.config import TunerConfig
 from tuner.engine import argv, pool
 from tuner.workload import images, trace
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CHECKS", "check", "load_config", "to_config"]
 
@@ -65,9 +68,26 @@ def to_config(cfg: DictConfig) -> TunerConfig:
     cfg.model.name = model.name
     cfg.model.max_model_len = model.max_model_len
     cfg.model.local_dir = model.local_dir
+    _fit_lengths(cfg, model.max_model_len)
     obj = config.convert(cfg)
     check(obj)
     return obj
+
+
+def _fit_lengths(cfg: DictConfig, limit: int | None) -> None:
+    """A model whose context is shorter than some of the space's ``max_model_len`` choices (the
+    default space offers 4096, 8192, 16384 and the model's own) keeps only the choices it can
+    serve, each once, and says so in the log. When none is left, the space check refuses the
+    choices in one line."""
+    spec = cfg.space.params.get("max_model_len") if limit else None
+    if spec is None or spec.get("type") != "categorical" or not spec.get("choices"):
+        return
+    choices = [c for c in spec.choices if not isinstance(c, int) or c <= limit]
+    kept = list(dict.fromkeys(choices))
+    if not choices or kept == list(spec.choices):
+        return
+    log.info("space.params.max_model_len: choices %s, up to the model's %d", kept, limit)
+    spec.choices = kept
 
 
 def load_config(overrides: list[str]) -> TunerConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -141,3 +142,20 @@ def test_the_chat_template_file_wins(tmp_path: Path) -> None:
     template = ChatTemplate(d)
     assert template.native
     assert template.render([{"role": "user", "content": "hi"}]) == "[user] hi\n[assistant]"
+
+
+def test_a_short_context_model_keeps_the_length_choices_it_can_serve(
+    make_cfg, tmp_path: Path
+) -> None:
+    d = model_dir(tmp_path, "Short")
+    conf = json.loads((d / "config.json").read_text())
+    conf["max_position_embeddings"] = 8192
+    (d / "config.json").write_text(json.dumps(conf))
+    cfg = make_cfg("+workload=chat", "model=custom", f"model.path={d}")
+    spec = cfg.space.params["max_model_len"]
+    # the default space's 16384 is dropped, and 8192 (listed and the model's own) kept once
+    assert (cfg.model.max_model_len, spec.choices, spec.default) == (8192, [4096, 8192], 8192)
+    conf["max_position_embeddings"] = 2048  # below every choice: one line, as before
+    (d / "config.json").write_text(json.dumps(conf))
+    cfg = make_cfg("+workload=chat", "model=custom", f"model.path={d}")
+    assert cfg.space.params["max_model_len"].choices == [2048]
