@@ -41,7 +41,13 @@ from tuner.capacity import Step, margin, search
 from tuner.compile_cache import record
 from tuner.config import EngineConfig, ObjectiveConfig, TunerConfig
 from tuner.engine.argv import api_key, build_env, compile_key, mask, mask_argv, trial_argv
-from tuner.engine.container import CIDFILE, ContainerServer, container_name, wrap
+from tuner.engine.container import (
+    CIDFILE,
+    LEASE_LABEL,
+    ContainerServer,
+    container_name,
+    wrap,
+)
 from tuner.engine.logparse import port_clash
 from tuner.engine.pool import GpuPool, core_ranges
 from tuner.engine.process import Server, free_port
@@ -302,6 +308,7 @@ async def _prepare(run: ServerRun) -> None:
     """On the leased GPUs: wait for their memory, write the lease file, choose the CPU cores."""
     ctx, cfg = run.ctx, run.cfg
     run.common.update(await _wait_gpu(cfg, run.full, run.gpus))
+    box = cfg.engine.container
     run.lease = Lease.create(
         lease_dir(cfg),
         ctx.study_name,
@@ -309,6 +316,8 @@ async def _prepare(run: ServerRun) -> None:
         ctx.parent_run_id,
         cfg.tracking.uri if cfg.tracking.enabled else None,
         run.tdir,
+        container_program=box.program if box is not None else None,
+        cidfile=run.tdir / CIDFILE if box is not None else None,
     )
     if ctx.cpu_sets:
         run.cpus = sorted({c for g in run.gpus for c in ctx.cpu_sets[g]})
@@ -394,6 +403,7 @@ def _container_server(
         cidfile=cidfile,
         name=container_name(run.ctx.study_name or "study", run.number, run.port),
         extra_env=[LEASE_ENV],
+        labels={LEASE_LABEL: env[LEASE_ENV]},
     )
     log.debug("trial %d: %s", run.number, " ".join(argv))
     return ContainerServer(

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -16,7 +19,9 @@ from tuner.config import ContainerConfig, EngineConfig
 from tuner.engine.container import ContainerServer, docker_argv
 from tuner.engine.process import Server, free_port
 from tuner.errors import FailureReason, LaunchFailed
+from tuner.recovery import recover
 
+from .procs import marked_pids
 from .test_study import FAST, storage, tuner
 
 pytestmark = pytest.mark.integration
@@ -182,3 +187,73 @@ async def test_a_container_that_cannot_start_is_one_line_and_removed(tmp_path: P
     assert failed.value.detail == f"exit code 125: docker: Error response from daemon: {error}"
     cid = cidfile.read_text().strip()
     assert ["rm", "-f", cid] in calls(env)  # created, so removed
+
+
+def test_kill_9_leaves_the_container_running_and_recovery_removes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tuner dies mid-trial (SIGKILL): its container runs on, and cannot be found through
+    /proc (a real one's processes are root's; the fake hides TUNER_LEASE from it). Recovery
+    removes it by its label ``tuner.lease=<lease id>``."""
+    env = install(tmp_path)
+    args = [
+        "+workload=chat",
+        "engine=docker",
+        "engine.health_interval_s=0.1",
+        "study.n_trials=1",
+        "confirm.enabled=false",
+        "tracking=none",
+        "+engine.env.TUNER_SIM_SPEEDUP=20",
+        "workload.num_requests=400",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=tmp_path,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            logs = list(tmp_path.glob("outputs/runs/*/trial_0000/server.log"))
+            if logs and "Application startup complete" in logs[0].read_text():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no server came up")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    leases = tmp_path / "outputs" / "state" / "leases"
+    (lease_file,) = leases.glob("*.json")
+    lease = json.loads(lease_file.read_text())
+    cid = (Path(lease["trial_dir"]) / "container.id").read_text().strip()
+    pid = container_pid(env, cid)
+    try:
+        assert alive(pid), "the container outlives a SIGKILLed tuner"
+        assert lease["id"].encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+        (run,) = [c for c in calls(env) if c[0] == "run"]
+        assert run[run.index("--label") + 1] == f"tuner.lease={lease['id']}"
+        assert lease["container_program"] == "docker"
+
+        monkeypatch.setenv("PATH", env["PATH"])
+        monkeypatch.setenv("FAKE_DOCKER_DIR", env["FAKE_DOCKER_DIR"])
+        study = optuna.load_study(study_name="chat-qwen3-8b-vllm", storage=storage(tmp_path))
+        recovered = recover(study, leases, [])
+        assert not alive(pid), "the container the dead tuner left was not removed"
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    label = f"label=tuner.lease={lease['id']}"
+    assert ["ps", "-aq", "--no-trunc", "--filter", label] in calls(env)
+    assert ["rm", "-f", cid] in calls(env)
+    assert marked_pids(f"TUNER_LEASE={lease['id']}") == [], "the docker CLI was not stopped"
+    assert f"removed container(s) {cid[:12]}" in recovered.notes[0]
+    assert not list(leases.glob("*.json"))
+    (trial,) = study.get_trials()
+    assert trial.state == optuna.trial.TrialState.FAIL
+    assert trial.user_attrs["failure_reason"] == "interrupted"
