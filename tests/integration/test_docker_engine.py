@@ -5,21 +5,30 @@ with the real CLI)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 
+from tuner import precheck
 from tuner.config import ContainerConfig, EngineConfig
 from tuner.engine.container import ContainerServer, docker_argv
 from tuner.engine.process import Server, free_port
 from tuner.errors import FailureReason, LaunchFailed
+from tuner.measure import Replay
+from tuner.memory import ModelShape
 from tuner.recovery import recover
+from tuner.telemetry import gpu
+from tuner.trial import TrialContext, run_server
+from tuner.workload import build_requests
 
 from .procs import marked_pids
 from .test_study import FAST, storage, tuner
@@ -257,3 +266,82 @@ def test_kill_9_leaves_the_container_running_and_recovery_removes_it(
     (trial,) = study.get_trials()
     assert trial.state == optuna.trial.TrialState.FAIL
     assert trial.user_attrs["failure_reason"] == "interrupted"
+
+
+def fake_nvml(state: Path, leaks: bool) -> Any:
+    """A stand-in pynvml: one 140 GiB H200 that uses 100 GiB while a fake container runs (with
+    ``leaks``: from its start on, for good), none otherwise."""
+    gib = 1 << 30
+
+    def used() -> int:
+        pids = [int(f.read_text()) for f in state.glob("*.pid")]
+        started = any(p > 0 for p in pids)
+        running = any(
+            alive(int(f.read_text())) and not (state / f"{f.stem}.removed").exists()
+            for f in state.glob("*.pid")
+        )
+        return 100 * gib if running or (leaks and started) else 0
+
+    def mem(h: int, version: int | None = None) -> Any:
+        u = used()
+        return types.SimpleNamespace(used=u, free=140 * gib - u, total=140 * gib)
+
+    return types.SimpleNamespace(
+        nvmlMemory_v2=0x2000028,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetMemoryInfo=mem,
+        nvmlDeviceGetName=lambda h: "NVIDIA H200",
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50),
+        nvmlDeviceGetPowerUsage=lambda h: 300_000,
+    )
+
+
+@pytest.mark.parametrize("leaks", [False, True])
+async def test_the_gpu_memory_is_checked_free_after_the_container_is_removed(
+    make_cfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog, leaks: bool
+) -> None:
+    env = install(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    state = Path(env["FAKE_DOCKER_DIR"])
+    monkeypatch.setattr(gpu, "pynvml", fake_nvml(state, leaks))
+    gpu._reset()
+    precheck.leased_gpu.cache_clear()
+    try:
+        cfg = make_cfg(
+            "+workload=chat",
+            "engine=docker",
+            "engine.health_interval_s=0.1",
+            "engine.gpu_free_timeout_s=1",
+            "+engine.env.TUNER_SIM_SPEEDUP=20",
+            "workload.num_requests=6",
+            "workload.warmup_requests=0",
+            "workload.output_tokens.low=8",
+            "workload.output_tokens.high=16",
+        )
+        requests = build_requests(cfg.workload, cfg.model.files)
+        ctx = TrialContext(
+            cfg, ModelShape.from_dir(cfg.model.files), requests, [], tmp_path / "run", None, "s"
+        )
+        tdir = tmp_path / "run" / "trial_0000"
+        with caplog.at_level(logging.INFO, logger="tuner"):
+            (result,) = await run_server(
+                ctx, 0, {}, True, tdir, [Replay("", requests, cfg.workload)], prune=False
+            )
+    finally:
+        gpu._reset()
+        precheck.leased_gpu.cache_clear()
+    assert result.failure_reason is None  # a leak is a warning, never the trial's failure
+    assert result.metrics["gpu_used_before_launch_gib"] == 0.0
+    cid = (tdir / "container.id").read_text().strip()
+    assert ["rm", "-f", cid] in calls(env)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if leaks:
+        assert result.metrics["gpu_used_after_stop_gib"] == 100.0
+        (line,) = [w for w in warned if "still used" in w]
+        assert f"after container {cid[:12]} stopped" in line
+        assert line.startswith("GPUs [0]: 100.0 GiB still used 1 s after")
+    else:
+        assert result.metrics["gpu_used_after_stop_gib"] == 0.0
+        assert not [w for w in warned if "still used" in w]
