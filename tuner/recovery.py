@@ -6,7 +6,9 @@ host, the tuner's pid, the MLflow parent run and store (its password hidden), th
 and gives the server the environment variable
 ``TUNER_LEASE=<id>``. The lease is removed after teardown. A lease whose tuner is no longer alive
 on this host means that tuner died: :func:`recover` SIGKILLs every process group that carries the
-lease's marker (found through ``/proc/<pid>/environ``, never by name), masks the secrets in the
+lease's marker (found through ``/proc/<pid>/environ``, never by name), removes the containers
+(``engine=docker``) labelled with the lease (``docker rm -f``: a container's processes are root's,
+not found through ``/proc`` by a tuner that is not root), masks the secrets in the
 server logs of its trial folder (the dead tuner had no time to), and marks the Optuna trial
 FAIL with ``failure_reason=interrupted``. RUNNING trials whose tuner died before it launched
 anything (no lease) are marked FAIL too. Leases of other hosts are left to their hosts.
@@ -36,6 +38,7 @@ import optuna
 
 from tuner import stored_trial
 from tuner.artifacts import mask_server_logs
+from tuner.engine.container import remove_leftovers
 from tuner.engine.process import group_members
 from tuner.stores import hide_url
 from tuner.tracking import close_open_runs, find_parent, log_interrupted
@@ -65,6 +68,11 @@ class Lease:
     started: float
     trial_dir: str | None = None
     """The trial's folder, whose server logs :func:`recover` masks."""
+    container_program: str | None = None
+    """``engine.container.program`` when the server is a container (:func:`recover` removes it
+    by its label ``tuner.lease=<id>`` and by ``cidfile``); None for a process."""
+    cidfile: str | None = None
+    """The file ``docker run --cidfile`` writes the container's id to."""
 
     @classmethod
     def create(
@@ -75,6 +83,8 @@ class Lease:
         parent_run_id: str | None,
         tracking_uri: str | None,
         trial_dir: Path | None = None,
+        container_program: str | None = None,
+        cidfile: Path | None = None,
     ) -> Lease:
         lease = cls(
             id=uuid.uuid4().hex,
@@ -86,6 +96,8 @@ class Lease:
             tracking_uri=hide_url(tracking_uri) if tracking_uri else None,
             started=time.time(),
             trial_dir=str(trial_dir) if trial_dir is not None else None,
+            container_program=container_program,
+            cidfile=str(cidfile) if cidfile is not None else None,
         )
         directory.mkdir(parents=True, exist_ok=True)
         lease.path(directory).write_text(json.dumps(asdict(lease)))
@@ -166,7 +178,8 @@ def _fail_trial(study: optuna.Study, number: int, detail: str) -> dict[str, Any]
 
 
 def recover(study: optuna.Study, lease_dir: Path, secrets: list[str] | None = None) -> Recovered:
-    """Clean up after dead tuners of this study on this host: stop the servers they left, mask
+    """Clean up after dead tuners of this study on this host: stop the servers (and remove the
+    containers) they left, mask
     ``secrets`` in the server logs of their trial folders, mark their RUNNING trials FAIL
     (interrupted). MLflow is :func:`close_runs`'s."""
     host = socket.gethostname()
@@ -183,6 +196,10 @@ def recover(study: optuna.Study, lease_dir: Path, secrets: list[str] | None = No
         leased.add(lease.trial)
         if _pid_alive(lease.tuner_pid):
             continue  # another tuner on this host is running this trial right now
+        boxes: list[str] = []
+        if lease.container_program:  # before the CLI's group: the container outlives it
+            cidfile = Path(lease.cidfile) if lease.cidfile else None
+            boxes = remove_leftovers(lease.container_program, lease.id, cidfile)
         killed = _kill_marked(lease.id)
         if lease.trial_dir and secrets:
             mask_server_logs(Path(lease.trial_dir), secrets)
@@ -201,9 +218,10 @@ def recover(study: optuna.Study, lease_dir: Path, secrets: list[str] | None = No
             )
         lease.release(lease_dir)
         what = "marked the trial failed (interrupted)" if params is not None else "its trial ended"
+        removed = f", removed container(s) {', '.join(b[:12] for b in boxes)}" if boxes else ""
         out.notes.append(
             f"trial {lease.trial}: its tuner died; stopped {killed} server process group(s) it "
-            f"left, {what}"
+            f"left{removed}, {what}"
         )
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = stored_trial.worker(t)

@@ -630,7 +630,7 @@ def run_report(cfg: TunerConfig) -> Published:
     from tuner.errors import ConfigError
     from tuner.recovery import worker_id
     from tuner.storage import storage_url, study_name
-    from tuner.stores import check_database, check_tracking, hide_url
+    from tuner.stores import check_database, check_tracking, hide_url, quick_tracking_retries
     from tuner.tracking import WORKER, open_tracker
 
     storage = storage_url(cfg)
@@ -641,6 +641,7 @@ def run_report(cfg: TunerConfig) -> Published:
     check_database(storage, "study.storage")  # one line, at once, when it is down
     if cfg.tracking.enabled:
         check_tracking(cfg.tracking.uri)
+        quick_tracking_retries(cfg.tracking.uri)
     summaries = optuna.get_all_study_summaries(storage)
     if name not in {s.study_name for s in summaries}:
         have = ", ".join(sorted(s.study_name for s in summaries)) or "none"

@@ -1,6 +1,11 @@
 """Where the tuner keeps what it measures — the run folder, the Optuna storage, the MLflow
 tracking store — checked before a study starts, and their URLs shown without passwords.
 
+A tracking server that goes away later costs seconds per call, not minutes:
+:func:`quick_tracking_retries` gives MLflow's HTTP client short retries and timeouts in this
+process (unless the user set them), and the tracker makes a failed call a warning
+(:mod:`tuner.tracking`).
+
 A store that cannot be reached or written is one line, within seconds, before anything is
 launched: :func:`check_database` connects once (10 s at most) to a database URL
 (``study.storage``, or ``tracking.uri`` when it is one), :func:`check_tracking` asks an MLflow
@@ -14,6 +19,7 @@ hides the ``user:password@`` of any URL in free text.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
@@ -30,9 +36,12 @@ __all__ = [
     "MASK",
     "RunDirCheck",
     "check_database",
+    "TRACKING_CLIENT_DEFAULTS",
     "check_tracking",
+    "error_line",
     "hide_url",
     "mask_credentials",
+    "quick_tracking_retries",
 ]
 
 MASK = "***"
@@ -45,6 +54,15 @@ _DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
 
 _CONNECT_TIMEOUT_S = 10
 _TRACKING_TIMEOUT_S = 5
+
+TRACKING_CLIENT_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
+"""MLflow's HTTP client settings for a tracking server, where the user set none: MLflow's own
+(7 retries, backoff factor 2, 120 s timeout) make one call to a server that went away wait for
+minutes; these, about 3 s when it refuses connections, about a minute when it hangs."""
 
 
 def mask_credentials(text: str) -> str:
@@ -71,7 +89,7 @@ def hide_url(url: str) -> str:
     return mask_credentials(url)
 
 
-def _reason(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
     """The first line of what a database driver or HTTP client said, the URL's password hidden."""
     orig = getattr(exc, "orig", None)  # SQLAlchemy's DBAPIError: the driver's own message
     text = str(orig if orig is not None else exc).strip()
@@ -103,12 +121,12 @@ def check_database(url: str, what: str) -> None:
     try:
         engine = create_engine(parsed, poolclass=NullPool, connect_args=connect_args)
     except (SQLAlchemyError, ImportError) as exc:
-        raise StorageError(f"cannot open {what} {hide_url(url)}: {_reason(exc)}") from exc
+        raise StorageError(f"cannot open {what} {hide_url(url)}: {error_line(exc)}") from exc
     try:
         with engine.connect():
             pass
     except (SQLAlchemyError, OSError) as exc:
-        raise StorageError(f"cannot reach {what} {hide_url(url)}: {_reason(exc)}") from exc
+        raise StorageError(f"cannot reach {what} {hide_url(url)}: {error_line(exc)}") from exc
     finally:
         engine.dispose()
 
@@ -165,9 +183,29 @@ def check_tracking(uri: str) -> None:
             MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
         except Exception as exc:  # MlflowException, requests' errors: the server did not answer
             raise StorageError(
-                f"cannot reach the MLflow tracking server {hide_url(uri)}: {_reason(exc)}; "
+                f"cannot reach the MLflow tracking server {hide_url(uri)}: {error_line(exc)}; "
                 "start it, or run without tracking (tracking=none)"
             ) from exc
+
+
+def quick_tracking_retries(uri: str) -> dict[str, str]:
+    """For a tracking server (``http(s)://``): :data:`TRACKING_CLIENT_DEFAULTS` in this process's
+    environment, each where it is not set already (MLflow reads them at each request), and
+    urllib3's retry warnings for MLflow's calls left out. Returns the variables set."""
+    if urlsplit(uri).scheme not in ("http", "https"):
+        return {}
+    done = {k: v for k, v in TRACKING_CLIENT_DEFAULTS.items() if k not in os.environ}
+    os.environ.update(done)
+    pool = logging.getLogger("urllib3.connectionpool")
+    if _quiet_mlflow_retries not in pool.filters:
+        pool.addFilter(_quiet_mlflow_retries)
+    return done
+
+
+def _quiet_mlflow_retries(record: logging.LogRecord) -> bool:
+    """urllib3's ``Retrying (...)`` warning for an MLflow REST call: dropped (a call that
+    fails after its retries is the tracker's one line)."""
+    return "/api/2.0/mlflow" not in record.getMessage()
 
 
 class RunDirCheck(Callback):

@@ -56,7 +56,7 @@ from tuner.stored_trial import (
     mark_worker,
     tell,
 )
-from tuner.stores import check_tracking, hide_url
+from tuner.stores import check_tracking, hide_url, quick_tracking_retries
 from tuner.tracking import WORKER, NullTracker, Tracker, open_tracker
 from tuner.trial import TrialContext, lease_dir, run_server, run_trial
 from tuner.workload import build_requests
@@ -99,6 +99,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     ]
     if cfg.tracking.enabled:  # a tracking server that is down: one line now, not at trial 1
         check_tracking(cfg.tracking.uri)
+        quick_tracking_retries(cfg.tracking.uri)  # one that goes away later: seconds a call
     study = open_study(cfg)
     n_stored = len(study.trials)
     run_dir = Path(cfg.paths.output_dir)

@@ -11,6 +11,11 @@ A trial that did not end (the tuner was stopped, or died) gets a FAILED child ru
 ``tuner.worker`` (``host:pid`` of the tuner that opened it), so a run left RUNNING by a tuner that
 no longer exists can be found and closed (:func:`close_open_runs`: KILLED, with the tag
 ``killed_reason``).
+
+A tracking store that fails once the study runs (a tracking server gone) never costs the study:
+each :class:`Tracker` call made during it that fails is one warning line, and the study goes
+on; its results stay in the Optuna storage and the trial folders. Runs it left RUNNING are
+closed by the next run (:func:`close_open_runs`).
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 from tuner.errors import INTERRUPTED
 from tuner.records import TrialResult
+from tuner.stores import error_line, hide_url
 
 __all__ = [
     "KILLED_REASON",
@@ -80,7 +86,17 @@ class NullTracker:
         pass
 
 
+P = ParamSpec("P")
+
+RETRY_AFTER_S = 60.0
+"""After a tracking call failed, the tracker skips calls for this long (the next trial's is
+tried again)."""
+
+
 class Tracker:
+    """The MLflow runs of one invocation. Opening it raises when the store fails (the study
+    checked it just before); every later call that fails is a warning (:meth:`_safely`)."""
+
     def __init__(
         self,
         uri: str,
@@ -96,6 +112,9 @@ class Tracker:
         self._parent_tag = MLFLOW_PARENT_RUN_ID
         self._name_tag = MLFLOW_RUN_NAME
         self.mask = mask
+        self.shown_uri = hide_url(uri)
+        self.failed_at: float | None = None
+        """When a call last failed (``time.monotonic``); None while calls succeed."""
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(experiment)
         self.experiment_id = (
@@ -107,7 +126,7 @@ class Tracker:
         )
         self.parent_run_id: str | None = run.info.run_id
 
-    def log_trial(self, result: TrialResult, trial_dir: Path, tags: Mapping[str, str]) -> None:
+    def _log_trial(self, result: TrialResult, trial_dir: Path, tags: Mapping[str, str]) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
         run = self.client.create_run(
@@ -154,7 +173,7 @@ class Tracker:
         status = "KILLED" if result.pruned else "FINISHED" if result.ok else "FAILED"
         self.client.set_terminated(rid, status)
 
-    def log_interrupted(
+    def _log_interrupted(
         self, number: int, params: Mapping[str, Any], detail: str, trial_dir: Path
     ) -> None:
         """Trial ``number``, stopped before it ended: a FAILED child run with ``failure_reason``
@@ -172,18 +191,18 @@ class Tracker:
             trial_dir,
         )
 
-    def log_study_artifact(self, path: Path) -> None:
+    def _log_study_artifact(self, path: Path) -> None:
         """A file for the invocation's parent run (e.g. the Pareto plot)."""
         if self.parent_run_id is not None:
             self.client.log_artifact(self.parent_run_id, str(path))
 
-    def set_tags(self, tags: Mapping[str, str]) -> None:
+    def _set_tags(self, tags: Mapping[str, str]) -> None:
         """Tags on the invocation's parent run (e.g. the recommended trial)."""
         if self.parent_run_id is not None:
             for k, v in tags.items():
                 self.client.set_tag(self.parent_run_id, k, self.mask(str(v))[:_MAX_TAG])
 
-    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+    def _log_metrics(self, metrics: Mapping[str, float]) -> None:
         """Metrics on the invocation's parent run (e.g. the confirm verdict's gain)."""
         from mlflow.entities import Metric
 
@@ -192,7 +211,7 @@ class Tracker:
         if self.parent_run_id is not None and batch:
             self.client.log_batch(self.parent_run_id, metrics=batch)
 
-    def finish(
+    def _finish(
         self,
         status: str = "FINISHED",
         summary: Mapping[str, float] | None = None,
@@ -212,6 +231,72 @@ class Tracker:
         if reason:
             self.client.set_tag(self.parent_run_id, KILLED_REASON, self.mask(reason)[:_MAX_TAG])
         self.client.set_terminated(self.parent_run_id, status)
+        self.parent_run_id = None
+
+    def _safely(self, what: str, call: Callable[P, None], *args: P.args, **kw: P.kwargs) -> None:
+        """``call``; a failure (the tracking server gone) is one warning, never the study's. For
+        :data:`RETRY_AFTER_S` after a failure, calls are skipped (each would wait through the
+        client's retries): a trial's with a warning, the study run's quietly."""
+        if self.failed_at is not None:
+            ago = time.monotonic() - self.failed_at
+            if ago < RETRY_AFTER_S:
+                level = logging.WARNING if what.startswith("logging trial") else logging.DEBUG
+                log.log(
+                    level,
+                    "MLflow %s: %s skipped (a call failed %.0f s ago)",
+                    self.shown_uri,
+                    what,
+                    ago,
+                )
+                return
+        try:
+            call(*args, **kw)
+        except Exception as exc:  # MlflowException, requests' errors, OSError
+            self.failed_at = time.monotonic()
+            log.warning(
+                "MLflow %s: %s failed (%s); the study goes on, its results are in the Optuna "
+                "storage and the trial folders",
+                self.shown_uri,
+                what,
+                error_line(exc),
+            )
+        else:
+            self.failed_at = None
+
+    def log_trial(self, result: TrialResult, trial_dir: Path, tags: Mapping[str, str]) -> None:
+        """Trial ``result``'s child run: params, metrics, tags, its folder as artifacts."""
+        self._safely(f"logging trial {result.number}", self._log_trial, result, trial_dir, tags)
+
+    def log_interrupted(
+        self, number: int, params: Mapping[str, Any], detail: str, trial_dir: Path
+    ) -> None:
+        """Trial ``number``, stopped before it ended: a FAILED child run with ``failure_reason``
+        ``interrupted``, its params and what its folder holds so far."""
+        what = f"logging interrupted trial {number}"
+        self._safely(what, self._log_interrupted, number, params, detail, trial_dir)
+
+    def log_study_artifact(self, path: Path) -> None:
+        """A file for the invocation's parent run (e.g. the Pareto plot)."""
+        self._safely(f"logging {path.name}", self._log_study_artifact, path)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Tags on the invocation's parent run (e.g. the recommended trial)."""
+        self._safely("tagging the study run", self._set_tags, tags)
+
+    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Metrics on the invocation's parent run (e.g. the confirm verdict's gain)."""
+        self._safely("logging the study run's metrics", self._log_metrics, metrics)
+
+    def finish(
+        self,
+        status: str = "FINISHED",
+        summary: Mapping[str, float] | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """End the parent run with ``status``; ``reason`` (why it was KILLED) goes to the tag
+        :data:`KILLED_REASON`. When the store fails, the run stays RUNNING until the next run
+        of the study closes it (KILLED: its tuner no longer runs)."""
+        self._safely("ending the study run", self._finish, status, summary, reason)
         self.parent_run_id = None
 
 

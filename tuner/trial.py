@@ -4,7 +4,8 @@
 
     precheck → lease GPUs → wait for free GPU memory → launch (retried on a port clash)
              → for each replay: [reset caches] → measure (tuner.measure) → health check
-             → teardown (stop the server, mask logs, release the lease) → results
+             → stop the server → wait for its GPU memory to be released
+             → teardown (mask logs, release the lease) → results
 
 A failure at any step is data, not an exception: it ends the server's replays, and the replay it
 hit and those after it carry it as their ``failure_reason``. :func:`run_trial` is one search
@@ -41,7 +42,13 @@ from tuner.capacity import Step, margin, search
 from tuner.compile_cache import record
 from tuner.config import EngineConfig, ObjectiveConfig, TunerConfig
 from tuner.engine.argv import api_key, build_env, compile_key, mask, mask_argv, trial_argv
-from tuner.engine.container import CIDFILE, ContainerServer, container_name, wrap
+from tuner.engine.container import (
+    CIDFILE,
+    LEASE_LABEL,
+    ContainerServer,
+    container_name,
+    wrap,
+)
 from tuner.engine.logparse import port_clash
 from tuner.engine.pool import GpuPool, core_ranges
 from tuner.engine.process import Server, free_port
@@ -54,7 +61,13 @@ from tuner.recovery import LEASE_ENV, Lease
 from tuner.replay import is_closed_loop
 from tuner.score import KEY_METRICS, constraints, needs_capacity, objective_values, summarize
 from tuner.space import changed_params, resolved
-from tuner.telemetry.gpu import gpu_memory, nvml_available, wait_for_free_memory
+from tuner.telemetry.gpu import (
+    GpuMemory,
+    gpu_memory,
+    nvml_available,
+    wait_for_free_memory,
+    wait_for_used_memory,
+)
 from tuner.telemetry.prom import wait_idle
 from tuner.workload import at_load, build_requests
 
@@ -62,6 +75,7 @@ __all__ = [
     "LAUNCH_ATTEMPTS",
     "ServerRun",
     "TrialContext",
+    "gpu_freed",
     "lease_dir",
     "mean_result",
     "run_server",
@@ -74,6 +88,10 @@ LAUNCH_ATTEMPTS = 3
 """Launches of one trial's server when a port it binds is taken while it starts (not the config's
 fault: a server starting beside it, or another program, got the port first)."""
 
+
+GPU_FREED_SLACK_GIB = 1.0
+"""After a real server stopped, each of its GPUs counts as released once it uses at most this
+much more than before the launch (a CUDA context is about 0.5 GiB; a server holds tens)."""
 
 MIN_STEP_REQUESTS = 100
 """A capacity step measures at least this many requests: a p95 of fewer moves too much between
@@ -175,6 +193,8 @@ class ServerRun:
     started_at: float = field(default_factory=time.time)
     predicted: int | None = None
     gpus: list[int] = field(default_factory=list)
+    gpu_before: list[GpuMemory] = field(default_factory=list)
+    """The leased GPUs' memory before the launch (NVML; empty for the simulator)."""
     cpus: list[int] | None = None
     lease: Lease | None = None
     server: Server | None = None
@@ -274,12 +294,17 @@ async def run_server(
         tp = int(run.full.get("tensor_parallel_size") or 1)
         async with ctx.pool.lease(tp) as gpus:
             run.gpus = gpus
-            await _prepare(run)
-            async with contextlib.AsyncExitStack() as stack:
-                server = await _launch(run, stack)
-                await _replay_all(run, server)
-                if needs_capacity(cfg.objective):
-                    await _capacity(run, server)
+            try:
+                await _prepare(run)
+                async with contextlib.AsyncExitStack() as stack:
+                    server = await _launch(run, stack)
+                    await _replay_all(run, server)
+                    if needs_capacity(cfg.objective):
+                        await _capacity(run, server)
+            except TrialFailed as exc:
+                run.failure = exc
+            # the server stopped: its memory released before the GPUs go back to the pool
+            run.common.update(await gpu_freed(cfg, run.gpu_before, run.server))
     except TrialFailed as exc:
         run.failure = exc
     finally:
@@ -301,7 +326,9 @@ def _precheck(run: ServerRun) -> None:
 async def _prepare(run: ServerRun) -> None:
     """On the leased GPUs: wait for their memory, write the lease file, choose the CPU cores."""
     ctx, cfg = run.ctx, run.cfg
-    run.common.update(await _wait_gpu(cfg, run.full, run.gpus))
+    metrics, run.gpu_before = await _wait_gpu(cfg, run.full, run.gpus)
+    run.common.update(metrics)
+    box = cfg.engine.container
     run.lease = Lease.create(
         lease_dir(cfg),
         ctx.study_name,
@@ -309,6 +336,8 @@ async def _prepare(run: ServerRun) -> None:
         ctx.parent_run_id,
         cfg.tracking.uri if cfg.tracking.enabled else None,
         run.tdir,
+        container_program=box.program if box is not None else None,
+        cidfile=run.tdir / CIDFILE if box is not None else None,
     )
     if ctx.cpu_sets:
         run.cpus = sorted({c for g in run.gpus for c in ctx.cpu_sets[g]})
@@ -394,6 +423,7 @@ def _container_server(
         cidfile=cidfile,
         name=container_name(run.ctx.study_name or "study", run.number, run.port),
         extra_env=[LEASE_ENV],
+        labels={LEASE_LABEL: env[LEASE_ENV]},
     )
     log.debug("trial %d: %s", run.number, " ".join(argv))
     return ContainerServer(
@@ -557,10 +587,13 @@ def _results(run: ServerRun) -> list[TrialResult]:
     return results
 
 
-async def _wait_gpu(cfg: TunerConfig, params: dict[str, Any], gpus: list[int]) -> dict[str, float]:
-    """Before a real launch: wait (bounded) for the memory vLLM's start-up check will demand."""
+async def _wait_gpu(
+    cfg: TunerConfig, params: dict[str, Any], gpus: list[int]
+) -> tuple[dict[str, float], list[GpuMemory]]:
+    """Before a real launch: wait (bounded) for the memory vLLM's start-up check will demand;
+    the metric ``gpu_used_before_launch_gib`` and the readings (none for the simulator)."""
     if cfg.engine.kind != "vllm" or not nvml_available():
-        return {}
+        return {}, []
     gmu = float(params.get("gpu_memory_utilization") or 0.92)
     try:
         before = gpu_memory(gpus)
@@ -570,7 +603,7 @@ async def _wait_gpu(cfg: TunerConfig, params: dict[str, Any], gpus: list[int]) -
         )
     except EngineError as exc:
         log.warning("cannot read GPU memory before launch (%s); launching anyway", exc)
-        return {}
+        return {}, []
     used = max((m.used_gib for m in mem), default=0.0)
     if not ok:
         raise LaunchFailed(
@@ -579,7 +612,47 @@ async def _wait_gpu(cfg: TunerConfig, params: dict[str, Any], gpus: list[int]) -
             f"{used:.1f} GiB used, need {need:.1f} GiB free for gpu_memory_utilization {gmu}",
         )
     log.info("GPUs %s: %.2f GiB used before launch", gpus, used)
-    return {"gpu_used_before_launch_gib": used}
+    return {"gpu_used_before_launch_gib": used}, mem
+
+
+async def gpu_freed(
+    cfg: TunerConfig, before: list[GpuMemory], server: Server | None
+) -> dict[str, float]:
+    """After a real server stopped (process or container): wait, ``engine.gpu_free_timeout_s``
+    at most, until each GPU of ``before`` (its readings before the launch) uses no more than it
+    did then plus :data:`GPU_FREED_SLACK_GIB`; else a warning naming the container (or the
+    server's process). Never fails the trial. The metric ``gpu_used_after_stop_gib``: the most
+    any of them used at the end. Nothing (no NVML call) for the simulator or without readings."""
+    if cfg.engine.kind != "vllm" or not before or server is None or server.proc is None:
+        return {}
+    ceilings = {m.index: m.used_gib + GPU_FREED_SLACK_GIB for m in before}
+    timeout = cfg.engine.gpu_free_timeout_s
+    if isinstance(server, ContainerServer) and server.removed is False:
+        timeout = 0.0  # the container is still there: its memory will not come back
+    t0 = time.monotonic()
+    try:
+        ok, mem = await asyncio.to_thread(wait_for_used_memory, ceilings, timeout)
+    except EngineError as exc:
+        log.warning("cannot read GPU memory after the server stopped: %s", exc)
+        return {}
+    if not mem:
+        return {}
+    used = max(m.used_gib for m in mem)
+    if not ok:
+        if isinstance(server, ContainerServer) and server.container_id:
+            who = f"container {server.container_id[:12]}"
+        else:
+            who = f"server pid {server.proc.pid}"
+        log.warning(
+            "GPUs %s: %.1f GiB still used %.0f s after %s stopped (%.1f GiB before its launch); "
+            "a later launch on them may find too little free memory",
+            sorted(ceilings),
+            used,
+            time.monotonic() - t0,
+            who,
+            max(m.used_gib for m in before),
+        )
+    return {"gpu_used_after_stop_gib": used}
 
 
 def _fmt_int(v: int | None) -> str:

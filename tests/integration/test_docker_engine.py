@@ -5,18 +5,32 @@ with the real CLI)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
+import subprocess
 import sys
+import time
+import types
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
 
+from tuner import precheck
 from tuner.config import ContainerConfig, EngineConfig
 from tuner.engine.container import ContainerServer, docker_argv
 from tuner.engine.process import Server, free_port
 from tuner.errors import FailureReason, LaunchFailed
+from tuner.measure import Replay
+from tuner.memory import ModelShape
+from tuner.recovery import recover
+from tuner.telemetry import gpu
+from tuner.trial import TrialContext, run_server
+from tuner.workload import build_requests
 
+from .procs import marked_pids
 from .test_study import FAST, storage, tuner
 
 pytestmark = pytest.mark.integration
@@ -182,3 +196,152 @@ async def test_a_container_that_cannot_start_is_one_line_and_removed(tmp_path: P
     assert failed.value.detail == f"exit code 125: docker: Error response from daemon: {error}"
     cid = cidfile.read_text().strip()
     assert ["rm", "-f", cid] in calls(env)  # created, so removed
+
+
+def test_kill_9_leaves_the_container_running_and_recovery_removes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tuner dies mid-trial (SIGKILL): its container runs on, and cannot be found through
+    /proc (a real one's processes are root's; the fake hides TUNER_LEASE from it). Recovery
+    removes it by its label ``tuner.lease=<lease id>``."""
+    env = install(tmp_path)
+    args = [
+        "+workload=chat",
+        "engine=docker",
+        "engine.health_interval_s=0.1",
+        "study.n_trials=1",
+        "confirm.enabled=false",
+        "tracking=none",
+        "+engine.env.TUNER_SIM_SPEEDUP=20",
+        "workload.num_requests=400",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=tmp_path,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            logs = list(tmp_path.glob("outputs/runs/*/trial_0000/server.log"))
+            if logs and "Application startup complete" in logs[0].read_text():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no server came up")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    leases = tmp_path / "outputs" / "state" / "leases"
+    (lease_file,) = leases.glob("*.json")
+    lease = json.loads(lease_file.read_text())
+    cid = (Path(lease["trial_dir"]) / "container.id").read_text().strip()
+    pid = container_pid(env, cid)
+    try:
+        assert alive(pid), "the container outlives a SIGKILLed tuner"
+        assert lease["id"].encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+        (run,) = [c for c in calls(env) if c[0] == "run"]
+        assert run[run.index("--label") + 1] == f"tuner.lease={lease['id']}"
+        assert lease["container_program"] == "docker"
+
+        monkeypatch.setenv("PATH", env["PATH"])
+        monkeypatch.setenv("FAKE_DOCKER_DIR", env["FAKE_DOCKER_DIR"])
+        study = optuna.load_study(study_name="chat-qwen3-8b-vllm", storage=storage(tmp_path))
+        recovered = recover(study, leases, [])
+        assert not alive(pid), "the container the dead tuner left was not removed"
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    label = f"label=tuner.lease={lease['id']}"
+    assert ["ps", "-aq", "--no-trunc", "--filter", label] in calls(env)
+    assert ["rm", "-f", cid] in calls(env)
+    assert marked_pids(f"TUNER_LEASE={lease['id']}") == [], "the docker CLI was not stopped"
+    assert f"removed container(s) {cid[:12]}" in recovered.notes[0]
+    assert not list(leases.glob("*.json"))
+    (trial,) = study.get_trials()
+    assert trial.state == optuna.trial.TrialState.FAIL
+    assert trial.user_attrs["failure_reason"] == "interrupted"
+
+
+def fake_nvml(state: Path, leaks: bool) -> Any:
+    """A stand-in pynvml: one 140 GiB H200 that uses 100 GiB while a fake container runs (with
+    ``leaks``: from its start on, for good), none otherwise."""
+    gib = 1 << 30
+
+    def used() -> int:
+        pids = [int(f.read_text()) for f in state.glob("*.pid")]
+        started = any(p > 0 for p in pids)
+        running = any(
+            alive(int(f.read_text())) and not (state / f"{f.stem}.removed").exists()
+            for f in state.glob("*.pid")
+        )
+        return 100 * gib if running or (leaks and started) else 0
+
+    def mem(h: int, version: int | None = None) -> Any:
+        u = used()
+        return types.SimpleNamespace(used=u, free=140 * gib - u, total=140 * gib)
+
+    return types.SimpleNamespace(
+        nvmlMemory_v2=0x2000028,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetMemoryInfo=mem,
+        nvmlDeviceGetName=lambda h: "NVIDIA H200",
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50),
+        nvmlDeviceGetPowerUsage=lambda h: 300_000,
+    )
+
+
+@pytest.mark.parametrize("leaks", [False, True])
+async def test_the_gpu_memory_is_checked_free_after_the_container_is_removed(
+    make_cfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog, leaks: bool
+) -> None:
+    env = install(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    state = Path(env["FAKE_DOCKER_DIR"])
+    monkeypatch.setattr(gpu, "pynvml", fake_nvml(state, leaks))
+    gpu._reset()
+    precheck.leased_gpu.cache_clear()
+    try:
+        cfg = make_cfg(
+            "+workload=chat",
+            "engine=docker",
+            "engine.health_interval_s=0.1",
+            "engine.gpu_free_timeout_s=1",
+            "+engine.env.TUNER_SIM_SPEEDUP=20",
+            "workload.num_requests=6",
+            "workload.warmup_requests=0",
+            "workload.output_tokens.low=8",
+            "workload.output_tokens.high=16",
+        )
+        requests = build_requests(cfg.workload, cfg.model.files)
+        ctx = TrialContext(
+            cfg, ModelShape.from_dir(cfg.model.files), requests, [], tmp_path / "run", None, "s"
+        )
+        tdir = tmp_path / "run" / "trial_0000"
+        with caplog.at_level(logging.INFO, logger="tuner"):
+            (result,) = await run_server(
+                ctx, 0, {}, True, tdir, [Replay("", requests, cfg.workload)], prune=False
+            )
+    finally:
+        gpu._reset()
+        precheck.leased_gpu.cache_clear()
+    assert result.failure_reason is None  # a leak is a warning, never the trial's failure
+    assert result.metrics["gpu_used_before_launch_gib"] == 0.0
+    cid = (tdir / "container.id").read_text().strip()
+    assert ["rm", "-f", cid] in calls(env)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if leaks:
+        assert result.metrics["gpu_used_after_stop_gib"] == 100.0
+        (line,) = [w for w in warned if "still used" in w]
+        assert f"after container {cid[:12]} stopped" in line
+        assert line.startswith("GPUs [0]: 100.0 GiB still used 1 s after")
+    else:
+        assert result.metrics["gpu_used_after_stop_gib"] == 0.0
+        assert not [w for w in warned if "still used" in w]

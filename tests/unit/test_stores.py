@@ -5,6 +5,7 @@ and recovery masks what a killed tuner left. ``tests/integration/test_secrets.py
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -19,7 +20,15 @@ from tuner.engine.argv import build_env, mask, secret_values, trial_argv
 from tuner.errors import ConfigError, StorageError
 from tuner.recovery import Lease, recover
 from tuner.storage import retry_schema_race
-from tuner.stores import RunDirCheck, check_database, check_tracking, hide_url, mask_credentials
+from tuner.stores import (
+    TRACKING_CLIENT_DEFAULTS,
+    RunDirCheck,
+    check_database,
+    check_tracking,
+    hide_url,
+    mask_credentials,
+    quick_tracking_retries,
+)
 
 PW = "PWsecret9"
 DEAD_DB = f"postgresql+psycopg://u:{PW}@127.0.0.1:1/db"
@@ -170,3 +179,28 @@ def test_an_unwritable_run_folder_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith("error: cannot create the run folder") and "hydra.run.dir" in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_tracking_server_gets_short_client_retries_unless_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for k in TRACKING_CLIENT_DEFAULTS:
+        monkeypatch.delenv(k, raising=False)
+    assert quick_tracking_retries("sqlite:///mlflow.db") == {}
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "300")  # the user's own stays
+    done = quick_tracking_retries("https://mlflow.example:5000")
+    assert done == {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    }
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "300"
+    pool = logging.getLogger("urllib3.connectionpool")
+    retry = "Retrying (%r) after connection broken by %r: %s"
+    args = ("Retry(total=1)", "ConnectionRefused", "/api/2.0/mlflow/runs/create")
+    rec = pool.makeRecord(pool.name, logging.WARNING, __file__, 1, retry, args, None)
+    assert not pool.filter(rec)
+    other = pool.makeRecord(
+        pool.name, logging.WARNING, __file__, 1, retry, args[:2] + ("/x",), None
+    )
+    assert pool.filter(other)

@@ -17,6 +17,7 @@ from aiohttp import web
 from tuner.errors import EngineError
 from tuner.telemetry import gpu
 from tuner.telemetry.prom import DEFAULT_NAMES, MetricsScraper, parse_metrics
+from tuner.trial import gpu_freed
 
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -317,3 +318,29 @@ def test_fake_nvml_sampler(monkeypatch: pytest.MonkeyPatch, fresh_nvml: None) ->
     assert summ["gpu_mem_used_peak_gib"] == 70.0
     assert summ["gpu_power_mean_w"] == 300.0
     assert 50.0 <= summ["gpu_util_mean"] <= 60.0
+
+
+def test_wait_for_used_memory(monkeypatch: pytest.MonkeyPatch, fresh_nvml: None) -> None:
+    monkeypatch.setattr(gpu, "pynvml", fake_pynvml(free_after=2))  # 70 GiB used, then 10
+    ok, mem = gpu.wait_for_used_memory({0: 11.0}, timeout_s=30.0, poll_s=0.001)
+    assert ok and mem[0].used_gib == 10.0
+    ok, mem = gpu.wait_for_used_memory({0: 5.0}, timeout_s=0.0)
+    assert not ok and mem[0].used_gib == 10.0
+
+
+async def test_the_simulator_reads_no_gpu_memory_after_its_server(
+    make_cfg, monkeypatch: pytest.MonkeyPatch, fresh_nvml: None
+) -> None:
+    asked: list[str] = []
+
+    class Recording:
+        def __getattr__(self, name: str) -> Any:
+            asked.append(name)
+            raise FakeNVMLError(name)
+
+    monkeypatch.setattr(gpu, "pynvml", Recording())
+    before = [gpu.GpuMemory(0, 0.0, 140.0, 140.0)]
+    server = types.SimpleNamespace(proc=types.SimpleNamespace(pid=1))
+    cfg = make_cfg("+workload=chat")
+    assert await gpu_freed(cfg, before, server) == {}  # type: ignore[arg-type]
+    assert asked == []

@@ -11,6 +11,12 @@ network (the server binds loopback as ever) and IPC namespace, the model dir (re
 compile cache (``VLLM_CACHE_ROOT``) and the HF cache at their own paths, and the server's
 environment by name only (``-e NAME``: docker reads each value from its own environment, so no
 value, a secret least of all, is ever in argv).
+
+Each container carries the label ``tuner.lease=<lease id>`` (:data:`LEASE_LABEL`): a tuner killed
+with ``kill -9`` leaves its container running (the CLI may die, the container does not), and its
+processes, root's, are not found through ``/proc`` by a tuner that is not root; the next run's
+crash recovery (:mod:`tuner.recovery`) removes them by that label and by the cidfile
+(:func:`remove_leftovers`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from tuner.records import LaunchInfo
 
 __all__ = [
     "CIDFILE",
+    "LEASE_LABEL",
     "SERVER_VARS",
     "ContainerServer",
     "check_image",
@@ -41,6 +48,7 @@ __all__ = [
     "hf_home",
     "mounts",
     "remove_all_containers",
+    "remove_leftovers",
     "wrap",
 ]
 
@@ -48,6 +56,9 @@ log = logging.getLogger(__name__)
 
 CIDFILE = "container.id"
 """The file in the trial folder where ``docker run --cidfile`` writes the container's id."""
+
+LEASE_LABEL = "tuner.lease"
+"""The label naming the lease (``TUNER_LEASE``) of the trial a container serves."""
 
 SERVER_VARS = (
     "VLLM_CACHE_ROOT",
@@ -127,6 +138,7 @@ def docker_argv(
     volumes: Iterable[str],
     cidfile: Path | str,
     name: str,
+    labels: Mapping[str, str] | None = None,
 ) -> list[str]:
     """``argv`` (``engine.command``, the model and its flags, as for a process) as a foreground
     ``docker run``: ``engine.command[0]`` becomes ``--entrypoint``, the rest follows the image."""
@@ -136,6 +148,8 @@ def docker_argv(
     out = [box.program, "run", "--cidfile", str(cidfile), "--name", name, "--pull", "never"]
     out += ["--gpus", '"device=' + ",".join(str(g) for g in gpus) + '"']
     out += ["--network", "host", "--ipc", "host", "--workdir", str(Path.cwd())]
+    for k, v in (labels or {}).items():
+        out += ["--label", f"{k}={v}"]
     for k in env_names:
         out += ["-e", k]
     for v in volumes:
@@ -155,6 +169,7 @@ def wrap(
     cidfile: Path | str,
     name: str,
     extra_env: Iterable[str] = (),
+    labels: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """A server's argv and environment (as for a process) as a ``docker run``: its argv
     (:func:`docker_argv`) and the CLI's environment (:func:`container_env`). The HF cache is
@@ -167,7 +182,14 @@ def wrap(
     )
     volumes = mounts(engine.container, model_path, cache_root, hf_cache)
     out = docker_argv(
-        engine, argv, gpus=gpus, env_names=names, volumes=volumes, cidfile=cidfile, name=name
+        engine,
+        argv,
+        gpus=gpus,
+        env_names=names,
+        volumes=volumes,
+        cidfile=cidfile,
+        name=name,
+        labels=labels,
     )
     return out, env
 
@@ -212,9 +234,9 @@ def _last_line(p: subprocess.CompletedProcess[str]) -> str:
     return ""
 
 
-def _cli(argv: Sequence[str], timeout: float, env: Mapping[str, str]) -> tuple[int, str]:
-    """Run a container CLI command; its exit status and last output line (-1 if it could not
-    run or timed out)."""
+def _cli_run(argv: Sequence[str], timeout: float, env: Mapping[str, str]) -> tuple[int, str, str]:
+    """Run a container CLI command: its exit status (-1 if it could not run or timed out), its
+    stdout and its last output line."""
     try:
         p = subprocess.run(
             list(argv),
@@ -226,8 +248,15 @@ def _cli(argv: Sequence[str], timeout: float, env: Mapping[str, str]) -> tuple[i
             env=dict(env),
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return -1, str(exc)
-    return p.returncode, _last_line(p)
+        return -1, "", str(exc)
+    return p.returncode, p.stdout, _last_line(p)
+
+
+def _cli(argv: Sequence[str], timeout: float, env: Mapping[str, str]) -> tuple[int, str]:
+    """Run a container CLI command; its exit status and last output line (-1 if it could not
+    run or timed out)."""
+    code, _, last = _cli_run(argv, timeout, env)
+    return code, last
 
 
 def _read_id(cidfile: Path) -> str | None:
@@ -262,6 +291,30 @@ def remove_all_containers() -> None:
 
 
 atexit.register(remove_all_containers)
+
+
+def remove_leftovers(program: str, lease_id: str, cidfile: Path | None) -> list[str]:
+    """Crash recovery: ``docker rm -f`` every container, running or not, labelled with the lease
+    ``lease_id`` (``docker ps -aq --filter label=tuner.lease=<id>``) and the one whose id is in
+    ``cidfile``; the ids removed (one already gone is not). A CLI that fails is logged, never
+    raised."""
+    env = dict(os.environ)
+    flt = f"label={LEASE_LABEL}={lease_id}"
+    ps = [program, "ps", "-aq", "--no-trunc", "--filter", flt]
+    code, out, last = _cli_run(ps, CLI_TIMEOUT_S, env)
+    ids = out.split() if code == 0 else []
+    if code != 0:
+        log.warning("`%s ps --filter %s` failed: %s", program, flt, last)
+    cid = _read_id(cidfile) if cidfile is not None else None
+    if cid is not None and not any(cid.startswith(i) or i.startswith(cid) for i in ids):
+        ids.append(cid)
+    if not ids:
+        return []
+    code, out, last = _cli_run([program, "rm", "-f", *ids], CLI_TIMEOUT_S, env)
+    if code != 0 and "no such container" not in last.lower():
+        log.error("leftover container(s) %s not removed: %s", [i[:12] for i in ids], last)
+    removed = set(out.split())  # docker prints each id it removed
+    return [i for i in ids if i in removed]
 
 
 class ContainerServer(Server):

@@ -1,9 +1,10 @@
 """GPU memory, utilisation and power through NVML (``nvidia-ml-py``, imported as ``pynvml``).
 
 Every function works without a driver: :func:`nvml_available` is False, :func:`gpu_memory`
-returns ``[]``, :func:`wait_for_free_memory` returns ``(True, [])`` and :class:`GpuSampler` is a
-no-op. ``pynvml.NVMLError`` is translated here and never escapes: :func:`gpu_memory` raises
-:class:`~tuner.errors.EngineError`, the sampler counts errors.
+returns ``[]``, :func:`wait_for_free_memory` and :func:`wait_for_used_memory` return
+``(True, [])`` and :class:`GpuSampler` is a no-op. ``pynvml.NVMLError`` is translated here and
+never escapes: :func:`gpu_memory` raises :class:`~tuner.errors.EngineError`, the sampler counts
+errors.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "memory_info",
     "nvml_available",
     "wait_for_free_memory",
+    "wait_for_used_memory",
 ]
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,24 @@ def wait_for_free_memory(
     while True:
         mem = gpu_memory(indices)
         if all(m.free_gib >= need_gib for m in mem):
+            return True, mem
+        if time.monotonic() >= deadline:
+            return False, mem
+        time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
+
+
+def wait_for_used_memory(
+    ceilings: Mapping[int, float], timeout_s: float, poll_s: float = 1.0
+) -> tuple[bool, list[GpuMemory]]:
+    """Poll until every GPU ``index`` in ``ceilings`` uses at most ``ceilings[index]`` GiB (a
+    stopped server's memory released), or ``timeout_s`` passes. Returns ``(met, last readings)``;
+    ``(True, [])`` without NVML. Raises :class:`EngineError` if NVML fails."""
+    if not nvml_available():
+        return True, []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        mem = gpu_memory(list(ceilings))
+        if all(m.used_gib <= ceilings[m.index] for m in mem):
             return True, mem
         if time.monotonic() >= deadline:
             return False, mem
