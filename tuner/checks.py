@@ -80,7 +80,12 @@ def _fit_lengths(cfg: DictConfig, limit: int | None) -> None:
     serve, each once, and says so in the log. When none is left, the space check refuses the
     choices in one line."""
     spec = cfg.space.params.get("max_model_len")
-    if limit is None or spec is None or spec.get("type") != "categorical" or not spec.get("choices"):
+    if (
+        limit is None
+        or spec is None
+        or spec.get("type") != "categorical"
+        or not spec.get("choices")
+    ):
         return
     choices = [c for c in spec.choices if not isinstance(c, int) or c <= limit]
     kept = list(dict.fromkeys(choices))
