@@ -75,10 +75,10 @@ def to_config(cfg: DictConfig) -> TunerConfig:
 
 
 def _fit_lengths(cfg: DictConfig, limit: int | None) -> None:
-    """A model whose context is shorter than some of the space's ``max_model_len`` choices (the
-    default space offers 4096, 8192, 16384 and the model's own) keeps only the choices it can
-    serve, each once, and says so in the log. When none is left, the space check refuses the
-    choices in one line."""
+    """A model whose context is shorter than some of the space's ``max_model_len`` choices keeps
+    only the choices it can serve, each once, and says so in the log, when the choices include
+    the model's own length (the default space's 4096, 8192, 16384 and ``${model.max_model_len}``).
+    Other lists are left to the space check, which refuses a choice above the model's length."""
     spec = cfg.space.params.get("max_model_len")
     if (
         limit is None
@@ -86,6 +86,8 @@ def _fit_lengths(cfg: DictConfig, limit: int | None) -> None:
         or spec.get("type") != "categorical"
         or not spec.get("choices")
     ):
+        return
+    if limit not in spec.choices:  # not the default space's pattern: the space check judges it
         return
     choices = [c for c in spec.choices if not isinstance(c, int) or c <= limit]
     kept = list(dict.fromkeys(choices))

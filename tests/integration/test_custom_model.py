@@ -27,7 +27,7 @@ def tuner(cwd: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedPro
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, **env},
+        env={**os.environ, "COLUMNS": "400", **env},  # rich folds a long path mid-word
     )
 
 
