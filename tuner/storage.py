@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import time
 import warnings
 import zlib
@@ -92,13 +93,17 @@ def retry_schema_race(make: Callable[[], T], what: str, attempts: int = 6) -> T:
     moment (two tuners starting on one fresh PostgreSQL database race to create the schema).
     Any other database error (one that cannot connect, say) is a :class:`StorageError` at once,
     in one line."""
-    from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import SQLAlchemyError
 
+    caught: tuple[type[Exception], ...] = (SQLAlchemyError,)
+    if "mlflow" in sys.modules:  # an MLflow store is what ``make`` opens (importing it costs ~3 s)
+        from mlflow.exceptions import MlflowException
+
+        caught = (SQLAlchemyError, MlflowException)
     for attempt in range(attempts):
         try:
             return make()
-        except (SQLAlchemyError, MlflowException) as exc:
+        except caught as exc:
             first = mask_credentials(str(getattr(exc, "orig", None) or exc).strip())
             first = (first.splitlines() or [type(exc).__name__])[0][:300]
             if not _schema_race(exc):
