@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Mapping
 from pathlib import Path
+
+import pytest
 
 
 def marked_pids(marker: str) -> list[int]:
@@ -41,3 +47,30 @@ def run_benchmark(
         cwd=cwd,
         env=env,
     )
+
+
+def kill_9_once_serving(cwd: Path, args: list[str], env: Mapping[str, str]) -> None:
+    """``python -m tuner ARGS`` in its own session; once trial 0's server logs that it is up,
+    SIGKILL the tuner alone (no cleanup at all: what it started lives on, as after a crash)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=cwd,
+        env=dict(env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            logs = list(cwd.glob("outputs/runs/*/trial_0000/server.log"))
+            if logs and "Application startup complete" in logs[0].read_text():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no server came up")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

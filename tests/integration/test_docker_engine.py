@@ -8,9 +8,7 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from tuner.telemetry import gpu
 from tuner.trial import TrialContext, run_server
 from tuner.workload import build_requests
 
-from .procs import marked_pids
+from .procs import kill_9_once_serving, marked_pids
 from .test_study import FAST, storage, tuner
 
 pytestmark = pytest.mark.integration
@@ -215,28 +213,7 @@ def test_kill_9_leaves_the_container_running_and_recovery_removes_it(
         "+engine.env.TUNER_SIM_SPEEDUP=20",
         "workload.num_requests=400",
     ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner", *args],
-        cwd=tmp_path,
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            logs = list(tmp_path.glob("outputs/runs/*/trial_0000/server.log"))
-            if logs and "Application startup complete" in logs[0].read_text():
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("no server came up")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    kill_9_once_serving(tmp_path, args, {**os.environ, **env})
     leases = tmp_path / "outputs" / "state" / "leases"
     (lease_file,) = leases.glob("*.json")
     lease = json.loads(lease_file.read_text())

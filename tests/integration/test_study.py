@@ -18,7 +18,7 @@ import pytest
 
 from tuner import stored_trial
 
-from .procs import marked_pids
+from .procs import kill_9_once_serving, marked_pids
 from .trials import counted, dashboard_constraints, pareto_front_kinds
 
 pytestmark = pytest.mark.integration
@@ -623,32 +623,11 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
     mark = f"TUNER_TEST_MARK={uuid.uuid4().hex}"
     env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
     args = ["+workload=chat", "study.n_trials=1", "engine.env.TUNER_SIM_SPEEDUP=1"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner", *args, "workload.num_requests=400"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            logs = list(tmp_path.glob("outputs/runs/*/trial_0000/server.log"))
-            if logs and "Application startup complete" in logs[0].read_text():
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("no server came up")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        time.sleep(0.3)
-        left = marked_pids(mark)
-        assert len(left) >= 2, "the server (and its EngineCore) outlive a SIGKILLed tuner"
-        assert list((tmp_path / "outputs" / "state" / "leases").glob("*.json"))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    kill_9_once_serving(tmp_path, [*args, "workload.num_requests=400"], env)
+    time.sleep(0.3)
+    left = marked_pids(mark)
+    assert len(left) >= 2, "the server (and its EngineCore) outlive a SIGKILLed tuner"
+    assert list((tmp_path / "outputs" / "state" / "leases").glob("*.json"))
 
     marker = {mark.split("=")[0]: mark.split("=")[1]}
     p = tuner(tmp_path, *args, *FAST, "confirm.enabled=false", env=marker)
