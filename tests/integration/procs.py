@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -50,8 +50,26 @@ def run_benchmark(
 
 
 def kill_9_once_serving(cwd: Path, args: list[str], env: Mapping[str, str]) -> None:
-    """``python -m tuner ARGS`` in its own session; once trial 0's server logs that it is up,
-    SIGKILL the tuner alone (no cleanup at all: what it started lives on, as after a crash)."""
+    """``python -m tuner ARGS`` in its own session, SIGKILLed once trial 0's server logs that it
+    is up (no cleanup at all: what it started lives on, as after a crash)."""
+
+    def serving() -> bool:
+        logs = list(cwd.glob("outputs/runs/*/trial_0000/server.log"))
+        return bool(logs) and "Application startup complete" in logs[0].read_text()
+
+    kill_9_when(cwd, args, env, serving, "no server came up")
+
+
+def kill_9_when(
+    cwd: Path,
+    args: list[str],
+    env: Mapping[str, str],
+    ready: Callable[[], bool],
+    never: str,
+    timeout: float = 60,
+) -> int:
+    """``python -m tuner ARGS`` in its own session, SIGKILLed alone once ``ready()``; the test
+    fails with ``never`` if the tuner ends or ``timeout`` passes first. Returns the tuner's pid."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tuner", *args],
         cwd=cwd,
@@ -61,16 +79,16 @@ def kill_9_once_serving(cwd: Path, args: list[str], env: Mapping[str, str]) -> N
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            logs = list(cwd.glob("outputs/runs/*/trial_0000/server.log"))
-            if logs and "Application startup complete" in logs[0].read_text():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if ready():
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
         else:
-            pytest.fail("no server came up")
+            pytest.fail(never)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    return proc.pid

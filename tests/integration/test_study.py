@@ -18,7 +18,7 @@ import pytest
 
 from tuner import stored_trial
 
-from .procs import kill_9_once_serving, marked_pids
+from .procs import kill_9_once_serving, kill_9_when, marked_pids
 from .trials import counted, dashboard_constraints, pareto_front_kinds
 
 pytestmark = pytest.mark.integration
@@ -665,27 +665,14 @@ def test_kill_9_in_the_confirm_stage_then_the_next_run_closes_its_mlflow_run(
     mark = f"TUNER_TEST_MARK={uuid.uuid4().hex}"
     marker = {mark.split("=")[0]: mark.split("=")[1]}
     args = ["+workload=chat", *FAST]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner", *args, "study.n_trials=1"],
-        cwd=tmp_path,
-        env={**os.environ, **marker},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    pid = kill_9_when(
+        tmp_path,
+        [*args, "study.n_trials=1"],
+        {**os.environ, **marker},
+        lambda: bool(list(tmp_path.glob("outputs/runs/*/confirm/trial_*/round_1"))),
+        "the confirm stage did not start",
+        timeout=120,
     )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if list(tmp_path.glob("outputs/runs/*/confirm/trial_*/round_1")):
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the confirm stage did not start")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     (dead,) = [r for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim") if r.info.status == "RUNNING"]
 
     p = tuner(tmp_path, *args, "study.n_trials=0", "confirm.enabled=false", env=marker)
@@ -694,7 +681,7 @@ def test_kill_9_in_the_confirm_stage_then_the_next_run_closes_its_mlflow_run(
     assert marked_pids(mark) == [], "the confirm server the dead tuner left was not stopped"
     runs = {r.info.run_id: r for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim")}
     assert runs[dead.info.run_id].info.status == "KILLED"
-    assert f":{proc.pid}) no longer runs" in runs[dead.info.run_id].data.tags["killed_reason"]
+    assert f":{pid}) no longer runs" in runs[dead.info.run_id].data.tags["killed_reason"]
     assert [r.info.status for r in runs.values()].count("RUNNING") == 0
     trials = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path)).trials
     assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE]  # confirmed, not failed
