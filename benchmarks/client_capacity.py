@@ -94,7 +94,7 @@ import tuner.replay_client as client_mod  # noqa: E402
 from tuner.config import ArrivalConfig, EngineConfig, WorkloadConfig  # noqa: E402
 from tuner.records import RequestRecord, RequestSpec  # noqa: E402
 from tuner.replay import STEP_S, choose_client, replay  # noqa: E402
-from tuner.replay_procs import Claims  # noqa: E402
+from tuner.replay_child import Claims  # noqa: E402
 
 TICK_S = 0.05
 """Paced scenarios: the server's engine step (one token for every open stream per step), unless
