@@ -7,8 +7,8 @@ cache before a launch. vLLM's own computation (``gpu_worker.determine_available_
     kv_bytes  = budget - weights - activation_peak - cudagraph_estimate
     kv_tokens = floor(kv_bytes / (block_size x bytes_per_token)) x block_size
 
-Here ``weights`` is the parameter bytes computed from ``config.json`` divided by TP;
-``activation_peak`` and ``cudagraph_estimate`` come from the fitted model below.
+Here ``weights`` is the parameter bytes computed from ``config.json`` (:mod:`tuner.model_shape`)
+divided by TP; ``activation_peak`` and ``cudagraph_estimate`` come from the fitted model below.
 
 **Fit** (calibrated on real vLLM 0.24 on an H200, 140.4 GiB visible, Qwen3-8B bf16, weights
 15.26 GiB computed vs "Model loading took 15.27 GiB" logged)::
@@ -48,10 +48,10 @@ gmu 0.5, max_num_batched_tokens    5,788,496   5,788,576   +0.00 %
 
 Vision-language models (Qwen3-VL, ``models/qwen3-vl-8b-dummy``): the KV cache, activations and
 graphs come from the decoder (``text_config``); ``weights`` adds the vision tower
-(:func:`vision_param_count`: 0.58e9 parameters, 1.07 GiB in bf16 for Qwen3-VL-8B, so 16.33 GiB in
-all). One H200 point (vLLM's defaults, max_model_len 262,144): 787,488 tokens logged; the model
-without an overhead said 809,360 (+2.8 %); with ``ARCH_OVERHEAD_GIB`` (fitted on that point)
-787,520.
+(:func:`tuner.model_shape.vision_param_count`: 0.58e9 parameters, 1.07 GiB in bf16 for
+Qwen3-VL-8B, so 16.33 GiB in all). One H200 point (vLLM's defaults, max_model_len 262,144):
+787,488 tokens logged; the model without an overhead said 809,360 (+2.8 %); with
+``ARCH_OVERHEAD_GIB`` (fitted on that point) 787,520.
 
 Not modelled: pre-snapshot usage (CUDA context, NCCL buffers) which does not count against the
 budget, the multimodal encoder profile (vLLM runs the vision tower on its largest input before
@@ -62,31 +62,45 @@ MLA/hybrid/sliding-window models, quantized weights and CPU offload.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from tuner.errors import FailureReason
+from tuner.model_shape import DTYPE_BYTES, ModelShape
 
 __all__ = [
     "GPU_PROFILES",
     "GiB",
     "GpuProfile",
     "MemoryEstimate",
-    "ModelShape",
+    "ModelShape",  # tuner.model_shape's, the argument of everything here
     "ResolvedParams",
     "capture_sizes",
     "estimate",
     "format_gib",
     "kv_bytes_per_token",
     "kv_too_small_message",
+    "VLLM_DEFAULTS",
     "resolve_params",
-    "vision_param_count",
 ]
 
 GiB = 1 << 30
+
+VLLM_DEFAULTS: dict[str, Any] = {
+    "gpu_memory_utilization": 0.92,
+    "tensor_parallel_size": 1,
+    "block_size": 16,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "enforce_eager": False,
+    "kv_cache_dtype": "auto",
+    "performance_mode": "balanced",
+}
+"""``vllm serve`` 0.24's defaults that depend on nothing else (an unset flag means this value);
+the derived ones (``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``, the CUDA-graph
+mode and capture sizes) are :func:`resolve_params`'s. ``conf/space/default.yaml`` states the same
+values as its ``default``s (``tests/unit/test_memory.py`` holds them equal)."""
 
 ACT_BASE_GIB = 0.10
 ARCH_OVERHEAD_GIB: dict[str, float] = {
@@ -119,157 +133,10 @@ NO_KV_MEMORY_MESSAGE = (
     f"despite its name). See {DOCS_URL} for more details."
 )
 
-_DTYPE_BYTES = {
-    "bfloat16": 2,
-    "float16": 2,
-    "half": 2,
-    "bf16": 2,
-    "fp16": 2,
-    "float32": 4,
-    "float": 4,
-    "fp32": 4,
-}
-
 
 def format_gib(num_bytes: float) -> str:
     """vLLM's ``format_gib``: GiB rounded to 2 decimals, printed as Python prints the float."""
     return str(round(num_bytes / GiB, 2))
-
-
-def vision_param_count(vcfg: Mapping[str, Any]) -> int:
-    """Parameters of a Qwen3-VL vision tower from its ``vision_config`` (weights + biases).
-
-    With ``d`` = ``hidden_size``, ``f`` = ``intermediate_size``, ``m2`` = ``spatial_merge_size``²,
-    ``D`` = ``d x m2`` (a merged 2x2 patch), ``o`` = ``out_hidden_size``::
-
-        patch_embed  d x in_channels x temporal_patch_size x patch_size² + d    (Conv3d + bias)
-        pos_embed    num_position_embeddings x d
-        per block    4d (2 LayerNorms) + 3d² + 3d (qkv) + d² + d (proj)
-                     + d x f + f + f x d + d (MLP)                   = 4d² + 2df + 9d + f
-        merger       2d (LayerNorm over d) + D² + D + D x o + o
-        deepstack    per index: 2D (LayerNorm over D) + D² + D + D x o + o
-
-    This is the layout of transformers' ``Qwen3VLVisionModel`` and vLLM's
-    ``Qwen3_VisionTransformer``; for Qwen3-VL-8B it gives 576,388,336, exactly what transformers
-    counts on the meta device (scripts/check_vl_model.py). Missing keys take Qwen3-VL's defaults.
-    """
-    d = int(vcfg.get("hidden_size", 1152))
-    f = int(vcfg.get("intermediate_size", 4304))
-    depth = int(vcfg.get("depth", 27))
-    patch = int(vcfg.get("patch_size", 16))
-    temporal = int(vcfg.get("temporal_patch_size", 2))
-    channels = int(vcfg.get("in_channels", 3))
-    merge = int(vcfg.get("spatial_merge_size", 2))
-    out = int(vcfg.get("out_hidden_size", 3584))
-    positions = int(vcfg.get("num_position_embeddings", 2304))
-    deepstack = len(vcfg.get("deepstack_visual_indexes") or ())
-    merged = d * merge * merge
-    patch_embed = d * channels * temporal * patch * patch + d
-    block = 4 * d * d + 2 * d * f + 9 * d + f
-    merger_mlp = merged * merged + merged + merged * out + out
-    return (
-        patch_embed
-        + positions * d
-        + depth * block
-        + (2 * d + merger_mlp)
-        + deepstack * (2 * merged + merger_mlp)
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelShape:
-    """The architecture numbers that memory and speed depend on (dense decoder-only models, and
-    vision-language models whose decoder is one: the KV cache and speed come from the decoder,
-    the weights from both)."""
-
-    num_layers: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    intermediate_size: int
-    vocab_size: int
-    dtype_bytes: int
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    param_count: int
-    model_max_length: int | None = None
-    architecture: str = ""
-    """``architectures[0]`` of ``config.json`` (vLLM picks its model runner by it)."""
-    vision_param_count: int = 0
-    """Parameters of the vision tower (0 for a text-only model). Not in :attr:`param_count` (the
-    decoder's, which sets the per-token compute); in :attr:`weight_bytes` (vLLM loads both)."""
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> ModelShape:
-        """The shape from a ``config.json`` mapping.
-
-        A vision-language config (Qwen3-VL: ``text_config`` + ``vision_config``) is read as vLLM
-        reads it: the decoder's numbers from ``text_config`` (top-level keys fill what it lacks),
-        ``architectures`` and ``tie_word_embeddings`` from the top level, the dtype from the top
-        level else ``text_config`` (vLLM's ``get_torch_dtype``), and the vision tower's
-        parameters (:func:`vision_param_count`) as :attr:`vision_param_count`.
-        """
-        text_cfg = cfg.get("text_config")
-        vision_cfg = cfg.get("vision_config")
-        top_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-        if isinstance(text_cfg, Mapping):
-            merged = {**cfg, **text_cfg}
-            if "tie_word_embeddings" in cfg:
-                merged["tie_word_embeddings"] = cfg["tie_word_embeddings"]
-            merged["architectures"] = cfg.get("architectures")
-            cfg = merged
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
-        layers = int(cfg["num_hidden_layers"])
-        inter = int(cfg["intermediate_size"])
-        vocab = int(cfg["vocab_size"])
-        tied = bool(cfg.get("tie_word_embeddings", False))
-        dtype = str(top_dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
-        dtype = dtype.removeprefix("torch.")
-        q = heads * head_dim
-        kv = kv_heads * head_dim
-        attn = hidden * q + 2 * hidden * kv + q * hidden
-        if cfg.get("attention_bias") or cfg.get("model_type") == "qwen2":
-            attn += q + 2 * kv  # Qwen2 has q/k/v biases
-        if cfg.get("model_type") in ("qwen3", "qwen3_vl_text"):
-            attn += 2 * head_dim  # q_norm / k_norm
-        mlp = 3 * hidden * inter
-        per_layer = attn + mlp + 2 * hidden
-        params = vocab * hidden + layers * per_layer + hidden
-        if not tied:
-            params += vocab * hidden
-        vision = vision_param_count(vision_cfg) if isinstance(vision_cfg, Mapping) else 0
-        mml = cfg.get("model_max_length")
-        return cls(
-            num_layers=layers,
-            num_attention_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            hidden_size=hidden,
-            intermediate_size=inter,
-            vocab_size=vocab,
-            dtype_bytes=_DTYPE_BYTES.get(dtype, 2),
-            tie_word_embeddings=tied,
-            max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
-            param_count=params,
-            model_max_length=int(mml) if mml is not None else None,
-            architecture=str((cfg.get("architectures") or [""])[0]),
-            vision_param_count=vision,
-        )
-
-    @classmethod
-    def from_dir(cls, path: str | Path) -> ModelShape:
-        """Read ``config.json`` from a model directory."""
-        with open(Path(path) / "config.json", encoding="utf-8") as fh:
-            return cls.from_config(json.load(fh))
-
-    @property
-    def weight_bytes(self) -> int:
-        """All weights vLLM loads: the decoder and, in a vision-language model, the vision tower."""
-        return (self.param_count + self.vision_param_count) * self.dtype_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,9 +201,12 @@ class ResolvedParams:
     num_gpu_blocks_override: int | None
 
 
-def _get(params: Mapping[str, Any], key: str, default: Any) -> Any:
+def _get(params: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """``params[key]`` unless absent or None; else ``default``, else :data:`VLLM_DEFAULTS`'."""
     value = params.get(key)
-    return default if value is None else value
+    if value is not None:
+        return value
+    return VLLM_DEFAULTS[key] if default is None else default
 
 
 def kv_dtype_bytes(shape: ModelShape, kv_cache_dtype: str | None) -> int:
@@ -347,7 +217,7 @@ def kv_dtype_bytes(shape: ModelShape, kv_cache_dtype: str | None) -> int:
         return 1
     if dtype == "nvfp4":
         return 1
-    return _DTYPE_BYTES.get(dtype, shape.dtype_bytes)
+    return DTYPE_BYTES.get(dtype, shape.dtype_bytes)
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_cache_dtype: str | None, tp: int) -> int:
@@ -384,11 +254,11 @@ def capture_sizes(
 def resolve_params(shape: ModelShape, gpu: GpuProfile, params: Mapping[str, Any]) -> ResolvedParams:
     """Apply vLLM 0.24's defaults for ``vllm serve`` (big-GPU usage context) to ``params``."""
     big = gpu.total_gib >= 70
-    chunked = bool(_get(params, "enable_chunked_prefill", True))
+    chunked = bool(_get(params, "enable_chunked_prefill"))
     mml_raw = params.get("max_model_len")
     auto_mml = mml_raw in (-1, "-1", "auto")
     mml = shape.max_position_embeddings if mml_raw is None or auto_mml else int(mml_raw)
-    perf = str(_get(params, "performance_mode", "balanced"))
+    perf = str(_get(params, "performance_mode"))
     mult = 2 if perf == "throughput" else 1
     mns_user = params.get("max_num_seqs")
     mnbt_user = params.get("max_num_batched_tokens")
@@ -402,7 +272,7 @@ def resolve_params(shape: ModelShape, gpu: GpuProfile, params: Mapping[str, Any]
     mns = int(mns_user) if mns_user is not None else default_mns
     if mnbt_user is None:
         mnbt = min(mnbt, mns * mml)
-    eager = bool(_get(params, "enforce_eager", False))
+    eager = bool(_get(params, "enforce_eager"))
     default_mode = "NONE" if eager else "FULL_AND_PIECEWISE"
     mode = str(_get(params, "cudagraph_mode", default_mode)).upper()
     if eager:
@@ -416,13 +286,13 @@ def resolve_params(shape: ModelShape, gpu: GpuProfile, params: Mapping[str, Any]
             sizes=params.get("cudagraph_capture_sizes"),
             performance_mode=perf,
         )
-    kvd = str(_get(params, "kv_cache_dtype", "auto"))
+    kvd = str(_get(params, "kv_cache_dtype"))
     kvmb = params.get("kv_cache_memory_bytes")
     ngbo = params.get("num_gpu_blocks_override")
     return ResolvedParams(
-        gpu_memory_utilization=float(_get(params, "gpu_memory_utilization", 0.92)),
-        tensor_parallel_size=int(_get(params, "tensor_parallel_size", 1)),
-        block_size=int(_get(params, "block_size", 16)),
+        gpu_memory_utilization=float(_get(params, "gpu_memory_utilization")),
+        tensor_parallel_size=int(_get(params, "tensor_parallel_size")),
+        block_size=int(_get(params, "block_size")),
         max_model_len=mml,
         auto_max_model_len=auto_mml,
         max_num_seqs=mns,
@@ -432,7 +302,7 @@ def resolve_params(shape: ModelShape, gpu: GpuProfile, params: Mapping[str, Any]
         enforce_eager=eager,
         cudagraph_mode=mode,
         enable_chunked_prefill=chunked,
-        enable_prefix_caching=bool(_get(params, "enable_prefix_caching", True)),
+        enable_prefix_caching=bool(_get(params, "enable_prefix_caching")),
         capture_sizes=sizes,
         kv_cache_memory_bytes=int(kvmb) if kvmb is not None else None,
         num_gpu_blocks_override=int(ngbo) if ngbo is not None else None,

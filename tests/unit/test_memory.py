@@ -6,10 +6,12 @@ import math
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from tuner.errors import FailureReason
 from tuner.memory import (
     GPU_PROFILES,
+    VLLM_DEFAULTS,
     GiB,
     ModelShape,
     estimate,
@@ -196,6 +198,28 @@ def test_defaults_follow_vllm(qwen8b: ModelShape) -> None:
     assert (thr.max_num_seqs, thr.max_num_batched_tokens) == (2048, 16384)
     eager = resolve_params(qwen8b, H200, {"enforce_eager": True, "cudagraph_mode": "FULL"})
     assert eager.cudagraph_mode == "NONE" and eager.capture_sizes == ()
+
+
+def test_the_spaces_state_vllms_defaults(qwen8b: ModelShape) -> None:
+    """Every ``default`` of ``conf/space/*.yaml`` that vLLM fixes is :data:`VLLM_DEFAULTS`' value
+    (gpu_memory_utilization 0.92 included), and the derived ones are what ``resolve_params`` gives
+    on the H200 with nothing passed (max_num_seqs 1024, max_num_batched_tokens 8192, ...)."""
+    derived = resolve_params(qwen8b, H200, {})
+    checked = set()
+    for path in sorted((ROOT / "conf" / "space").glob("*.yaml")):
+        tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        assert isinstance(tree, dict)
+        for name, spec in (tree.get("params") or {}).items():
+            if "default" not in spec:  # an override of another option's spec (enabled: true)
+                continue
+            if name in VLLM_DEFAULTS:
+                assert spec["default"] == VLLM_DEFAULTS[name], f"{path.name}: {name}"
+                checked.add(name)
+            elif name in ("max_num_seqs", "max_num_batched_tokens", "cudagraph_mode"):
+                assert spec["default"] == getattr(derived, name), f"{path.name}: {name}"
+                checked.add(name)
+    assert VLLM_DEFAULTS["gpu_memory_utilization"] == 0.92
+    assert {"gpu_memory_utilization", "block_size", "max_num_seqs"} <= checked
 
 
 def test_auto_max_model_len_fits(qwen8b: ModelShape) -> None:

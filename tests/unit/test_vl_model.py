@@ -22,8 +22,8 @@ from tuner.memory import (
     ModelShape,
     estimate,
     kv_bytes_per_token,
-    vision_param_count,
 )
+from tuner.model_shape import vision_param_count
 from tuner.workload import (
     build_requests,
     check_image_sizes,
