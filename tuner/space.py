@@ -1,9 +1,9 @@
 """Stage 1 — the search space: YAML parameter specs → Optuna distributions, checked against vLLM.
 
-Any ``vllm serve`` flag can be searched by naming it in ``conf/space/*.yaml``; this module knows
-the allowed range of the common ones (vLLM 0.24.0's pydantic config fields, ``vllm/config/*.py``:
-https://github.com/vllm-project/vllm/tree/v0.24.0/vllm/config) so that a bound vLLM would reject
-fails at start-up with one clear line instead of in every trial.
+Any ``vllm serve`` flag can be searched by naming it in ``conf/space/*.yaml``; the allowed range
+of the common ones (:data:`tuner.vllm_rules.RANGES`, vLLM 0.24.0's pydantic config fields) and
+choices of a few (below) are checked here, so that a bound vLLM would reject fails at start-up
+with one clear line instead of in every trial.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import optuna.distributions as od
 
 from tuner.config import PARAM_TYPES, ModelConfig, ParamSpec, SpaceConfig, TunerConfig
 from tuner.errors import ConfigError
+from tuner.vllm_rules import RANGES
 
 __all__ = [
     "CUDAGRAPH_MODES",
@@ -36,19 +37,6 @@ KV_CACHE_DTYPES = (
     "int8_per_token_head", "fp8_per_token_head", "nvfp4",
 )  # fmt: skip
 
-# name -> (lowest allowed, lowest inclusive?, highest allowed or None, text for the error)
-_NUMERIC_RANGES: dict[str, tuple[float, bool, float | None, str]] = {
-    "gpu_memory_utilization": (0.0, False, 1.0, "0 < x <= 1"),
-    "block_size": (1, True, None, "an integer >= 1 (multiples of 16 on Hopper)"),
-    "max_num_seqs": (1, True, None, "an integer >= 1"),
-    "max_num_batched_tokens": (1, True, None, "an integer >= 1"),
-    "max_model_len": (1, True, None, "an integer >= 1, at most the model's max_model_len"),
-    "tensor_parallel_size": (1, True, None, "an integer >= 1"),
-    "max_cudagraph_capture_size": (0, True, None, "an integer >= 0"),
-    "stream_interval": (1, True, None, "an integer >= 1"),
-    "cpu_offload_gb": (0.0, True, None, "a number >= 0"),
-    "watermark": (0.0, True, 1.0, "0 <= x < 1"),
-}
 _CHOICES: dict[str, tuple[Any, ...]] = {
     "kv_cache_dtype": KV_CACHE_DTYPES,
     "cudagraph_mode": CUDAGRAPH_MODES,
@@ -65,17 +53,15 @@ def flag_name(name: str, spec: ParamSpec) -> str:
 
 def _check_value(name: str, value: Any, model: ModelConfig) -> str | None:
     """Why vLLM would reject ``value`` for ``name``, or None if it is allowed."""
-    if name in _NUMERIC_RANGES and value is not None:
-        lo, lo_incl, hi, text = _NUMERIC_RANGES[name]
+    rng = RANGES.get(name)
+    if rng is not None and value is not None:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            return f"allowed: {text}"
-        too_low = value < lo or (value == lo and not lo_incl)
-        too_high = hi is not None and (value > hi or (value == hi and name == "watermark"))
+            return f"allowed: {rng.allowed}"
         limit = model.max_model_len
         if name == "max_model_len" and limit is not None and value > limit:
             return f"allowed: <= {model.max_model_len} (model {model.name}'s max_model_len)"
-        if too_low or too_high:
-            return f"allowed: {text}"
+        if rng.broken(value) is not None:
+            return f"allowed: {rng.allowed}"
     if name in _CHOICES and value is not None:
         allowed = _CHOICES[name]
         v = value.upper() if name == "cudagraph_mode" and isinstance(value, str) else value

@@ -43,7 +43,9 @@ __all__ = [
     "BLOCK_SIZE_NOT_SUPPORTED",
     "KV_CACHE_DTYPE_NOT_SUPPORTED",
     "PYDANTIC_URL",
+    "RANGES",
     "SUPPORTED_KV_CACHE_DTYPES",
+    "Range",
     "Rule",
     "Violation",
     "api_refusal",
@@ -66,6 +68,53 @@ KV_CACHE_DTYPE_NOT_SUPPORTED = "kv_cache_dtype not supported"
 HOPPER_BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
 """Non-MLA backends in vLLM's selection order on SM90 (``platforms/cuda.py:152-159``)."""
 LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values vLLM allows for a numeric parameter: pydantic's ``gt``/``ge`` (``low``) and
+    ``le``/``lt`` (``high``) on its config field."""
+
+    low: float
+    low_inclusive: bool
+    high: float | None
+    high_inclusive: bool
+    allowed: str
+    """The allowed values in words, for the tuner's messages (:mod:`tuner.space`'s check)."""
+    config: str | None = None
+    """The pydantic config class of the field, where :func:`argument_refusal` gives vLLM's error
+    for it; None: a range only the space check applies."""
+
+    def broken(self, value: float) -> tuple[str, float] | None:
+        """The pydantic constraint ``value`` breaks (``("gt", 0)``), or None inside the range."""
+        if value < self.low or (value == self.low and not self.low_inclusive):
+            return ("ge" if self.low_inclusive else "gt", self.low)
+        high = self.high
+        if high is not None and (value > high or (value == high and not self.high_inclusive)):
+            return ("le" if self.high_inclusive else "lt", high)
+        return None
+
+
+RANGES: dict[str, Range] = {
+    "gpu_memory_utilization": Range(0, False, 1, True, "0 < x <= 1", "CacheConfig"),
+    "block_size": Range(
+        0, False, None, True, "an integer >= 1 (multiples of 16 on Hopper)", "CacheConfig"
+    ),
+    "tensor_parallel_size": Range(1, True, None, True, "an integer >= 1", "ParallelConfig"),
+    "max_num_seqs": Range(1, True, None, True, "an integer >= 1", "SchedulerConfig"),
+    "max_num_batched_tokens": Range(1, True, None, True, "an integer >= 1", "SchedulerConfig"),
+    "stream_interval": Range(1, True, None, True, "an integer >= 1", "SchedulerConfig"),
+    "max_model_len": Range(
+        1, True, None, True, "an integer >= 1, at most the model's max_model_len"
+    ),
+    "max_cudagraph_capture_size": Range(0, True, None, True, "an integer >= 0"),
+    "cpu_offload_gb": Range(0, True, None, True, "a number >= 0"),
+    "watermark": Range(0, True, 1, False, "0 <= x < 1"),
+}
+"""vLLM 0.24's ranges of the common numeric parameters (its pydantic config fields,
+``vllm/config/*.py``), written once: :func:`argument_refusal` refuses with vLLM's error those
+with a ``config`` (in vLLM's order), and :func:`tuner.space.validate_space` checks every searched
+bound against them."""
 
 
 class Rule(enum.StrEnum):
@@ -113,6 +162,7 @@ _PYDANTIC_OPS = {
     "gt": ("greater than", "greater_than"),
     "ge": ("greater than or equal to", "greater_than_equal"),
     "le": ("less than or equal to", "less_than_equal"),
+    "lt": ("less than", "less_than"),
 }
 
 
@@ -126,6 +176,21 @@ def _pydantic(rule: Rule, model: str, field: str, op: str, bound: Any, value: An
         f"    For further information visit {PYDANTIC_URL}/{typ}"
     )
     return Violation(rule, PYDANTIC_ERROR, text, field=f"{model}.{field}")
+
+
+def _out_of_range(rule: Rule, name: str, value: Any) -> Violation | None:
+    """vLLM's pydantic error for ``value`` outside ``RANGES[name]`` (None: not passed, or in it)."""
+    rng = RANGES[name]
+    broken = None if value is None else rng.broken(value)
+    if broken is None:
+        return None
+    assert rng.config is not None, name
+    op, bound = broken
+    return _pydantic(rule, rng.config, name, op, bound, value)
+
+
+_SCHEDULER_FIELDS = tuple(n for n, r in RANGES.items() if r.config == "SchedulerConfig")
+"""SchedulerConfig's fields in the order vLLM validates them (``max_num_seqs`` first)."""
 
 
 def _user_max_model_len(value: Any) -> int | None:
@@ -183,22 +248,19 @@ def argument_refusal(
             "encoding, positions exceeding derived_max_model_len will cause a CUDA array "
             "out-of-bounds error.",
         )
-    gmu = params.get("gpu_memory_utilization")
-    if Rule.GPU_MEMORY_UTILIZATION not in skip and gmu is not None:
-        rule = Rule.GPU_MEMORY_UTILIZATION
-        if gmu <= 0:
-            return _pydantic(rule, "CacheConfig", "gpu_memory_utilization", "gt", 0, gmu)
-        if gmu > 1:
-            return _pydantic(rule, "CacheConfig", "gpu_memory_utilization", "le", 1, gmu)
-    block = params.get("block_size")
-    if Rule.BLOCK_SIZE_RANGE not in skip and block is not None and block <= 0:
-        return _pydantic(Rule.BLOCK_SIZE_RANGE, "CacheConfig", "block_size", "gt", 0, block)
+    for rule, name in (
+        (Rule.GPU_MEMORY_UTILIZATION, "gpu_memory_utilization"),
+        (Rule.BLOCK_SIZE_RANGE, "block_size"),
+    ):
+        found = None if rule in skip else _out_of_range(rule, name, params.get(name))
+        if found is not None:
+            return found
     tp = params.get("tensor_parallel_size")
     tp = 1 if tp is None else tp
-    if Rule.TENSOR_PARALLEL_RANGE not in skip and tp < 1:
-        return _pydantic(
-            Rule.TENSOR_PARALLEL_RANGE, "ParallelConfig", "tensor_parallel_size", "ge", 1, tp
-        )
+    if Rule.TENSOR_PARALLEL_RANGE not in skip:
+        found = _out_of_range(Rule.TENSOR_PARALLEL_RANGE, "tensor_parallel_size", tp)
+        if found is not None:
+            return found
     if Rule.WORLD_SIZE not in skip and gpu_count is not None and tp > gpu_count:
         return Violation(
             Rule.WORLD_SIZE,
@@ -209,10 +271,10 @@ def argument_refusal(
             "- multiprocessing, set '--nnodes' appropriately.",
         )
     if Rule.SCHEDULER_RANGES not in skip:
-        for field in ("max_num_seqs", "max_num_batched_tokens", "stream_interval"):
-            value = params.get(field)
-            if value is not None and value < 1:
-                return _pydantic(Rule.SCHEDULER_RANGES, "SchedulerConfig", field, "ge", 1, value)
+        for name in _SCHEDULER_FIELDS:
+            found = _out_of_range(Rule.SCHEDULER_RANGES, name, params.get(name))
+            if found is not None:
+                return found
     return None
 
 

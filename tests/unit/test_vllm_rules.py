@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -343,3 +344,50 @@ def test_simulated_engine_core_raises_the_backend_rule(flags: list[str]) -> None
         engine_check(s, {}, "backend")
     assert e.value.exc_line == v.exc_line and e.value.stage == "engine"
     assert e.value.reason is FailureReason.INVALID_CONFIG
+
+
+@pytest.mark.parametrize(
+    ("name", "inside", "outside", "words"),
+    [
+        ("gpu_memory_utilization", 1.0, 0.0, "greater than 0"),
+        ("gpu_memory_utilization", 0.01, 1.5, "less than or equal to 1"),
+        ("block_size", 1, 0, "greater than 0"),
+        ("tensor_parallel_size", 1, 0, "greater than or equal to 1"),
+        ("max_num_seqs", 1, 0, "greater than or equal to 1"),
+        ("max_num_batched_tokens", 1, 0, "greater than or equal to 1"),
+        ("stream_interval", 1, 0, "greater than or equal to 1"),
+    ],
+)
+def test_one_range_table_for_the_refusal_and_the_space(
+    name: str, inside: float, outside: float, words: str
+) -> None:
+    """RANGES is what argument_refusal refuses with vLLM's text and what the space check allows."""
+    from tuner.config import ModelConfig, ParamSpec, SpaceConfig
+    from tuner.errors import ConfigError
+    from tuner.space import validate_space
+    from tuner.vllm_rules import RANGES
+
+    assert argument_refusal(SHAPE, {name: inside}) is None
+    v = argument_refusal(SHAPE, {name: outside})
+    assert v is not None and v.field == f"{RANGES[name].config}.{name}"
+    assert f"Input should be {words} " in v.message
+    model = ModelConfig(path=str(QWEN8B), max_model_len=40960)
+
+    def space(value: float) -> SpaceConfig:
+        return SpaceConfig({name: ParamSpec(type="categorical", choices=[value], default=value)})
+
+    validate_space(space(inside), model)
+    with pytest.raises(ConfigError, match=re.escape(f"allowed: {RANGES[name].allowed}")):
+        validate_space(space(outside), model)
+
+
+def test_a_range_with_an_open_top() -> None:
+    from tuner.vllm_rules import Range
+
+    r = Range(0, True, 1, False, "0 <= x < 1")
+    assert (r.broken(0), r.broken(0.99), r.broken(1), r.broken(-1)) == (
+        None,
+        None,
+        ("lt", 1),
+        ("ge", 0),
+    )
