@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.config import SpaceConfig, TunerConfig
-from tuner.engine.argv import when_holds
+from tuner.engine.argv import passed
 from tuner.errors import EngineError, FailureReason, TrialFailed
 from tuner.memory import (
     GPU_PROFILES,
@@ -240,18 +240,16 @@ def _tuner_limits(
 
 
 def passed_params(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The params a trial passes as flags (:func:`tuner.engine.argv.build_argv`): the searched ones
-    whose ``when`` holds. The rest stay at vLLM's default, and vLLM's defaulting (e.g. clamping an
-    unset ``max_num_seqs`` to ``max_num_batched_tokens``) depends on what was passed."""
-    out: dict[str, Any] = {}
-    for name, value in params.items():
-        spec = space.params.get(name)
-        if spec is not None and not spec.enabled:
-            continue
-        if spec is not None and spec.when and not when_holds(spec.when, params, space):
-            continue
-        out[name] = value
-    return out
+    """The flags a trial with these resolved ``params`` passes (:func:`tuner.engine.argv.passed`),
+    once the defaults of the params the space does not search (disabled) are left out: no trial
+    passes those. The rest stay at vLLM's default, and vLLM's defaulting (e.g. clamping an unset
+    ``max_num_seqs`` to ``max_num_batched_tokens``) depends on what was passed."""
+    searched = {
+        name: value
+        for name, value in params.items()
+        if name not in space.params or space.params[name].enabled
+    }
+    return passed(space, searched)
 
 
 def _vllm_validation(cfg: TunerConfig, shape: ModelShape, params: Mapping[str, Any]) -> None:

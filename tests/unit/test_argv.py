@@ -4,7 +4,17 @@ import sys
 
 import pytest
 
-from tuner.engine.argv import build_argv, build_env, flag_args, mask, mask_argv, secret_values
+from tuner.engine.argv import (
+    build_argv,
+    build_env,
+    flag_args,
+    mask,
+    mask_argv,
+    passed,
+    secret_values,
+)
+from tuner.precheck import passed_params
+from tuner.space import defaults, resolved
 
 
 @pytest.mark.parametrize(
@@ -49,6 +59,30 @@ def test_when_condition_drops_cudagraph_mode_under_eager(make_cfg) -> None:
     )
     assert "--enforce-eager" in argv
     assert not any(a.startswith("-cc.cudagraph_mode") for a in argv)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_the_argv_passes_what_passed_says(make_cfg, eager: bool) -> None:
+    """One rule for which params become flags: the argv's searched flags are ``passed``'s, and
+    the precheck (resolved params, disabled ones at their default) judges the same."""
+    cfg = make_cfg("+workload=chat", "space=full")
+    params = {
+        **defaults(cfg.space),
+        "enforce_eager": eager,
+        "cudagraph_mode": "PIECEWISE",
+        "max_cudagraph_capture_size": 256,
+    }
+    flags = passed(cfg.space, params)
+    assert ("cudagraph_mode" in flags, "max_cudagraph_capture_size" in flags) == (not eager,) * 2
+    assert flags["enforce_eager"] is eager and flags["max_num_seqs"] == params["max_num_seqs"]
+    argv = build_argv(cfg.engine, cfg.model, cfg.space, params, port=1)
+    assert ("-cc.cudagraph_mode=PIECEWISE" in argv) is not eager
+    assert ("--max-cudagraph-capture-size" in argv) is not eager
+    assert passed_params(cfg.space, resolved(cfg.space, params)) == flags
+    default_space = make_cfg("+workload=chat").space  # enforce_eager disabled: not a flag
+    searched = {**defaults(default_space), "cudagraph_mode": "PIECEWISE"}
+    judged = passed_params(default_space, resolved(default_space, searched))
+    assert judged == passed(default_space, searched) and "enforce_eager" not in judged
 
 
 def test_env_lease_no_vllm_port_and_secrets(make_cfg) -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "check_command",
     "compile_key",
     "params_key",
+    "passed",
     "command_missing",
     "flag_args",
     "mask",
@@ -182,10 +183,8 @@ def build_argv(
     argv += _without_api_key(_dict_args(model.fixed_args))
     argv += _dict_args(server_args or {})
     if not baseline:
-        for name, value in params.items():
+        for name, value in passed(space, params).items():
             spec = space.params.get(name)
-            if spec is not None and spec.when and not when_holds(spec.when, params, space):
-                continue
             flag = flag_name(name, spec) if spec else "--" + name.replace("_", "-")
             argv += flag_args(flag, value)
     extra = _without_api_key(engine.extra_args)
@@ -199,6 +198,19 @@ def build_argv(
 PIN_FLAG = "-cc.max_cudagraph_capture_size"
 """``engine.pin_capture_size``: the capture size fixed at vLLM's cap, so ``max_num_seqs`` does
 not change the compile key (not when the argv sets a capture size itself)."""
+
+
+def passed(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The params that become flags (:func:`build_argv`; the precheck judges the same): each one
+    whose spec's ``when`` holds (:func:`when_holds`), and every one without a ``when`` or a spec.
+    The others stay at vLLM's default."""
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        spec = space.params.get(name)
+        if spec is not None and spec.when and not when_holds(spec.when, params, space):
+            continue
+        out[name] = value
+    return out
 
 
 def when_holds(when: Mapping[str, Any], params: Mapping[str, Any], space: SpaceConfig) -> bool:
