@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tuner.capacity import Step, from_steps, holds, margin, search
+from tuner.capacity import Step, from_steps, search
+from tuner.capacity_probe import holds, margin
 from tuner.config import CapacityConfig, ObjectiveConfig, SLOConfig
 
 
