@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tuner.engine.gpu_memory import gpu_freed
 from tuner.errors import EngineError
 from tuner.telemetry import gpu
 from tuner.telemetry.prom import DEFAULT_NAMES, MetricsScraper, parse_metrics
-from tuner.engine.gpu_memory import gpu_freed
 
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
