@@ -4,9 +4,9 @@ subprocess, no simulator; the engine is :class:`FakeVLLM` served on a loopback p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from aiohttp import web
 from test_replay import FakeVLLM
 
 import tuner.capacity_probe as capacity_probe
-from tuner.artifacts import TrialFolder
+from tuner.artifacts import TrialFolder, trial_dir
 from tuner.capacity import Step
 from tuner.config import EngineConfig, TunerConfig
 from tuner.engine.process import Server
@@ -109,8 +109,8 @@ class InProcess(Server):
 
 @dataclass
 class Launcher:
-    """The ``start_server`` of the tests: the launches' log lines in turn (the last one
-    repeats), each failing when it says so; every port asked for."""
+    """The tests' ``start_server``: the launches' log lines in turn (the last one repeats), each
+    but ``ready`` failing the launch; every port asked for."""
 
     url: str
     logs: list[str] = field(default_factory=lambda: ["ready"])
@@ -120,46 +120,40 @@ class Launcher:
     def __call__(self, run: ServerRun, engine: EngineConfig, env: dict[str, str]) -> Server:
         line = self.logs[min(len(self.ports), len(self.logs) - 1)]
         self.ports.append(run.port)
-        return InProcess(
-            self.url,
-            line,
-            fail=line != "ready",
-            dies_at=self.dies_at,
-            log_path=TrialFolder(run.tdir).server_log,
-            host=engine.host,
-            port=run.port,
-            startup_timeout_s=5.0,
-        )
+        log = TrialFolder(run.tdir).server_log
+        kw = {"log_path": log, "host": engine.host, "port": run.port, "startup_timeout_s": 5.0}
+        return InProcess(self.url, line, line != "ready", self.dies_at, **kw)
 
 
 @pytest.fixture
-def engine(
-    serve_app: Callable[[web.Application], AbstractAsyncContextManager[str]],
-) -> Callable[[FakeVLLM], AbstractAsyncContextManager[str]]:
-    """``async with engine(fake) as url``: ``fake`` served with :func:`engine_app`."""
-    return lambda fake: serve_app(engine_app(fake))
+def trial(make_cfg: Callable[..., TunerConfig], tmp_path: Path, serve_app: Any) -> Any:
+    """``async with trial(fake, *overrides, **launcher) as (ctx, launcher)``: a context whose
+    servers are ``fake``, served in this process."""
+
+    @contextlib.asynccontextmanager
+    async def make(fake: FakeVLLM, *overrides: str, **kw: Any) -> AsyncIterator[Any]:
+        cfg = make_cfg(*SMALL, *overrides)
+        async with serve_app(engine_app(fake)) as url:
+            launcher = Launcher(url, **kw)
+            shape = ModelShape.from_dir(cfg.model.files)
+            reqs = build_requests(cfg.workload, cfg.model.files)
+            yield (
+                TrialContext(cfg, shape, reqs, [], tmp_path, None, start_server=launcher),
+                launcher,
+            )
+
+    return make
 
 
-def context(cfg: TunerConfig, tmp_path: Path, launcher: Launcher) -> TrialContext:
-    return TrialContext(
-        cfg,
-        ModelShape.from_dir(cfg.model.files),
-        build_requests(cfg.workload, cfg.model.files),
-        [],
-        tmp_path / "run",
-        None,
-        start_server=launcher,
-    )
-
-
-def replays(ctx: TrialContext, n: int) -> list[Replay]:
+async def serve(ctx: TrialContext, n: int, number: int = 0, prune: bool = True) -> list[Any]:
+    """``n`` replays of the workload (``repeat_K/`` after the first) on one server."""
     w = ctx.cfg.workload
-    return [Replay(f"repeat_{k + 1}" if k else "", ctx.requests, w) for k in range(n)]
+    replays = [Replay(f"repeat_{k + 1}" if k else "", ctx.requests, w) for k in range(n)]
+    return await run_server(ctx, number, {}, True, folder(ctx, number).path, replays, prune=prune)
 
 
-async def serve(ctx: TrialContext, n: int, *, prune: bool = True) -> list[Any]:
-    tdir = ctx.run_dir / "trial_0000"
-    return await run_server(ctx, 0, {}, True, tdir, replays(ctx, n), prune=prune)
+def folder(ctx: TrialContext, number: int = 0) -> TrialFolder:
+    return TrialFolder(trial_dir(ctx.run_dir, number))
 
 
 def test_a_failure_carries_from_the_replay_it_hit_on() -> None:
@@ -168,75 +162,51 @@ def test_a_failure_carries_from_the_replay_it_hit_on() -> None:
     assert [carried_failure(None, i, 2) for i in range(3)] == [None, None, None]
 
 
-async def test_a_dead_engine_fails_its_replay_and_the_ones_after(
-    make_cfg: Callable[..., TunerConfig], tmp_path: Path, engine: Any
-) -> None:
+async def test_a_dead_engine_fails_its_replay_and_the_ones_after(trial: Any) -> None:
     fake = FakeVLLM()
-    async with engine(fake) as url:
-        ctx = context(make_cfg(*SMALL), tmp_path, Launcher(url, dies_at=2))
+    async with trial(fake, dies_at=2) as (ctx, _):
         first, hit, after = await serve(ctx, 3)
     assert first.failure_reason is None and first.metrics["completed"] == 8
     assert hit.failure_reason == after.failure_reason == "engine_dead"
     assert hit.metrics["completed"] == 8  # measured before the health check found it dead
     assert after.metrics["completed"] == 0  # never replayed
     assert len(fake.received) == 16
-    assert (
-        json.loads(TrialFolder(ctx.run_dir / "trial_0000").result.read_text())["failure_reason"]
-        is None
-    )
+    assert json.loads(folder(ctx).result.read_text())["failure_reason"] is None
 
 
-async def test_repeats_replay_on_one_server_and_average(
-    make_cfg: Callable[..., TunerConfig], tmp_path: Path, engine: Any
-) -> None:
+async def test_repeats_replay_on_one_server_and_average(trial: Any) -> None:
     fake = FakeVLLM()
-    async with engine(fake) as url:
-        launcher = Launcher(url)
-        ctx = context(make_cfg(*SMALL), tmp_path, launcher)
+    async with trial(fake) as (ctx, launcher):
         ctx.repeat_requests = [ctx.requests]
         result = await run_trial(ctx, 0, {}, True)
     assert len(launcher.ports) == 1 and len(fake.received) == 16  # one launch, two replays
     assert result.failure_reason is None and result.metrics["repeats"] == 2.0
-    folder = TrialFolder(ctx.run_dir / "trial_0000")
-    assert [r["repeat"] for r in json.loads(folder.repeats.read_text())] == [1, 2]
-    assert folder.replay("repeat_2").result.is_file()
+    assert [r["repeat"] for r in json.loads(folder(ctx).repeats.read_text())] == [1, 2]
+    assert folder(ctx).replay("repeat_2").result.is_file()
 
 
-async def test_a_port_clash_launches_again_on_another_port(
-    make_cfg: Callable[..., TunerConfig], tmp_path: Path, engine: Any
-) -> None:
-    async with engine(FakeVLLM()) as url:
-        launcher = Launcher(url, logs=[CLASH, "ready"])
-        ctx = context(make_cfg(*SMALL), tmp_path, launcher)
+async def test_a_port_clash_launches_again_on_another_port(trial: Any) -> None:
+    async with trial(FakeVLLM(), logs=[CLASH, "ready"]) as (ctx, launcher):
         (result,) = await serve(ctx, 1)
     assert result.failure_reason is None and result.launched
     assert len(launcher.ports) == 2 and launcher.ports[0] != launcher.ports[1]
     assert f"--port {launcher.ports[1]}" in " ".join(result.argv)
-    folder = TrialFolder(ctx.run_dir / "trial_0000")
-    assert CLASH in folder.attempt_log(1).read_text()
-    assert folder.server_log.read_text() == "ready\n"
+    assert CLASH in folder(ctx).attempt_log(1).read_text()
+    assert folder(ctx).server_log.read_text() == "ready\n"
 
 
-async def test_a_launch_failure_that_is_no_port_clash_is_not_retried(
-    make_cfg: Callable[..., TunerConfig], tmp_path: Path, engine: Any
-) -> None:
-    async with engine(FakeVLLM()) as url:
-        launcher = Launcher(url, logs=["RuntimeError: engine core failed"])
-        ctx = context(make_cfg(*SMALL), tmp_path, launcher)
+async def test_a_launch_failure_that_is_no_port_clash_is_not_retried(trial: Any) -> None:
+    async with trial(FakeVLLM(), logs=["RuntimeError: engine core failed"]) as (ctx, launcher):
         (result,) = await serve(ctx, 1)
     assert len(launcher.ports) == 1
     assert result.failure_reason == "crash" and result.launched and result.values is None
 
 
-async def test_a_lost_slo_prunes_the_replay_and_the_repeats_after_it(
-    make_cfg: Callable[..., TunerConfig], tmp_path: Path, engine: Any
-) -> None:
+async def test_a_lost_slo_prunes_the_replay_and_the_repeats_after_it(trial: Any) -> None:
     fake = Loaded(per_request_s=0.03)  # TTFT 30 ms and more: over the 10 ms SLO from the first
-    cfg = make_cfg(*SMALL, "workload.slo.ttft_ms=10", "workload.arrival.concurrency=2")
-    async with engine(fake) as url:
-        ctx = context(cfg, tmp_path, Launcher(url))
+    async with trial(fake, "workload.slo.ttft_ms=10", "workload.arrival.concurrency=2") as (ctx, _):
         results = await serve(ctx, 2)
-        kept = await serve(context(cfg, tmp_path / "all", Launcher(url)), 2, prune=False)
+        kept = await serve(ctx, 2, number=1, prune=False)
     (pruned,) = results  # the second replay never ran
     assert pruned.pruned and "TTFT SLO" in pruned.pruned and pruned.failure_reason is None
     assert pruned.metrics["completed"] < 8
@@ -245,30 +215,20 @@ async def test_a_lost_slo_prunes_the_replay_and_the_repeats_after_it(
 
 
 async def test_the_capacity_bracket_over_a_latency_growing_with_concurrency(
-    make_cfg: Callable[..., TunerConfig],
-    tmp_path: Path,
-    engine: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    trial: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # TTFT = 50 ms x requests in flight against a 125 ms SLO: 1 and 2 in flight hold (margins
     # 0.6 and 0.2), 4 do not (-0.6): the margin's line crosses zero at 2.5 in flight, factor 2.5
     # (the bracket's middle, factor 3, would be bisection's answer)
     monkeypatch.setattr(capacity_probe, "MIN_STEP_REQUESTS", 8)
-    cfg = make_cfg(
-        *SMALL,
-        "objective=capacity",
-        "objective.capacity.max_steps=3",
-        "workload.arrival.concurrency=1",
-        "workload.slo.ttft_ms=125",
-    )
-    async with engine(Loaded(per_request_s=0.05)) as url:
-        ctx = context(cfg, tmp_path, Launcher(url))
+    overrides = ["objective=capacity", "objective.capacity.max_steps=3"]
+    overrides += ["workload.arrival.concurrency=1", "workload.slo.ttft_ms=125"]
+    async with trial(Loaded(per_request_s=0.05), *overrides) as (ctx, _):
         (result,) = await serve(ctx, 1)
     assert result.failure_reason is None and result.pruned is None
-    folder = TrialFolder(ctx.run_dir / "trial_0000")
-    steps = [Step.from_row(r) for r in json.loads(folder.capacity.read_text())["steps"]]
+    steps = [Step.from_row(r) for r in json.loads(folder(ctx).capacity.read_text())["steps"]]
     assert [(s.factor, s.held) for s in steps] == [(1.0, True), (2.0, True), (4.0, False)]
-    assert folder.replay("capacity_2").requests.is_file()
+    assert folder(ctx).replay("capacity_2").requests.is_file()
     m = result.metrics
     lo, hi = steps[1], steps[2]
     assert m["capacity_factor"] == pytest.approx(2.5, abs=0.25)
