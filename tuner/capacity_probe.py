@@ -1,13 +1,8 @@
-"""The capacity search run on a trial's server: each load a replay, judged as a :class:`Step`.
-
-:func:`probe_capacity` is what a trial calls after its replays when an objective is the SLO
-capacity: it starts from the workload's own replay (step 0, already measured), and for each load
-factor :func:`tuner.capacity.search` asks for, builds the workload at that load
-(:func:`tuner.workload.at_load`), waits for the server to be idle, resets its caches, replays it
-into ``capacity_K/`` with the given ``measure`` (pruned once an SLO is lost) and checks the
-server's health. Its answer goes to ``capacity.json``. A step's *margin* (:func:`margin`) is the
-smallest relative headroom to the SLOs (:func:`tuner.score.slo_margins`) and the error budget.
-Everything it needs comes as arguments: it knows nothing of the trial that calls it.
+"""The capacity search on a trial's server: each load factor :func:`tuner.capacity.search` asks
+for is the workload at that load (:func:`tuner.workload.at_load`) replayed into ``capacity_K/``
+by the ``measure`` it is given, after a cache reset, followed by a health ``check``; the answer
+goes to ``capacity.json``. A step's :func:`margin`: the least headroom to the SLOs
+(:func:`tuner.score.slo_margins`) and to the error budget. It knows nothing of the trial.
 """
 
 from __future__ import annotations

@@ -101,7 +101,9 @@ def test_slo_margins_the_one_rule_of_an_slo_held() -> None:
     # ... the capacity search's margin its minimum, with the error budget
     assert margin(some, obj, slo) == -1.0 and not holds(some, obj, slo)
     both = {**some, "tpot_p95_ms": 40.0}
-    assert margin(both, obj, slo) == pytest.approx(0.2) and holds(both, obj, slo)
+    assert margin(both, obj, slo) == pytest.approx(0.2) and holds(both, obj, slo)  # TPOT's
+    assert margin({**both, "tpot_p95_ms": 60.0}, obj, slo) == pytest.approx(-0.2)
+    assert margin({**both, "error_rate": 0.1}, obj, slo) == pytest.approx(-1.0)  # 2x the budget
     at_limit = {"ttft_p95_ms": 200.0, "tpot_p95_ms": 50.0, "error_rate": 0.0}
     assert slo_margins(at_limit, obj, slo) == {"ttft": 0.0, "tpot": 0.0}
     assert holds(at_limit, obj, slo)
