@@ -15,9 +15,10 @@ The load is a factor on the workload's load: its request rate (open loop), its c
 (closed loop, rounded up) or a trace's speed (``time_scale`` divided by the factor). A step
 *holds* when every SLO at ``objective.slo_percentile`` is met and the error rate is within
 ``objective.max_error_rate``. Its *margin* is the smallest relative headroom (``1 − value /
-limit`` over the SLOs, ``1 − error rate / budget``): ≥ 0 holds, < 0 does not. If margins are not
-monotone in the load (noise near the bound), the bracket still ends at a load that held below
-one that did not: the first crossing found, a conservative answer.
+limit`` over the SLOs, ``1 − error rate / budget``; :func:`tuner.capacity_probe.margin`): ≥ 0
+holds, < 0 does not. If margins are not monotone in the load (noise near the bound), the bracket
+still ends at a load that held below one that did not: the first crossing found, a conservative
+answer.
 
 The result is in requests/s (the offered rate of open-loop workloads and traces, the served
 request throughput of a closed loop): ``low`` is the rate of the highest load that held,
@@ -34,15 +35,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.config import CapacityConfig, ObjectiveConfig, SLOConfig
+from tuner.config import CapacityConfig
 
 __all__ = [
     "CAPACITY_METRICS",
     "Capacity",
     "Step",
     "from_steps",
-    "holds",
-    "margin",
     "search",
 ]
 
@@ -110,25 +109,6 @@ CAPACITY_METRICS = (
     "capacity_censored",
 )
 """What :meth:`Capacity.metrics` records on a trial."""
-
-
-def margin(metrics: Mapping[str, float], objective: ObjectiveConfig, slo: SLOConfig) -> float:
-    """The smallest relative headroom to the SLOs and the error budget; < 0: not held."""
-    q = objective.slo_percentile
-    room: list[float] = []
-    for name, limit in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2e", slo.e2e_ms)):
-        if limit is None:
-            continue
-        value = metrics.get(f"{name}_p{q}_ms")
-        room.append(-1.0 if value is None else 1.0 - float(value) / float(limit))
-    err = float(metrics.get("error_rate", 1.0))
-    budget = objective.max_error_rate
-    room.append(1.0 - err / budget if budget > 0 else (0.0 if err <= 0 else -1.0))
-    return min(room)
-
-
-def holds(metrics: Mapping[str, float], objective: ObjectiveConfig, slo: SLOConfig) -> bool:
-    return margin(metrics, objective, slo) >= 0.0
 
 
 Probe = Callable[[float], Awaitable[Step]]

@@ -20,8 +20,8 @@ import aiohttp
 
 import tuner.replay as replay_mod
 from tuner.aio import cancel_and_wait
-from tuner.artifacts import make_dir, write_jsonl
-from tuner.config import TunerConfig, WorkloadConfig
+from tuner.artifacts import TrialFolder, make_dir, write_jsonl
+from tuner.config import ObjectiveConfig, TunerConfig, WorkloadConfig
 from tuner.engine.argv import api_key
 from tuner.engine.pool import describe_cores
 from tuner.records import RequestRecord, RequestSpec
@@ -62,9 +62,15 @@ class Measured:
 
 
 async def measure(
-    cfg: TunerConfig, base_url: str, tdir: Path, gpus: list[int], rp: Replay, prune: bool
+    cfg: TunerConfig,
+    base_url: str,
+    tdir: Path,
+    gpus: list[int],
+    rp: Replay,
+    prune: ObjectiveConfig | None,
 ) -> Measured:
-    """Replay with telemetry beside it; stop early (pruned) once a constraint is lost."""
+    """Replay with telemetry beside it; stop early (pruned) once a constraint of ``prune`` is
+    lost (None: never). ``cfg`` gives the engine and the model, not the objective."""
     w = rp.workload
     make_dir(tdir)
     total = len(rp.requests)
@@ -78,8 +84,8 @@ async def measure(
         done.append(r)
         if len(done) % step == 0 and len(done) < total:
             log.info("  replay %d/%d requests", len(done), total)
-        if prune and not r.warmup and not lost.is_set():
-            reason = prune_reason(done, n_measured, cfg.objective, w.slo)
+        if prune is not None and not r.warmup and not lost.is_set():
+            reason = prune_reason(done, n_measured, prune, w.slo)
             if reason:
                 why.append(reason)
                 lost.set()
@@ -116,8 +122,9 @@ async def measure(
                 records = list(done)
                 pruned = why[0]
                 log.info("  pruned after %d requests: %s", len(records), pruned)
-    write_jsonl(tdir / "metrics.jsonl", prom.samples)
-    write_jsonl(tdir / "gpu.jsonl", gpu.samples)
+    folder = TrialFolder(tdir)
+    write_jsonl(folder.metrics, prom.samples)
+    write_jsonl(folder.gpu, gpu.samples)
     own = {**client.summary(), "client_processes": float(choice.processes)}
     warn_client_lag(own, choice, w.client_loop)
     return Measured(records, {**prom.summary(), **gpu.summary(), **own}, pruned)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "RequestRecord",
     "RequestSpec",
     "TrialResult",
+    "rejected_before_launch",
     "to_json",
     "to_jsonable",
 ]
@@ -191,6 +192,15 @@ class TrialResult:
 
     @property
     def rejected_before_launch(self) -> bool:
-        """The precheck (or a lease limit) refused the params before any GPU was leased: no GPU
-        time was spent on it."""
-        return self.failure_reason is not None and not self.launched and not self.gpus
+        """:func:`rejected_before_launch` of this result."""
+        return rejected_before_launch(self.failure_reason, self.launched, self.gpus)
+
+
+def rejected_before_launch(
+    failure_reason: str | None, launched: bool | None, gpus: Sequence[int] | None
+) -> bool:
+    """The precheck (or a lease limit) refused the params before any GPU was leased: it failed,
+    was not launched (False: None is a trial that never said, e.g. interrupted) and leased no
+    GPU, so no GPU time was spent on it. The one rule for a :class:`TrialResult` and a stored
+    trial (:func:`tuner.stored_trial.rejected_before_launch`)."""
+    return failure_reason is not None and launched is False and not gpus

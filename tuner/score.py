@@ -9,14 +9,16 @@ span from the first send to the last completion, goodput = requests/s meeting ev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from tuner.capacity import CAPACITY_METRICS
 from tuner.config import DIRECTIONS, ObjectiveConfig, SLOConfig, TunerConfig, one_of
 from tuner.errors import ConfigError, FailureReason
-from tuner.records import RequestRecord
+from tuner.records import RequestRecord, TrialResult
 
 __all__ = [
     "KEY_METRICS",
@@ -26,8 +28,10 @@ __all__ = [
     "constraints",
     "needs_capacity",
     "failure_values",
+    "mean_result",
     "objective_values",
     "prune_reason",
+    "slo_margins",
     "summarize",
 ]
 
@@ -199,12 +203,59 @@ def constraints(
     out = {f"failed_{r.value}": float(failure_reason == r.value) for r in FailureReason}
     out["error_rate"] = metrics.get("error_rate", 1.0) - objective.max_error_rate
     if objective.slo_constraints:
-        q = objective.slo_percentile
-        for m, limit in _slos(slo):
-            value = metrics.get(f"{m}_p{q}_ms")
-            ok = failure_reason is None and value is not None
-            out[f"slo_{m}"] = value / limit - 1.0 if ok and value is not None else 1.0
+        for m, room in slo_margins(metrics, objective, slo).items():
+            ok = failure_reason is None and room is not None
+            # 0.0 - room: value/limit - 1 exactly, and 0.0 (not -0.0) at the limit
+            out[f"slo_{m}"] = 0.0 - room if ok and room is not None else 1.0
     return out
+
+
+def slo_margins(
+    metrics: Mapping[str, float], objective: ObjectiveConfig, slo: SLOConfig
+) -> dict[str, float | None]:
+    """Each SLO's relative headroom at ``objective.slo_percentile``: ``1 − value / limit``
+    (≥ 0: the SLO holds), None where the metric has no sample; SLOs not set are left out. The
+    one rule of "an SLO holds": the constraints ``slo_*`` (:func:`constraints`) are its
+    negation, the capacity search's margin (:func:`tuner.capacity_probe.margin`) its minimum.
+
+    With ``slo_percentile=95``, ``ttft_ms=200`` and ``tpot_ms=50``: ``{"ttft_p95_ms": 150.0}``
+    gives ``{"ttft": 0.25, "tpot": None}``.
+    """
+    q = objective.slo_percentile
+    out: dict[str, float | None] = {}
+    for m, limit in _slos(slo):
+        value = metrics.get(f"{m}_p{q}_ms")
+        out[m] = None if value is None else 1.0 - float(value) / float(limit)
+    return out
+
+
+_SPREAD = ("goodput", "output_throughput")
+
+
+def mean_result(
+    results: list[TrialResult], objective: ObjectiveConfig, slo: SLOConfig
+) -> TrialResult:
+    """One trial's repeats (``study.repeats``) as one result: a failure or a prune decides (the
+    first one); else every metric is the mean over the repeats, with the objectives and
+    constraints recomputed from those means and ``<metric>_spread`` = (max - min) / mean for
+    goodput and output tok/s."""
+    bad = next((r for r in results if r.failure_reason or r.pruned), None)
+    if bad is not None or len(results) == 1:
+        return bad or results[0]
+    keys = set.intersection(*(set(r.metrics) for r in results))
+    metrics = {k: statistics.fmean(r.metrics[k] for r in results) for k in sorted(keys)}
+    for k in _SPREAD:
+        vals = [r.metrics[k] for r in results if k in r.metrics]
+        if vals and metrics.get(k):
+            metrics[f"{k}_spread"] = (max(vals) - min(vals)) / metrics[k]
+    metrics["repeats"] = float(len(results))
+    return replace(
+        results[0],
+        metrics=metrics,
+        values=objective_values(metrics, objective),
+        constraints=constraints(metrics, None, objective, slo),
+        duration_s=results[-1].duration_s,
+    )
 
 
 def prune_reason(

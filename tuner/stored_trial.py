@@ -38,6 +38,7 @@ from typing import Any
 
 import optuna
 
+from tuner import records
 from tuner.config import TunerConfig
 from tuner.engine.argv import command_prefix
 from tuner.errors import INTERRUPTED
@@ -215,8 +216,10 @@ def feasible(t: optuna.trial.FrozenTrial) -> bool:
 
 
 def rejected_before_launch(t: Stored) -> bool:
-    """Refused before any GPU was leased (the precheck, or a lease limit): no GPU time spent."""
-    return t.user_attrs.get("launched") is False and not t.user_attrs.get("gpus")
+    """Refused before any GPU was leased (the precheck, or a lease limit): no GPU time spent
+    (:func:`tuner.records.rejected_before_launch` on its attributes)."""
+    a = t.user_attrs
+    return records.rejected_before_launch(failure_reason(t), a.get("launched"), a.get("gpus"))
 
 
 def counted(t: Stored) -> bool:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ParamSpec
 
+from tuner.artifacts import TrialFolder
 from tuner.errors import INTERRUPTED
 from tuner.records import TrialResult
 from tuner.stores import error_line, hide_url
@@ -454,7 +455,7 @@ def _capacity_steps(trial_dir: Path, now: int) -> list[Any]:
     ``capacity_step.factor``, ``.rps``, ``.margin``, ``.held`` and its key metrics."""
     from mlflow.entities import Metric
 
-    path = trial_dir / "capacity.json"
+    path = TrialFolder(trial_dir).capacity
     if not path.is_file():
         return []
     out = []

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tuner.capacity import Step, from_steps, holds, margin, search
-from tuner.config import CapacityConfig, ObjectiveConfig, SLOConfig
+from tuner.capacity import Step, from_steps, search
+from tuner.config import CapacityConfig
 
 
 def probe_of(margin_at: Callable[[float], float], rps_per_factor: float = 10.0):
@@ -81,20 +81,6 @@ async def test_the_first_step_can_come_from_the_trial_replay() -> None:
     cap = await search(probe, CapacityConfig(max_steps=3), first=first)
     assert tried == [2.0, tried[1]]  # two replays more; the first was given
     assert len(cap.steps) == 3 and cap.steps[0] is first
-
-
-def test_margin_and_holds() -> None:
-    obj = ObjectiveConfig(max_error_rate=0.05, slo_percentile=95)
-    slo = SLOConfig(ttft_ms=2000, tpot_ms=50)
-    good = {"ttft_p95_ms": 1000.0, "tpot_p95_ms": 40.0, "error_rate": 0.0}
-    assert margin(good, obj, slo) == pytest.approx(0.2)  # TPOT has the least room
-    assert holds(good, obj, slo)
-    slow = {**good, "tpot_p95_ms": 60.0}
-    assert margin(slow, obj, slo) == pytest.approx(-0.2)
-    assert not holds(slow, obj, slo)
-    errors = {**good, "error_rate": 0.1}
-    assert margin(errors, obj, slo) == pytest.approx(-1.0)
-    assert not holds({"error_rate": 0.0}, obj, slo)  # no latency sample: not held
 
 
 async def test_a_curved_margin_still_narrows_to_the_width() -> None:

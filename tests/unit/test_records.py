@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import textwrap
 
-from tuner.records import LaunchInfo, LogFacts, TrialResult, to_json
+import optuna
+
+from tuner import stored_trial
+from tuner.records import LaunchInfo, LogFacts, TrialResult, rejected_before_launch, to_json
 
 LAUNCH = LaunchInfo(
     port=8123,
@@ -120,3 +123,30 @@ def test_a_launch_with_its_startup_phases_adds_one_key_last() -> None:
         '"engine_version": null, "startup": {"phases": {"process": 19.0, "ready": 2.0}, '
         '"compile_cache": "hit", "compile_hash": null, "aot_hash": null}}'
     )
+
+
+def test_rejected_before_launch_one_rule_for_a_result_and_a_stored_trial() -> None:
+    assert rejected_before_launch("kv_too_small", False, ())
+    assert not rejected_before_launch("gpu_busy", False, (0,))  # a GPU was leased: it waited
+    assert not rejected_before_launch("crash", True, (0,))
+    assert not rejected_before_launch(None, False, ())  # no failure: not refused
+    assert not rejected_before_launch("interrupted", None, None)  # never said (interrupted)
+
+    def result(**kw: object) -> TrialResult:
+        return TrialResult(0, {}, (), None, {}, {}, **kw)  # type: ignore[arg-type]
+
+    assert result(failure_reason="kv_too_small").rejected_before_launch
+    assert not result().rejected_before_launch
+    assert not result(failure_reason="crash", launched=True, gpus=(0,)).rejected_before_launch
+    study = optuna.create_study()
+    for attrs, refused in (
+        ({"failure_reason": "kv_too_small", "launched": False, "gpus": []}, True),
+        ({"failure_reason": None, "launched": False, "gpus": []}, False),
+        ({"failure_reason": "gpu_busy", "launched": False, "gpus": [0]}, False),
+        ({"failure_reason": "interrupted"}, False),
+    ):
+        trial = study.ask()
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        assert stored_trial.rejected_before_launch(trial) is refused, attrs
+        assert stored_trial.counted(trial) is not refused

@@ -8,7 +8,7 @@ import pytest
 
 from tuner.checks import load_config
 from tuner.records import TrialResult
-from tuner.trial import mean_result
+from tuner.score import mean_result
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,9 @@ def res(goodput: float, tok_s: float, **kw: Any) -> TrialResult:
 
 
 def test_mean_of_the_repeats_with_objectives_recomputed(cfg: Any) -> None:
-    out = mean_result([res(20.5, 7700), res(17.5, 7900), res(18.0, 7800)], cfg)
+    out = mean_result(
+        [res(20.5, 7700), res(17.5, 7900), res(18.0, 7800)], cfg.objective, cfg.workload.slo
+    )
     assert out.metrics["goodput"] == pytest.approx(18.6667, rel=1e-4)
     assert out.values == (pytest.approx(18.6667, rel=1e-4),)
     assert out.metrics["goodput_spread"] == pytest.approx(3.0 / 18.6667, rel=1e-4)
@@ -34,8 +36,8 @@ def test_mean_of_the_repeats_with_objectives_recomputed(cfg: Any) -> None:
 
 def test_a_failure_or_a_prune_decides(cfg: Any) -> None:
     dead = res(0.0, 0.0, failure_reason="engine_dead", failure_detail="boom")
-    assert mean_result([res(20, 7000), dead], cfg) is dead
+    assert mean_result([res(20, 7000), dead], cfg.objective, cfg.workload.slo) is dead
     pruned = res(1.0, 100.0, pruned="TTFT SLO lost")
-    assert mean_result([pruned], cfg) is pruned
+    assert mean_result([pruned], cfg.objective, cfg.workload.slo) is pruned
     one = res(5, 500)
-    assert mean_result([one], cfg) is one
+    assert mean_result([one], cfg.objective, cfg.workload.slo) is one

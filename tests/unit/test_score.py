@@ -3,9 +3,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tuner.capacity_probe import holds, margin
 from tuner.config import ObjectiveConfig, SLOConfig
 from tuner.records import RequestRecord
-from tuner.score import constraints, failure_values, objective_values, prune_reason, summarize
+from tuner.score import (
+    constraints,
+    failure_values,
+    objective_values,
+    prune_reason,
+    slo_margins,
+    summarize,
+)
 
 
 def rec(i: int, t: float, ttft: float, e2e: float, out: int, **kw) -> RequestRecord:
@@ -79,3 +87,25 @@ def test_prune_only_when_the_constraint_is_lost_for_sure() -> None:
     assert prune_reason(errors, 100, ObjectiveConfig(prune=False), slo) is None
     fast = [rec(i, 0.0, 0.05, 1.0, 10) for i in range(50)]
     assert prune_reason(fast, 100, obj, slo) is None
+
+
+def test_slo_margins_the_one_rule_of_an_slo_held() -> None:
+    obj = ObjectiveConfig(max_error_rate=0.05, slo_percentile=95)
+    slo = SLOConfig(ttft_ms=200, tpot_ms=50)
+    some = {"ttft_p95_ms": 150.0, "ttft_p50_ms": 500.0, "error_rate": 0.0}
+    assert slo_margins(some, obj, slo) == {"ttft": 0.25, "tpot": None}  # e2e: no SLO set
+    # the constraints are its negation (a metric without samples, or a failure: violated) ...
+    c = constraints(some, None, obj, slo)
+    assert (c["slo_ttft"], c["slo_tpot"]) == (-0.25, 1.0) and "slo_e2e" not in c
+    assert constraints(some, "crash", obj, slo)["slo_ttft"] == 1.0
+    # ... the capacity search's margin its minimum, with the error budget
+    assert margin(some, obj, slo) == -1.0 and not holds(some, obj, slo)
+    both = {**some, "tpot_p95_ms": 40.0}
+    assert margin(both, obj, slo) == pytest.approx(0.2) and holds(both, obj, slo)  # TPOT's
+    assert margin({**both, "tpot_p95_ms": 60.0}, obj, slo) == pytest.approx(-0.2)
+    assert margin({**both, "error_rate": 0.1}, obj, slo) == pytest.approx(-1.0)  # 2x the budget
+    at_limit = {"ttft_p95_ms": 200.0, "tpot_p95_ms": 50.0, "error_rate": 0.0}
+    assert slo_margins(at_limit, obj, slo) == {"ttft": 0.0, "tpot": 0.0}
+    assert holds(at_limit, obj, slo)
+    over = constraints(at_limit, None, obj, slo)["slo_ttft"]
+    assert over == 0.0 and np.copysign(1.0, over) == 1.0  # not -0.0: met, as value/limit - 1

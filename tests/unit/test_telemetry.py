@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tuner.engine.gpu_memory import gpu_freed
 from tuner.errors import EngineError
 from tuner.telemetry import gpu
 from tuner.telemetry.prom import DEFAULT_NAMES, MetricsScraper, parse_metrics
-from tuner.trial import gpu_freed
 
 METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -342,5 +342,5 @@ async def test_the_simulator_reads_no_gpu_memory_after_its_server(
     before = [gpu.GpuMemory(0, 0.0, 140.0, 140.0)]
     server = types.SimpleNamespace(proc=types.SimpleNamespace(pid=1))
     cfg = make_cfg("+workload=chat")
-    assert await gpu_freed(cfg, before, server) == {}  # type: ignore[arg-type]
+    assert await gpu_freed(cfg.engine, before, server) == {}  # type: ignore[arg-type]
     assert asked == []

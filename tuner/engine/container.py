@@ -43,6 +43,7 @@ __all__ = [
     "ContainerServer",
     "check_image",
     "container_env",
+    "container_server",
     "container_name",
     "docker_argv",
     "hf_home",
@@ -348,3 +349,41 @@ class ContainerServer(Server):
             self.removed = await asyncio.to_thread(_remove, self.program, cid, None, self.env)
         if self.removed is not False:
             _LIVE.pop(self.cidfile, None)
+
+
+def container_server(
+    engine: EngineConfig,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    model_path: str,
+    cache_root: Path | None,
+    gpus: Sequence[int],
+    cidfile: Path,
+    name: str,
+    lease_env: str,
+    **where: Any,
+) -> ContainerServer:
+    """``engine.container``: a trial's server ``argv`` as a foreground ``docker run`` on ``gpus``
+    (:func:`wrap`), its id in ``cidfile``, passed the variable ``lease_env`` of ``env`` and
+    labelled :data:`LEASE_LABEL` with its value (crash recovery finds it by either); ``where``:
+    the :class:`Server` arguments (log, host, port, timeouts, CPUs)."""
+    assert engine.container is not None
+    if cache_root is not None:  # docker would create a missing mount source owned by root
+        cache_root.mkdir(parents=True, exist_ok=True)
+    wrapped, wrapped_env = wrap(
+        engine,
+        argv,
+        env,
+        model_path=model_path,
+        cache_root=cache_root,
+        gpus=gpus,
+        cidfile=cidfile,
+        name=name,
+        extra_env=[lease_env],
+        labels={LEASE_LABEL: env[lease_env]},
+    )
+    log.debug("%s", " ".join(wrapped))
+    return ContainerServer(
+        wrapped, program=engine.container.program, cidfile=cidfile, env=wrapped_env, **where
+    )

@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tuner.artifacts import TrialFolder
 from tuner.plots.common import message_figure, palette, read_jsonl
 from tuner.records import RequestRecord
 
@@ -71,7 +72,7 @@ def latency_cdf_data(
     qs = np.asarray(CDF_QUANTILES, dtype=float)
     frames: list[pd.DataFrame] = []
     for number in sorted(trial_dirs):
-        path = Path(trial_dirs[number]) / "requests.jsonl"
+        path = TrialFolder(Path(trial_dirs[number])).requests
         if not path.is_file():
             log.debug("trial %d: no %s", number, path)
             continue

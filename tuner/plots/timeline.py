@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tuner.artifacts import TrialFolder
 from tuner.plots.common import message_figure, palette, panel_centre, read_jsonl
 
 __all__ = ["timeline_data", "timeline_figure"]
@@ -44,8 +45,8 @@ def timeline_data(trial_dir: Path) -> pd.DataFrame:
     Missing files give no rows.
     """
     rows: list[tuple[float, str, float, str]] = []
-    trial_dir = Path(trial_dir)
-    gpu_path = trial_dir / "gpu.jsonl"
+    folder = TrialFolder(Path(trial_dir))
+    gpu_path = folder.gpu
     if gpu_path.is_file():
         for r in read_jsonl(gpu_path):
             if "t_s" not in r:
@@ -56,7 +57,7 @@ def timeline_data(trial_dir: Path) -> pd.DataFrame:
                     rows.append(
                         (float(r["t_s"]), series.format(gpu=gpu), float(r[key]) * scale, panel)
                     )
-    prom_path = trial_dir / "metrics.jsonl"
+    prom_path = folder.metrics
     if prom_path.is_file():
         for r in read_jsonl(prom_path):
             if "t_s" not in r:

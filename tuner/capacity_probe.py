@@ -1,0 +1,156 @@
+"""The capacity search on a trial's server: each load factor :func:`tuner.capacity.search` asks
+for is the workload at that load (:func:`tuner.workload.at_load`) replayed into ``capacity_K/``
+by the ``measure`` it is given, after a cache reset, followed by a health ``check``; the answer
+goes to ``capacity.json``. A step's :func:`margin`: the least headroom to the SLOs
+(:func:`tuner.score.slo_margins`) and to the error budget. It knows nothing of the trial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from tuner.artifacts import TrialFolder, write_json, write_requests
+from tuner.capacity import Capacity, Step, search
+from tuner.config import ObjectiveConfig, SLOConfig
+from tuner.measure import Measured, Replay, reset_caches
+from tuner.replay import is_closed_loop
+from tuner.score import KEY_METRICS, slo_margins, summarize
+from tuner.telemetry.prom import wait_idle
+from tuner.workload import at_load, build_requests
+
+__all__ = [
+    "CLOSED_LOOP_REQUESTS_PER_SLOT",
+    "MIN_STEP_REQUESTS",
+    "Measure",
+    "holds",
+    "margin",
+    "probe_capacity",
+    "step_of",
+]
+
+log = logging.getLogger("tuner")
+
+MIN_STEP_REQUESTS = 100
+"""A capacity step measures at least this many requests: a p95 of fewer moves too much between
+identical runs to say on which side of an SLO a load lies."""
+CLOSED_LOOP_REQUESTS_PER_SLOT = 3
+"""A capacity step of a closed loop sends at least this many requests per slot in flight: with
+fewer, the load cannot build up (every request would be in flight at once)."""
+
+Measure = Callable[[Path, Replay, ObjectiveConfig], Awaitable[Measured]]
+"""Replays on the trial's server into a folder, pruned by the objective's constraints."""
+
+
+def margin(metrics: Mapping[str, float], objective: ObjectiveConfig, slo: SLOConfig) -> float:
+    """The smallest relative headroom to the SLOs (a metric without samples: -1) and to the
+    error budget; < 0: not held."""
+    room = [-1.0 if r is None else r for r in slo_margins(metrics, objective, slo).values()]
+    err = float(metrics.get("error_rate", 1.0))
+    budget = objective.max_error_rate
+    room.append(1.0 - err / budget if budget > 0 else (0.0 if err <= 0 else -1.0))
+    return min(room)
+
+
+def holds(metrics: Mapping[str, float], objective: ObjectiveConfig, slo: SLOConfig) -> bool:
+    return margin(metrics, objective, slo) >= 0.0
+
+
+async def probe_capacity(
+    number: int,
+    objective: ObjectiveConfig,
+    base: Replay,
+    first: Measured,
+    *,
+    base_url: str,
+    folder: TrialFolder,
+    model_files: Path,
+    api_key: str | None,
+    measure: Measure,
+    check: Callable[[], Awaitable[None]],
+) -> Capacity:
+    """The SLO capacity of trial ``number``'s server, from ``base`` (the workload's own replay,
+    measured as ``first``) on: each further step replayed by ``measure`` into
+    ``folder``'s ``capacity_K/``, the server's health ``check``-ed after each (its exception
+    ends the search); the answer and the steps written to ``folder.capacity``."""
+    # each step judged on every SLO (whatever objective.slo_constraints says), pruned when lost
+    judged = replace(objective, slo_constraints=True, prune=True)
+    numbers = itertools.count(1)  # the capacity_K folders; step 0 is the workload's own replay
+
+    async def probe(factor: float) -> Step:
+        k = next(numbers)
+        w = at_load(base.workload, factor)
+        n = max(objective.capacity.requests or w.num_requests, MIN_STEP_REQUESTS)
+        if _closed(base):  # a steady state needs several requests per slot: 3 each at least
+            n = max(n, CLOSED_LOOP_REQUESTS_PER_SLOT * w.arrival.concurrency)
+        w = replace(w, num_requests=n)
+        requests = await asyncio.to_thread(build_requests, w, model_files)
+        rp = Replay(f"capacity_{k}", requests, w)
+        if not await wait_idle(base_url):  # a step stopped early left requests running
+            log.warning("trial %d: the server was still busy 120 s after a replay", number)
+        await reset_caches(base_url, api_key)
+        log.info(
+            "trial %d: capacity step %d at %.3gx the workload's load%s",
+            number,
+            k + 1,
+            factor,
+            f" ({w.arrival.concurrency} in flight)" if _closed(rp) else "",
+        )
+        step_dir = folder.replay(rp.subdir).path
+        m = await measure(step_dir, rp, judged)
+        await check()  # the engine died: its exception ends the search
+        write_requests(step_dir, m.records)
+        return step_of(_factor(base, rp, factor), rp, m, judged)
+
+    def loads(factor: float) -> float:  # a closed loop runs a whole number of requests
+        if not _closed(base):
+            return factor
+        c = base.workload.arrival.concurrency
+        return at_load(base.workload, factor).arrival.concurrency / c
+
+    first_step = step_of(1.0, base, first, judged)
+    cap = await search(probe, objective.capacity, first=first_step, loads=loads)
+    write_json(folder.capacity, {"capacity": cap.metrics(), "steps": [s.row() for s in cap.steps]})
+    log.info(
+        "trial %d: SLO capacity %s req/s (bracket %.2f-%.2f req/s, %d replays)",
+        number,
+        f">= {cap.rps:.2f}" if cap.censored else f"{cap.rps:.2f}",
+        cap.low,
+        cap.high,
+        len(cap.steps),
+    )
+    return cap
+
+
+def step_of(factor: float, rp: Replay, m: Measured, objective: ObjectiveConfig) -> Step:
+    """One replay as a step of the capacity search: requests/s offered (open loop: from the
+    send times) or served (closed loop: by Little's law, the slots in flight over the mean E2E
+    latency, steadier than completions over a short replay's span with its ramp up and down),
+    the SLO margin, held or not."""
+    metrics = {**m.telemetry, **summarize(m.records, rp.workload.slo)}
+    rps = float(metrics.get("request_throughput", 0.0))
+    sends = sorted(r.arrival_s for r in rp.requests if not r.warmup and r.arrival_s is not None)
+    if not _closed(rp) and len(sends) > 1 and sends[-1] > sends[0]:
+        rps = (len(sends) - 1) / (sends[-1] - sends[0])
+    elif _closed(rp) and metrics.get("e2e_mean_ms"):
+        rps = rp.workload.arrival.concurrency / (metrics["e2e_mean_ms"] / 1000.0)
+    mg = margin(metrics, objective, rp.workload.slo)
+    if m.pruned:  # lost beyond doubt, whatever the finished part says
+        mg = min(mg, -0.01)
+    keep = {k: metrics[k] for k in KEY_METRICS if k in metrics}
+    return Step(factor, rps, mg, mg >= 0, keep, m.pruned)
+
+
+def _closed(rp: Replay) -> bool:
+    return is_closed_loop(rp.workload.arrival, rp.requests)
+
+
+def _factor(base: Replay, rp: Replay, asked: float) -> float:
+    """The load factor a replay really ran at (a closed loop's concurrency is whole)."""
+    if _closed(rp):
+        return rp.workload.arrival.concurrency / base.workload.arrival.concurrency
+    return asked
