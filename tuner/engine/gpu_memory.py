@@ -18,6 +18,7 @@ from tuner.config import EngineConfig
 from tuner.engine.container import ContainerServer
 from tuner.engine.process import Server
 from tuner.errors import EngineError, FailureReason, LaunchFailed
+from tuner.memory import VLLM_DEFAULTS
 from tuner.telemetry.gpu import (
     GpuMemory,
     gpu_memory,
@@ -42,8 +43,7 @@ async def wait_free_memory(
     the metric ``gpu_used_before_launch_gib`` and the readings (none for the simulator)."""
     if engine.kind != "vllm" or not nvml_available():
         return {}, []
-    # TODO(lead): vLLM default owner
-    gmu = float(params.get("gpu_memory_utilization") or 0.92)
+    gmu = float(params.get("gpu_memory_utilization") or VLLM_DEFAULTS["gpu_memory_utilization"])
     try:
         before = gpu_memory(gpus)
         need = max(m.total_gib for m in before) * gmu + 0.5 if before else 0.0
