@@ -335,7 +335,11 @@ def _write_safetensors(reader: Any, config: Mapping[str, Any], path: Path) -> in
     offset = 0
     for name in sorted(shapes):
         size = 2 * int(np.prod(shapes[name]))
-        header[name] = {"dtype": "BF16", "shape": shapes[name], "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": "BF16",
+            "shape": shapes[name],
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -423,9 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         out = convert(find_gguf(args.gguf), args.out_dir or default_dir())
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        sys.stderr.write(f"error: {exc}\n")
         return 2
-    print(out)
+    sys.stdout.write(f"{out}\n")
     return 0
 
 

