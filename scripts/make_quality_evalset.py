@@ -1,7 +1,7 @@
-"""Writes workloads/quality/eval-v1.jsonl, the eval set of tuner/quality.py: 300 short chat
-prompts written for this project (templated arithmetic, capitals and everyday facts, short
-instructions), licence-clean. Deterministic (seeded); re-run only to change the set, and then
-name it eval-v2 (recorded comparisons cite v1)."""
+"""Writes workloads/quality/eval-v1.jsonl, the eval set of tuner/quality.py: 280 short chat
+prompts (one user message each) written for this project: templated arithmetic, capitals and
+everyday facts, short instructions; licence-clean. Deterministic (seeded); re-run only to change
+the set, and then name it eval-v2 (recorded comparisons cite v1)."""
 
 from __future__ import annotations
 
@@ -129,10 +129,7 @@ def items() -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
 
     def add(kind: str, prompt: str, answer: str | None = None) -> None:
-        row: dict[str, object] = {
-            "id": f"{kind}-{len(out):03d}",
-            "messages": [{"role": "user", "content": prompt}],
-        }
+        row: dict[str, object] = {"id": f"{kind}-{len(out):03d}", "prompt": prompt}
         if answer is not None:
             row["answer"] = answer
         out.append(row)

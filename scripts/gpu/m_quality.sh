@@ -12,6 +12,7 @@
 # 4. every replay compared with base-1 (tuner.quality compare).
 #   bash /tmp/stage/bin/bg.sh start q env G=/tmp/gq T=1000 bash /tmp/gq/scripts/gpu/m_quality.sh
 #   bash /tmp/stage/bin/bg.sh wait q 540 ; results: $W/r (packed into /tmp/qout/q.tgz)
+# Not runnable on the simulator (no LOCAL_TEST): it needs real weights, vLLM and a GPU.
 set -u
 T="${T:-1000}"
 G="${G:-$(cd "$(dirname "$0")/../.." && pwd)}"
