@@ -19,6 +19,7 @@ from typing import Any
 
 from tuner.config import ModelConfig
 from tuner.errors import ConfigError
+from tuner.model_gguf import build_hint
 
 __all__ = ["HUB_FILES", "context_length", "derived_name", "local_files", "resolve"]
 
@@ -69,12 +70,16 @@ def local_files(path: str) -> Path:
     when it is a directory, else the snapshot of repo id ``path`` in the Hugging Face cache
     (fetched into it when missing, unless ``HF_HUB_OFFLINE``).
 
-    Raises :class:`ConfigError` (one line) for a path that is neither, a repo that cannot be
-    found or reached, or one that is not in the cache while offline.
+    Raises :class:`ConfigError` (one line) for a path that is neither (saying how to build it
+    when it is :mod:`tuner.model_gguf`'s folder), a repo that cannot be found or reached, or one
+    that is not in the cache while offline.
     """
     local = Path(path).expanduser()
     if local.is_dir():
         return local
+    hint = build_hint(local)
+    if hint is not None:  # a folder tuner.model_gguf builds (model=smollm2-135m), not built yet
+        raise ConfigError(f"model.path {path!r} does not exist: {hint}")
     if not _repo_id(path):
         raise ConfigError(
             f"model.path {path!r} is not a directory, nor a Hugging Face repo id (org/name)"
