@@ -17,8 +17,6 @@ from tuner.config import (
     WorkloadConfig,
 )
 from tuner.confirm import (
-    Candidate,
-    ConfirmResult,
     judge,
     pick,
     recommended,
@@ -26,7 +24,7 @@ from tuner.confirm import (
     stressed,
     verdict,
 )
-from tuner.records import TrialResult
+from tuner.records import Candidate, ConfirmResult, TrialResult
 
 OBJ = ObjectiveConfig(
     objectives=[
