@@ -8,8 +8,9 @@ with one stress replay per seed on the workload :func:`stressed` makes (``confir
 concurrency or rate, ``confirm.duration_factor`` × requests and time, other request orders).
 :func:`judge` keeps the worst case of a candidate's runs and demotes it if a run failed, errored
 past the budget or missed an SLO, with the reason; :func:`verdict` asks :mod:`tuner.verdict`
-whether a pick's gain over the defaults beats the spread between rounds, and :func:`recommended`
-names the config to deploy.
+whether a pick's gain over the defaults beats the spread between rounds, :func:`conclude` makes
+the record the study stores (:class:`tuner.stored_study.ConfirmRecord`), :func:`current_verdict`
+reads it back as the study stands now, and :func:`recommended` names the config to deploy.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def _latency_metric(objective: ObjectiveConfig) -> str:
     return f"ttft_p{objective.slo_percentile}_ms"
 
 
-def _knee(study: optuna.Study, feasible: Sequence[optuna.trial.FrozenTrial]) -> Any:
+def _knee(
+    study: optuna.Study, feasible: Sequence[optuna.trial.FrozenTrial]
+) -> optuna.trial.FrozenTrial:
     """The Pareto-best trial closest to the utopia point after min-max scaling each objective."""
     if len(study.directions) == 1:
         sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
