@@ -1,8 +1,7 @@
 """Frozen, JSON-serialisable records that flow between the pipeline stages.
 
 Every artifact the tuner writes (``requests.jsonl``, ``result.json``, ...) is one of these, dumped
-with :func:`to_json`; the confirm stage's :class:`Candidate` and :class:`ConfirmResult` are stored
-on the study (:mod:`tuner.stored_study`). Times are seconds (``*_s``) unless a name says otherwise.
+with :func:`to_json`. Times are seconds (``*_s``) unless a name says otherwise.
 """
 
 from __future__ import annotations

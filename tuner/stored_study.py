@@ -1,31 +1,18 @@
-"""The stored study: the one place that writes and reads what the tuner keeps on the Optuna study
-itself (its trials are :mod:`tuner.stored_trial`).
+"""The stored study: the one place that writes and reads the attributes of the Optuna study itself
+(its trials: :mod:`tuner.stored_trial`), read back by the next run, ``python -m tuner report``,
+notebooks and scripts, also from studies an older tuner stored; and the study-level questions asked
+of its trials (:func:`baseline_trials`, :func:`pareto_rows`).
 
-The study record is read back by the next run of the same command, ``python -m tuner report``,
-notebooks and scripts, often from another process or another host, and from studies stored by an
-older tuner. Every key is written here (:func:`store_names`, :func:`store_prescreen`,
-:meth:`ConfirmRecord.store`, :func:`store_recommended`) and read here (:func:`engine_kind`,
-:func:`prescreen_summary`, :meth:`ConfirmRecord.from_study`, :func:`recommended_trial`, ...), so a
-key is spelled once; the study-level questions asked of its trials are answered here too
-(:func:`baseline_trials`, :func:`pareto_rows`).
+Its user attributes (the system attributes are Optuna's own):
 
-What a study holds, in its user attributes (the system attributes are Optuna's own, e.g. the
-metric names of ``set_metric_names``):
-
-- ``workload``, ``model``, ``engine``: the workload and model names and the engine kind (``sim``,
-  ``vllm``, ...), set by every run that opens the study (:func:`store_names`). A study is
-  continued only on the engine kind it records; one stored before the engine was recorded has
-  none.
-- ``prescreen``: the prescreen's summary (:func:`tuner.prescreen.prescreen`) and ``enqueued``, the
-  configs it added; set once, so a resumed study does not prescreen again.
-- ``confirm``: the confirm stage's record (:class:`ConfirmRecord`), a dict of ``load_factor``,
-  ``duration_factor``, ``seeds``, ``rounds``, ``min_effect`` (the settings it ran with),
-  ``n_trials`` (the study's trials when it was stored), ``candidates`` and ``results`` (lists of
-  :class:`~tuner.records.Candidate` and :class:`~tuner.records.ConfirmResult` as JSON) and
-  ``verdict`` (:meth:`tuner.verdict.Verdict.as_dict`). Records stored before rounds, the minimum
-  effect, the trial count or the verdict existed lack those keys; they read as one round and as
-  None.
-- ``recommended_trial``: the number of the trial the last publish recommended.
+- ``workload``, ``model``, ``engine`` (the engine kind; none in a study stored before it was
+  kept): set by every run that opens the study (:func:`store_names`).
+- ``prescreen``: the prescreen's summary and ``enqueued``; set once (:func:`store_prescreen`).
+- ``confirm``: the confirm stage's :class:`ConfirmRecord`: ``load_factor``, ``duration_factor``,
+  ``seeds``, ``rounds``, ``min_effect``, ``n_trials`` (the study's trials then), ``candidates``,
+  ``results`` and ``verdict``; a record stored before rounds, ``min_effect``, ``n_trials`` or the
+  verdict lacks them (read as one round, and None).
+- ``recommended_trial``: the trial the last publish recommended (:func:`store_recommended`).
 """
 
 from __future__ import annotations
@@ -65,9 +52,6 @@ _CONFIRM = "confirm"
 _RECOMMENDED = "recommended_trial"
 
 
-# --- the run's names ----------------------------------------------------------------------------
-
-
 def store_names(study: optuna.Study, cfg: TunerConfig) -> None:
     """The workload, the model and the engine kind of the run that opened the study."""
     study.set_user_attr(_WORKLOAD, cfg.workload.name)
@@ -76,22 +60,20 @@ def store_names(study: optuna.Study, cfg: TunerConfig) -> None:
 
 
 def engine_kind(study: optuna.Study) -> str | None:
-    """The engine kind the study's trials ran on; None for a study stored before it was kept."""
-    kind = study.user_attrs.get(_ENGINE)
-    return None if kind is None else str(kind)
+    return _name(study, _ENGINE)
 
 
 def workload_name(study: optuna.Study) -> str | None:
-    name = study.user_attrs.get(_WORKLOAD)
-    return None if name is None else str(name)
+    return _name(study, _WORKLOAD)
 
 
 def model_name(study: optuna.Study) -> str | None:
-    name = study.user_attrs.get(_MODEL)
-    return None if name is None else str(name)
+    return _name(study, _MODEL)
 
 
-# --- the prescreen ------------------------------------------------------------------------------
+def _name(study: optuna.Study, key: str) -> str | None:
+    value = study.user_attrs.get(key)
+    return None if value is None else str(value)
 
 
 def store_prescreen(study: optuna.Study, summary: Mapping[str, Any]) -> None:
@@ -105,9 +87,6 @@ def prescreen_summary(study: optuna.Study) -> dict[str, Any] | None:
     return dict(data) if isinstance(data, dict) else None
 
 
-# --- the confirm stage --------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class ConfirmRecord:
     """What the confirm stage stored: the stress settings it ran with, its candidates, their
@@ -117,15 +96,13 @@ class ConfirmRecord:
     duration_factor: float
     seeds: tuple[int, ...]
     rounds: int
-    """1 for a record stored before rounds."""
     min_effect: float | None
-    """None for a record stored before the verdict's minimum effect."""
     n_trials: int | None
-    """The study's trials when the record was stored; None for a record stored before."""
+    """The study's trials when it was stored."""
     candidates: tuple[Candidate, ...]
     results: tuple[ConfirmResult, ...]
     verdict: Verdict | None
-    """None for a record stored before verdicts (or one that cannot be read)."""
+    """None also for one that cannot be read."""
 
     @staticmethod
     def of(
@@ -223,16 +200,11 @@ def recommended_trial(study: optuna.Study) -> int | None:
 # --- the study's trials -------------------------------------------------------------------------
 
 BaselineFilter = Literal["any", "live", "measured", "feasible"]
-"""Which of the study's baseline trials (vLLM's defaults) a caller counts. They differ on purpose:
-
-- ``any``: every state. The figures draw every run of the defaults they have data for, an
-  interrupted one included (:mod:`tuner.plots.write`).
-- ``live``: ran, runs or will run (:data:`tuner.stored_trial.LIVE`), not an interrupted FAIL:
-  whether the queue needs the baseline again (:func:`tuner.storage.fill_queue`).
-- ``measured``: real values, feasible or not: the reference the confirm stage measures the picks'
-  gains against (:func:`tuner.confirm.pick`); defaults that miss an SLO are still the reference.
-- ``feasible``: measured and within every constraint: the Pareto table's "vs baseline"
-  (:func:`pareto_rows`) compares feasible trials with a feasible reference only.
+"""Which baseline trials (vLLM's defaults) count; each caller needs its own: ``any`` (every state:
+the figures draw every run of the defaults with data, :mod:`tuner.plots.write`), ``live`` (ran,
+runs or will run, not an interrupted FAIL: whether :func:`tuner.storage.fill_queue` enqueues it
+again), ``measured`` (feasible or not: the reference of the confirm stage's gains,
+:func:`tuner.confirm.pick`), ``feasible`` (the Pareto table's "vs baseline": :func:`pareto_rows`).
 """
 
 _BASELINE_FILTERS: dict[str, Callable[[optuna.trial.FrozenTrial], bool]] = {
