@@ -124,6 +124,8 @@ def _trial_point(
 def chat256_points(root: Path) -> list[dict[str, Any]]:
     import optuna
 
+    from tuner.stored_study import ConfirmRecord
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     db = STUDIES / "chat256-optuna.db"
     study = optuna.load_study(study_name="chat256-qwen3-8b", storage=f"sqlite:///{root / db}")
@@ -134,10 +136,10 @@ def chat256_points(root: Path) -> list[dict[str, Any]]:
             continue
         source = f"{db} trial {t.number}; KV from chat-a.log/chat-b.log"
         points.append(_trial_point(t, "chat256", source, CHAT256, kv.get((t.number, ""))))
-    confirm = study.user_attrs.get("confirm") or {}
-    for res in confirm.get("results", []):
-        trial = int(res["trial"])
-        for run in res["runs"]:
+    confirm = ConfirmRecord.from_study(study)
+    for res in confirm.results if confirm is not None else ():
+        trial = res.trial
+        for run in res.runs:
             seed = int(run["seed"])
             points.append(
                 {
@@ -145,7 +147,7 @@ def chat256_points(root: Path) -> list[dict[str, Any]]:
                     "group": "chat256-confirm",
                     "source": f"{db} study attr confirm (trial {trial}, seed {seed})",
                     "workload": {"kind": "tuner", "overrides": [*CHAT256, f"workload.seed={seed}"]},
-                    "params": {} if trial == 0 else dict(res["params"]),
+                    "params": {} if trial == 0 else dict(res.params),
                     "baseline": trial == 0,
                     "co_running_gpus": 0,
                     "runs": 1,

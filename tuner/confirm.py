@@ -8,29 +8,32 @@ with one stress replay per seed on the workload :func:`stressed` makes (``confir
 concurrency or rate, ``confirm.duration_factor`` × requests and time, other request orders).
 :func:`judge` keeps the worst case of a candidate's runs and demotes it if a run failed, errored
 past the budget or missed an SLO, with the reason; :func:`verdict` asks :mod:`tuner.verdict`
-whether a pick's gain over the defaults beats the spread between rounds, and :func:`recommended`
-names the config to deploy.
+whether a pick's gain over the defaults beats the spread between rounds, :func:`conclude` makes
+the record the study stores (:class:`tuner.stored_study.ConfirmRecord`), :func:`current_verdict`
+reads it back as the study stands now, and :func:`recommended` names the config to deploy.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import optuna
 
 from tuner import stored_trial
-from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, WorkloadConfig
-from tuner.records import TrialResult
+from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, TunerConfig, WorkloadConfig
+from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.score import KEY_METRICS
+from tuner.stored_study import ConfirmRecord, baseline_trial
 from tuner.verdict import Arm, Verdict, decide
 
 __all__ = [
     "PICKS",
-    "Candidate",
-    "ConfirmResult",
+    "Standing",
+    "conclude",
+    "current_verdict",
     "judge",
     "pick",
     "recommended",
@@ -45,37 +48,6 @@ PICKS = CONFIRM_PICKS
 _HIGHER = {"goodput", "output_throughput", "request_throughput", "success_rate"}
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A trial chosen for the confirm stage, under every pick name that chose it."""
-
-    trial: int
-    picks: tuple[str, ...]
-    params: dict[str, Any]
-    baseline: bool
-    serve_args: tuple[str, ...]
-    search_metrics: dict[str, float]
-
-
-@dataclass(frozen=True)
-class ConfirmResult:
-    """The stress runs of one candidate, over every round: the worst case over them and whether it
-    held (``passed``: in every round)."""
-
-    trial: int
-    picks: tuple[str, ...]
-    params: dict[str, Any]
-    passed: bool
-    reason: str | None
-    """Why the candidate was demoted (failed, errors, SLO missed under stress), or None."""
-    worst: dict[str, float]
-    search: dict[str, float]
-    runs: tuple[dict[str, Any], ...] = field(default_factory=tuple)
-    """One row per run: ``round`` (absent in verdicts stored before rounds: 1), ``seed``, ``ok``,
-    ``failure_reason``, ``violated`` and the metrics (:data:`~tuner.score.KEY_METRICS` and the
-    objectives)."""
-
-
 def _latency_metric(objective: ObjectiveConfig) -> str:
     for o in objective.objectives:
         if o.direction == "minimize":
@@ -83,7 +55,9 @@ def _latency_metric(objective: ObjectiveConfig) -> str:
     return f"ttft_p{objective.slo_percentile}_ms"
 
 
-def _knee(study: optuna.Study, feasible: Sequence[optuna.trial.FrozenTrial]) -> Any:
+def _knee(
+    study: optuna.Study, feasible: Sequence[optuna.trial.FrozenTrial]
+) -> optuna.trial.FrozenTrial:
     """The Pareto-best trial closest to the utopia point after min-max scaling each objective."""
     if len(study.directions) == 1:
         sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
@@ -120,12 +94,10 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
             t = _knee(study, feasible)
         elif name == "baseline":
             # measured, feasible or not: the reference the picks' gains are measured against
-            base = [
-                t for t in study.trials if stored_trial.is_baseline(t) and stored_trial.measured(t)
-            ]
-            if not base:
+            base = baseline_trial(study, which="measured")
+            if base is None:
                 continue
-            t = base[0]
+            t = base
         else:
             metric, best = {
                 "goodput": ("goodput", max),
@@ -314,3 +286,49 @@ def recommended(
             if name in c.picks and (not results or c.trial in passed):
                 return c
     return None
+
+
+def conclude(
+    study: optuna.Study,
+    candidates: Sequence[Candidate],
+    results: Sequence[ConfirmResult],
+    cfg: TunerConfig,
+) -> ConfirmRecord:
+    """The confirm stage's record: the candidates, their results and the verdict, decided here on
+    ``cfg.objective`` and ``confirm.min_effect`` (the caller stores it:
+    :meth:`~tuner.stored_study.ConfirmRecord.store`)."""
+    cc = cfg.confirm
+    decided = verdict(results, candidates, cfg.objective, cc.min_effect, cc.rounds)
+    return ConfirmRecord.of(cc, len(study.trials), candidates, results, decided)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """The confirm stage's conclusion as the study stands now (:func:`current_verdict`)."""
+
+    candidates: tuple[Candidate, ...]
+    results: tuple[ConfirmResult, ...]
+    verdict: Verdict | None
+    record: ConfirmRecord | None
+    """The stored record it comes from, if the confirm stage stored one."""
+
+
+def current_verdict(study: optuna.Study, cfg: TunerConfig) -> Standing:
+    """The stored record's candidates, results and verdict; when trials came after the confirm
+    stage (a later run with ``confirm.enabled=false``), the picks again, the stored results of the
+    trials picked again and the verdict decided again on them (with the record's minimum effect
+    and rounds). Without a record: the picks, no results, no verdict."""
+    record = ConfirmRecord.from_study(study)
+    if record is None:
+        return Standing(tuple(pick(study, cfg.objective, cfg.confirm.picks)), (), None, None)
+    candidates, results, decided = record.candidates, record.results, record.verdict
+    n_now = len(study.trials)
+    if n_now > (record.n_trials if record.n_trials is not None else n_now):
+        candidates = tuple(pick(study, cfg.objective, cfg.confirm.picks))
+        held = {r.trial: r for r in results}
+        results = tuple(held[c.trial] for c in candidates if c.trial in held)
+        decided = None
+    if decided is None and results:
+        min_effect = record.min_effect if record.min_effect is not None else cfg.confirm.min_effect
+        decided = verdict(results, candidates, cfg.objective, min_effect, record.rounds)
+    return Standing(candidates, results, decided, record)

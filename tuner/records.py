@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 __all__ = [
+    "Candidate",
+    "ConfirmResult",
     "LaunchInfo",
     "LogFacts",
     "StartupFacts",
@@ -204,3 +206,34 @@ def rejected_before_launch(
     GPU, so no GPU time was spent on it. The one rule for a :class:`TrialResult` and a stored
     trial (:func:`tuner.stored_trial.rejected_before_launch`)."""
     return failure_reason is not None and launched is False and not gpus
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A trial chosen for the confirm stage, under every pick name that chose it."""
+
+    trial: int
+    picks: tuple[str, ...]
+    params: dict[str, Any]
+    baseline: bool
+    serve_args: tuple[str, ...]
+    search_metrics: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfirmResult:
+    """The stress runs of one candidate, over every round: the worst case over them and whether it
+    held (``passed``: in every round)."""
+
+    trial: int
+    picks: tuple[str, ...]
+    params: dict[str, Any]
+    passed: bool
+    reason: str | None
+    """Why the candidate was demoted (failed, errors, SLO missed under stress), or None."""
+    worst: dict[str, float]
+    search: dict[str, float]
+    runs: tuple[dict[str, Any], ...] = dataclasses.field(default_factory=tuple)
+    """One row per run: ``round`` (absent in verdicts stored before rounds: 1), ``seed``, ``ok``,
+    ``failure_reason``, ``violated`` and the metrics (:data:`~tuner.score.KEY_METRICS` and the
+    objectives)."""

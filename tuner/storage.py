@@ -6,7 +6,7 @@ tuners). It records the engine kind it is measured on, and no run on another eng
 simulated and real measurements never share a study. Before the search asks the sampler,
 :func:`fill_queue` enqueues, each once: the baseline (vLLM's defaults, trial 0 of a new study),
 ``study.warm_start`` (another study's Pareto-best), ``study.enqueue`` and the prescreen's picks.
-What a trial stores is :mod:`tuner.stored_trial`.
+What a trial stores is :mod:`tuner.stored_trial`, what the study stores :mod:`tuner.stored_study`.
 """
 
 from __future__ import annotations
@@ -33,15 +33,20 @@ from tuner.prescreen import prescreen
 from tuner.records import RequestSpec
 from tuner.recovery import worker_id
 from tuner.space import defaults, defaults_outside, grid
-from tuner.stored_trial import BASELINE, LIVE, is_baseline, prescreen_attrs
+from tuner.stored_study import (
+    baseline_trial,
+    engine_kind,
+    prescreen_summary,
+    store_names,
+    store_prescreen,
+)
+from tuner.stored_trial import BASELINE, LIVE, prescreen_attrs
 from tuner.stores import check_database, hide_url, mask_credentials
 
 __all__ = [
-    "ENGINE_ATTR",
     "check_enqueue",
     "enqueue_once",
     "fill_queue",
-    "has_baseline",
     "open_study",
     "retry_schema_race",
     "sampler_seed",
@@ -53,10 +58,6 @@ log = logging.getLogger("tuner")
 
 Distributions = dict[str, optuna.distributions.BaseDistribution]
 T = TypeVar("T")
-
-
-ENGINE_ATTR = "engine"
-"""The study's user attribute naming the engine kind (``sim``, ``vllm``) its trials ran on."""
 
 
 def study_name(cfg: TunerConfig) -> str:
@@ -193,12 +194,7 @@ def open_study(cfg: TunerConfig) -> optuna.Study:
     with warnings.catch_warnings():  # set_metric_names is "experimental" since Optuna 3.2
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names([o.metric for o in cfg.objective.objectives])
-    for key, value in (
-        ("workload", cfg.workload.name),
-        ("model", cfg.model.name),
-        (ENGINE_ATTR, cfg.engine.kind),
-    ):
-        study.set_user_attr(key, value)
+    store_names(study, cfg)
     return study
 
 
@@ -214,7 +210,7 @@ def _check_same(study: optuna.Study, cfg: TunerConfig, storage: str) -> None:
             f"{[d.name.lower() for d in study.directions]}; this run asks for {directions}; "
             "set study.name to start a new study"
         )
-    kind = study.user_attrs.get(ENGINE_ATTR)
+    kind = engine_kind(study)
     if kind is not None and kind != cfg.engine.kind:
         raise ConfigError(
             f"study {name!r} in {storage} was measured on engine={kind}, this run is "
@@ -244,7 +240,8 @@ def fill_queue(
 ) -> None:
     """Enqueue what runs before the sampler is asked: the baseline, the warm start, the
     ``study.enqueue`` entries, and (once per study) the prescreen's picks."""
-    if cfg.study.baseline_first and not has_baseline(study):  # new, or interrupted before
+    # a baseline that has run, runs or will run; not one interrupted (FAIL): new, or run again
+    if cfg.study.baseline_first and baseline_trial(study, which="live") is None:
         outside = defaults_outside(cfg.space)
         if outside and not n_stored:
             log.warning(
@@ -263,7 +260,7 @@ def fill_queue(
         pending += _warm_start(cfg, dists)
     pending += [({**defaults(cfg.space), **entry}, None) for entry in cfg.study.enqueue]
     summary: dict[str, Any] | None = None
-    if cfg.study.prescreen.trials and "prescreen" not in study.user_attrs:
+    if cfg.study.prescreen.trials and prescreen_summary(study) is None:
         picks, summary = prescreen(cfg, shape, requests)
         pending += [
             ({**defaults(cfg.space), **c.params}, prescreen_attrs(c.predicted)) for c in picks
@@ -274,7 +271,7 @@ def fill_queue(
         new = enqueue_once(study, params, user_attrs=attrs)
         added += int(new and attrs is not None)  # the prescreen's picks carry attrs
     if summary is not None:  # recorded: a resumed study does not prescreen again
-        study.set_user_attr("prescreen", {**summary, "enqueued": added})
+        store_prescreen(study, {**summary, "enqueued": added})
 
 
 def _warm_start(cfg: TunerConfig, dists: Distributions) -> list[tuple[dict[str, Any], None]]:
@@ -332,7 +329,3 @@ def enqueue_once(
             return False
     study.enqueue_trial(params, user_attrs=user_attrs)
     return True
-
-
-def has_baseline(study: optuna.Study) -> bool:
-    return any(is_baseline(t) for t in study.get_trials(deepcopy=False, states=LIVE))

@@ -5,8 +5,9 @@
     prepare   storage.open_study → recovery.recover → storage.fill_queue (baseline, warm start,
               enqueue, prescreen) → tracking.open_tracker
     search    ask (space) → trial.run_trial: precheck → launch → measure → teardown
-              → stored_trial.tell (Optuna) → tracking (MLflow) → report.progress_line
-    after     confirm (the picks re-run under stress, trial.run_server) → report.publish
+              → stored_trial.tell (Optuna) → tracking (MLflow) → console.progress_line
+    after     confirm (the picks re-run under stress, trial.run_server) → confirm.conclude
+              → stored_study.ConfirmRecord.store → publish.publish
 
 Each stage lives in its own module; this one only sequences them. A trial that cannot start or
 measure is *data*: it is told to Optuna as COMPLETE with its ``failed_<reason>`` constraint
@@ -32,15 +33,16 @@ from tuner import __version__, stored_trial
 from tuner.artifacts import trial_dir
 from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
-from tuner.confirm import Candidate, ConfirmResult, judge, pick, stressed
+from tuner.confirm import conclude, judge, pick, stressed
+from tuner.console import hms, live_best, parent_summary, print_summary, progress_line
 from tuner.engine.argv import cache_root, check_command, mask, params_key, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, on_cores
 from tuner.measure import Replay, note_client_cores
 from tuner.memory import ModelShape
-from tuner.records import TrialResult
+from tuner.publish import publish
+from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.recovery import close_runs, recover, worker_id
 from tuner.replay_client import loop_factory
-from tuner.report import hms, live_best, parent_summary, print_summary, progress_line
 from tuner.space import distributions
 from tuner.storage import (
     check_enqueue,
@@ -49,6 +51,7 @@ from tuner.storage import (
     retry_schema_race,
     study_name,
 )
+from tuner.stored_study import ConfirmRecord
 from tuner.stored_trial import (
     is_baseline,
     mark_interrupted,
@@ -333,7 +336,7 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
                 c.trial,
                 ", ".join(c.picks),
             )
-            tdir = ctx.run_dir / "confirm" / f"trial_{c.trial:04d}" / f"round_{rnd}"
+            tdir = trial_dir(ctx.run_dir / "confirm", c.trial) / f"round_{rnd}"
             got = await run_server(ctx, c.trial, c.params, c.baseline, tdir, replays, prune=False)
             runs[c.trial] += [(rnd, seed, r) for seed, r in zip(cc.seeds, got, strict=True)]
             failed = sorted({r.failure_reason for r in got if r.failure_reason})
@@ -350,27 +353,16 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
 
 def _confirmed_before(study: optuna.Study, cfg: TunerConfig) -> dict[int, ConfirmResult]:
     """Verdicts stored by an earlier run with the same stress settings and rounds, by trial."""
-    from tuner.report import stored_confirm
-
-    data = study.user_attrs.get("confirm")
-    stored = stored_confirm(data)
-    if stored is None or not isinstance(data, dict):  # the second narrows data's type
+    record = ConfirmRecord.from_study(study)
+    if record is None or not record.same_stress(cfg.confirm):
         return {}
-    same = (
-        data.get("load_factor") == cfg.confirm.load_factor
-        and data.get("duration_factor") == cfg.confirm.duration_factor
-        and data.get("seeds") == list(cfg.confirm.seeds)
-        and data.get("rounds", 1) == cfg.confirm.rounds
-    )
-    return {r.trial: r for r in stored[1]} if same else {}
+    return {r.trial: r for r in record.results}
 
 
 def _after_search(
     study: optuna.Study, ctx: TrialContext, tracker: Tracker | NullTracker, outcome: StudyOutcome
 ) -> None:
     """Confirm the picks under stress, then publish (exports, figures, MLflow tags)."""
-    from tuner.report import publish, store_confirm
-
     cfg = ctx.cfg
     if not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials):
         return
@@ -396,7 +388,7 @@ def _after_search(
         fresh = _run_on_loop(cfg, _confirm(ctx, todo)) if todo else []
         results = [done[c.trial] if c.trial in done else fresh.pop(0) for c in candidates]
         results = [replace(r, picks=c.picks) for r, c in zip(results, candidates, strict=True)]
-        store_confirm(study, candidates, results, cfg)
+        conclude(study, candidates, results, cfg).store(study)
         outcome.confirmed = results
     try:
         publish(study, cfg, ctx.run_dir, tracker)

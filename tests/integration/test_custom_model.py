@@ -12,6 +12,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tuner.stored_study import model_name
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +84,7 @@ def test_a_custom_model_is_planned_and_tuned(tmp_path: Path, source, name: str) 
     assert TOKEN not in p.stdout + p.stderr
     storage = f"sqlite:///{tmp_path / 'outputs' / 'state' / 'optuna.db'}"
     study = optuna.load_study(study_name=f"chat-{name}-sim", storage=storage)
-    assert study.user_attrs["model"] == name
+    assert model_name(study) == name
     assert len(study.trials) == 2
     for t in study.trials:
         assert t.user_attrs["failure_reason"] is None, t.user_attrs["failure_detail"]

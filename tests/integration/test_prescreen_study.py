@@ -10,6 +10,7 @@ import pytest
 import tuner.storage as storage_mod
 import tuner.study as study_mod
 from tuner.config import TunerConfig
+from tuner.stored_study import prescreen_summary
 
 from .test_study import FAST
 from .trials import counted
@@ -40,7 +41,8 @@ def test_the_prescreen_pick_runs_after_the_baseline_and_only_once(
     cfg = make_cfg(*ARGS, "study.n_trials=2")
     study_mod.run(cfg)
     study = _study(cfg)
-    summary = study.user_attrs["prescreen"]
+    summary = prescreen_summary(study)
+    assert summary is not None
     assert summary["trials"] == 20 and summary["enqueued"] == 1
     base, pick = study.trials[:2]
     assert base.user_attrs["baseline"] is True
@@ -55,5 +57,5 @@ def test_the_prescreen_pick_runs_after_the_baseline_and_only_once(
     monkeypatch.setattr(storage_mod, "prescreen", again)
     study_mod.run(make_cfg(*ARGS, "study.n_trials=1"))
     study = _study(cfg)
-    assert len(counted(study.trials)) == 3 and study.user_attrs["prescreen"] == summary
+    assert len(counted(study.trials)) == 3 and prescreen_summary(study) == summary
     assert "prescreen" not in study.trials[2].user_attrs  # the sampler's own draw

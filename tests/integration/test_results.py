@@ -11,6 +11,7 @@ import optuna
 import pytest
 import yaml
 
+from tuner.stored_study import ConfirmRecord, recommended_trial
 from tuner.verdict import VERDICTS
 
 from .test_study import FAST, mlflow_runs, storage, tuner
@@ -39,20 +40,21 @@ def test_confirm_export_and_report_from_storage(tmp_path: Path) -> None:
     ]
 
     study = optuna.load_study(study_name="res", storage=storage(tmp_path))
-    confirm = study.user_attrs["confirm"]
-    assert confirm["seeds"] == [1, 2] and confirm["load_factor"] == 2.0
-    assert confirm["rounds"] == 2 and confirm["verdict"]["kind"] in VERDICTS
-    picked = {p for c in confirm["candidates"] for p in c["picks"]}
+    confirm = ConfirmRecord.from_study(study)
+    assert confirm is not None and confirm.verdict is not None
+    assert confirm.seeds == (1, 2) and confirm.load_factor == 2.0
+    assert confirm.rounds == 2 and confirm.verdict.kind in VERDICTS
+    picked = {p for c in confirm.candidates for p in c.picks}
     assert picked == {"goodput", "latency", "knee", "baseline"}
-    for r in confirm["results"]:
-        assert [(run["round"], run["seed"]) for run in r["runs"]] == [
+    for r in confirm.results:
+        assert [(run["round"], run["seed"]) for run in r.runs] == [
             (1, 1),
             (1, 2),
             (2, 1),
             (2, 2),
         ]
         for rnd, seed in ((1, 1), (1, 2), (2, 1), (2, 2)):  # 2x the requests (12 -> 24 measured)
-            tdir = run_dir / "confirm" / f"trial_{r['trial']:04d}" / f"round_{rnd}"
+            tdir = run_dir / "confirm" / f"trial_{r.trial:04d}" / f"round_{rnd}"
             rows = tdir / f"seed_{seed}" / "requests.jsonl"
             measured = [json.loads(x) for x in rows.read_text().splitlines()]
             assert sum(not x["warmup"] for x in measured) == 24
@@ -60,7 +62,7 @@ def test_confirm_export_and_report_from_storage(tmp_path: Path) -> None:
             # each round on a fresh server: its first run starts with clean caches
             assert result["metrics"].get("caches_reset") == (None if seed == 1 else 1.0)
             assert (tdir / "server.log").is_file()
-    assert study.user_attrs["recommended_trial"] in {c["trial"] for c in confirm["candidates"]}
+    assert recommended_trial(study) in {c.trial for c in confirm.candidates}
 
     for name in ("goodput", "latency", "knee"):
         exported = yaml.safe_load((run_dir / f"best-{name}.yaml").read_text())
@@ -73,8 +75,8 @@ def test_confirm_export_and_report_from_storage(tmp_path: Path) -> None:
 
     runs = mlflow_runs(tmp_path, "res")
     (parent,) = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
-    assert parent.data.tags["tuner.recommended_trial"] == str(study.user_attrs["recommended_trial"])
-    assert parent.data.tags["tuner.verdict"] == confirm["verdict"]["kind"]
+    assert parent.data.tags["tuner.recommended_trial"] == str(recommended_trial(study))
+    assert parent.data.tags["tuner.verdict"] == confirm.verdict.kind
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -178,30 +180,31 @@ def test_confirm_rounds_give_the_verdict_an_interval(tmp_path: Path) -> None:
     )
     assert p.returncode == 0, p.stderr[-3000:]
     study = optuna.load_study(study_name="verdict", storage=storage(tmp_path))
-    confirm = study.user_attrs["confirm"]
+    confirm = ConfirmRecord.from_study(study)
+    assert confirm is not None and confirm.verdict is not None
     base = next(t.number for t in study.trials if t.user_attrs.get("baseline"))
-    results = {r["trial"]: r for r in confirm["results"]}
-    assert base in results and "baseline" in results[base]["picks"]
+    results = {r.trial: r for r in confirm.results}
+    assert base in results and "baseline" in results[base].picks
     for r in results.values():
-        assert sorted({run["round"] for run in r["runs"]}) == [1, 2]
-    verdict = confirm["verdict"]
-    assert verdict["baseline"] == base and verdict["metric"] == "output_throughput"
+        assert sorted({run["round"] for run in r.runs}) == [1, 2]
+    verdict = confirm.verdict
+    assert verdict.baseline == base and verdict.metric == "output_throughput"
     (parent,) = [
         r for r in mlflow_runs(tmp_path, "verdict") if r.data.tags.get("tuner.role") == "study"
     ]
-    assert parent.data.tags["tuner.verdict"] == verdict["kind"]
+    assert parent.data.tags["tuner.verdict"] == verdict.kind
     assert parent.data.tags["tuner.verdict_metric"] == "output_throughput"
     assert "Verdict: " in p.stdout
-    shown = verdict["gains"].get(str(verdict["shown"]))
-    if shown is not None and shown["low"] is not None:  # a pick other than the defaults
+    shown = verdict.gain
+    if shown is not None and shown.low is not None:  # a pick other than the defaults
         metrics = parent.data.metrics
-        assert metrics["gain_ci_low"] == pytest.approx(shown["low"])
-        assert metrics["gain_ci_high"] == pytest.approx(shown["high"])
+        assert metrics["gain_ci_low"] == pytest.approx(shown.low)
+        assert metrics["gain_ci_high"] == pytest.approx(shown.high)
         assert metrics["gain_ci_low"] <= metrics["gain"] <= metrics["gain_ci_high"]
         assert "95 % CI" in p.stdout and "2 rounds each" in p.stdout
     else:
         assert "gain_ci_low" not in parent.data.metrics
-    if not verdict["gains"]:  # every pick is the defaults' trial: nothing to compare
-        assert verdict["kind"] == "no_gain" and verdict["recommended"] == base
-    if verdict["recommended"] is not None:
-        assert study.user_attrs["recommended_trial"] == verdict["recommended"]
+    if not verdict.gains:  # every pick is the defaults' trial: nothing to compare
+        assert verdict.kind == "no_gain" and verdict.recommended == base
+    if verdict.recommended is not None:
+        assert recommended_trial(study) == verdict.recommended

@@ -17,6 +17,7 @@ import optuna
 import pytest
 
 from tuner import stored_trial
+from tuner.stored_study import ConfirmRecord
 
 from .procs import kill_9_once_serving, kill_9_when, marked_pids
 from .trials import counted, dashboard_constraints, pareto_front_kinds
@@ -507,7 +508,7 @@ def test_timeout_stops_asking_but_finishes_and_confirms(tmp_path: Path) -> None:
     study = optuna.load_study(study_name="budget", storage=storage(tmp_path))
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE]
     assert "study.timeout_s (0.5 s) has passed: no new trial after 1 of 4" in p.stdout
-    assert "confirm" in study.user_attrs
+    assert ConfirmRecord.from_study(study) is not None
     p = tuner(tmp_path, *args)  # continues (a trial the precheck rejects takes no time)
     assert p.returncode == 0, p.stderr[-3000:]
     # the log counts as study.n_trials does: configs refused before launch are not counted

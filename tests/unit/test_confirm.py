@@ -3,6 +3,7 @@ harder, and when a candidate is demoted."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import optuna
@@ -17,8 +18,8 @@ from tuner.config import (
     WorkloadConfig,
 )
 from tuner.confirm import (
-    Candidate,
-    ConfirmResult,
+    conclude,
+    current_verdict,
     judge,
     pick,
     recommended,
@@ -26,7 +27,7 @@ from tuner.confirm import (
     stressed,
     verdict,
 )
-from tuner.records import TrialResult
+from tuner.records import Candidate, ConfirmResult, TrialResult
 
 OBJ = ObjectiveConfig(
     objectives=[
@@ -292,3 +293,32 @@ def test_a_demoted_pick_is_never_recommended() -> None:
     results = [_confirmed(pick_, [150.0, 151.0], ok=False), _confirmed(base, [100.0, 101.0])]
     v = verdict(results, [pick_, base], OBJ, 0.03, 2)
     assert v.kind == "no_gain" and v.recommended == base.trial and v.shown is None
+
+
+def test_the_stored_verdict_stands_until_trials_come_after_it(make_cfg: Any) -> None:
+    study, n = _study()
+    cc = ConfirmConfig(picks=["throughput", "baseline"], rounds=3)
+    cfg = replace(make_cfg("+workload=chat"), objective=OBJ, confirm=cc)
+    cands = pick(study, OBJ, cc.picks)
+    assert [c.trial for c in cands] == [n["fast"], n["base"]]
+    results = [_confirmed(cands[0], [91.2, 92.0, 90.5]), _confirmed(cands[1], [80.0, 81.0, 79.5])]
+    record = conclude(study, cands, results, cfg)
+    assert record.verdict is not None and record.verdict.kind == "gain"
+    assert record.n_trials == len(study.trials) and record.same_stress(cc)
+    record.store(study)
+    now = current_verdict(study, cfg)
+    assert (now.record, now.verdict) == (record, record.verdict)
+    assert now.candidates == tuple(cands) and now.results == tuple(results)
+    # a later run without the confirm stage found a better trial: picked again, unconfirmed; the
+    # defaults' result stands, and the verdict is decided again on what stands
+    better = _add(study, 9500, 700, 13)
+    now = current_verdict(study, cfg)
+    assert [c.trial for c in now.candidates] == [better, n["base"]]
+    assert [r.trial for r in now.results] == [n["base"]]
+    assert now.verdict is not None and now.verdict.kind != "gain"
+    assert now.verdict.recommended == n["base"]
+    # no record: the picks, nothing confirmed
+    fresh, _ = _study()
+    now = current_verdict(fresh, cfg)
+    assert now.record is None and now.verdict is None and not now.results
+    assert [c.trial for c in now.candidates] == [c.trial for c in cands]

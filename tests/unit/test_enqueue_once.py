@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import optuna
 
-from tuner.storage import enqueue_once, has_baseline
+from tuner.storage import enqueue_once
+from tuner.stored_study import baseline_trial
 
 DISTS = {
     "gmu": optuna.distributions.FloatDistribution(0.1, 0.95),
@@ -29,10 +30,10 @@ def test_a_failed_trial_does_not_count_but_a_finished_or_waiting_one_does() -> N
     assert enqueue_once(study, {"gmu": 0.61, "eager": True})
 
 
-def testhas_baseline_ignores_a_failed_baseline() -> None:
+def test_a_live_baseline_ignores_a_failed_one() -> None:
     study = optuna.create_study()
     study.enqueue_trial({"gmu": 0.92, "eager": False}, user_attrs={"baseline": True})
     t = study.ask(DISTS)
-    assert has_baseline(study)  # running
+    assert baseline_trial(study, which="live") is not None  # running
     study.tell(t, state=optuna.trial.TrialState.FAIL)
-    assert not has_baseline(study)
+    assert baseline_trial(study, which="live") is None

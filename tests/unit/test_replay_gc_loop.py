@@ -193,7 +193,7 @@ def test_the_summary_names_the_worst_client_lag() -> None:
 
     from rich.console import Console
 
-    from tuner.report import _print_client_lag
+    from tuner.console import _print_client_lag
 
     def trials(*lags: float | None) -> list[Any]:
         return [

@@ -10,7 +10,8 @@ import pytest
 from tuner.config import EngineConfig
 from tuner.engine.argv import check_command
 from tuner.errors import ConfigError
-from tuner.storage import ENGINE_ATTR, open_study, sampler_seed, storage_url, study_name
+from tuner.storage import open_study, sampler_seed, storage_url, study_name
+from tuner.stored_study import engine_kind
 
 
 def test_the_default_study_name_names_the_engine(make_cfg) -> None:
@@ -22,7 +23,7 @@ def test_the_default_study_name_names_the_engine(make_cfg) -> None:
 def test_a_study_measured_on_one_engine_is_not_continued_on_another(make_cfg) -> None:
     sim = make_cfg("+workload=chat", "study.name=shared")
     study = open_study(sim)
-    assert study.user_attrs[ENGINE_ATTR] == "sim"
+    assert engine_kind(study) == "sim"
     study.enqueue_trial({})  # something stored, which the refusal must leave as it was
     real = make_cfg("+workload=chat", "engine=vllm", "study.name=shared")  # named: same study
     with pytest.raises(ConfigError) as err:
@@ -31,10 +32,10 @@ def test_a_study_measured_on_one_engine_is_not_continued_on_another(make_cfg) ->
     assert "was measured on engine=sim, this run is engine=vllm" in str(err.value)
     assert "\n" not in str(err.value)
     stored = optuna.load_study(study_name="shared", storage=storage_url(sim))
-    assert stored.user_attrs[ENGINE_ATTR] == "sim" and len(stored.trials) == 1
+    assert engine_kind(stored) == "sim" and len(stored.trials) == 1
     assert open_study(sim).study_name == "shared"  # the same engine continues it
     # the default names never meet: vLLM's study is another one
-    assert open_study(make_cfg("+workload=chat", "engine=vllm")).user_attrs[ENGINE_ATTR] == "vllm"
+    assert engine_kind(open_study(make_cfg("+workload=chat", "engine=vllm"))) == "vllm"
 
 
 def test_a_study_stored_before_the_engine_was_recorded_is_continued(make_cfg) -> None:
@@ -43,7 +44,7 @@ def test_a_study_stored_before_the_engine_was_recorded_is_continued(make_cfg) ->
     optuna.create_study(
         study_name="old", storage=storage_url(cfg), directions=["maximize", "minimize"]
     )
-    assert open_study(cfg).user_attrs[ENGINE_ATTR] == "sim"  # recorded from now on
+    assert engine_kind(open_study(cfg)) == "sim"  # recorded from now on
 
 
 def test_an_engine_command_not_on_path_is_one_line() -> None:

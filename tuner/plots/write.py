@@ -19,12 +19,12 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from tuner import stored_trial
 from tuner.plots.latency import latency_cdf_data, latency_cdf_figure
 from tuner.plots.optuna_figures import importance_figure, parallel_coordinates_figure
 from tuner.plots.pareto import pareto_figure
 from tuner.plots.points import trial_labels, trial_points
 from tuner.plots.timeline import timeline_data, timeline_figure
+from tuner.stored_study import baseline_trials
 
 __all__ = ["PLOTLY_JS", "self_contained", "write_figures"]
 
@@ -63,10 +63,6 @@ def self_contained(page: Path, out_dir: Path) -> Path:
     inline = f'<script charset="utf-8">{get_plotlyjs()}</script>'
     out.write_text(text.replace(_SCRIPT, inline), encoding="utf-8")
     return out
-
-
-def _baseline_numbers(study: optuna.Study) -> set[int]:
-    return {t.number for t in study.get_trials(deepcopy=False) if stored_trial.is_baseline(t)}
 
 
 def write_figures(
@@ -122,7 +118,7 @@ def write_figures(
     def latency() -> None:
         frame = latency_cdf_data(trial_dirs)
         csv("latency_cdf.csv", frame)
-        baseline = _baseline_numbers(study)
+        baseline = {t.number for t in baseline_trials(study, which="any")}
         shown = {t.number for t in study.best_trials} | baseline
         present = set(int(t) for t in frame["trial"].unique()) if not frame.empty else set()
         points = trial_points(study)

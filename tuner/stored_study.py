@@ -1,0 +1,247 @@
+"""The stored study: the one place that writes and reads the attributes of the Optuna study itself
+(its trials: :mod:`tuner.stored_trial`), read back by the next run, ``python -m tuner report``,
+notebooks and scripts, also from studies an older tuner stored; and the study-level questions asked
+of its trials (:func:`baseline_trials`, :func:`pareto_rows`).
+
+Its user attributes (the system attributes are Optuna's own):
+
+- ``workload``, ``model``, ``engine`` (the engine kind; none in a study stored before it was
+  kept): set by every run that opens the study (:func:`store_names`).
+- ``prescreen``: the prescreen's summary and ``enqueued``; set once (:func:`store_prescreen`).
+- ``confirm``: the confirm stage's :class:`ConfirmRecord`: ``load_factor``, ``duration_factor``,
+  ``seeds``, ``rounds``, ``min_effect``, ``n_trials`` (the study's trials then), ``candidates``,
+  ``results`` and ``verdict``; a record stored before rounds, ``min_effect``, ``n_trials`` or the
+  verdict lacks them (read as one round, and None).
+- ``recommended_trial``: the trial the last publish recommended (:func:`store_recommended`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import optuna
+
+from tuner import stored_trial
+from tuner.config import ConfirmConfig, TunerConfig
+from tuner.records import Candidate, ConfirmResult, to_jsonable
+from tuner.verdict import Verdict
+
+__all__ = [
+    "BaselineFilter",
+    "ConfirmRecord",
+    "baseline_trial",
+    "baseline_trials",
+    "engine_kind",
+    "model_name",
+    "pareto_rows",
+    "prescreen_summary",
+    "recommended_trial",
+    "store_names",
+    "store_prescreen",
+    "store_recommended",
+    "workload_name",
+]
+
+_WORKLOAD = "workload"
+_MODEL = "model"
+_ENGINE = "engine"
+_PRESCREEN = "prescreen"
+_CONFIRM = "confirm"
+_RECOMMENDED = "recommended_trial"
+
+
+def store_names(study: optuna.Study, cfg: TunerConfig) -> None:
+    """The workload, the model and the engine kind of the run that opened the study."""
+    study.set_user_attr(_WORKLOAD, cfg.workload.name)
+    study.set_user_attr(_MODEL, cfg.model.name)
+    study.set_user_attr(_ENGINE, cfg.engine.kind)
+
+
+def engine_kind(study: optuna.Study) -> str | None:
+    return _name(study, _ENGINE)
+
+
+def workload_name(study: optuna.Study) -> str | None:
+    return _name(study, _WORKLOAD)
+
+
+def model_name(study: optuna.Study) -> str | None:
+    return _name(study, _MODEL)
+
+
+def _name(study: optuna.Study, key: str) -> str | None:
+    value = study.user_attrs.get(key)
+    return None if value is None else str(value)
+
+
+def store_prescreen(study: optuna.Study, summary: Mapping[str, Any]) -> None:
+    """The prescreen's summary, with ``enqueued``: the study does not prescreen again."""
+    study.set_user_attr(_PRESCREEN, dict(summary))
+
+
+def prescreen_summary(study: optuna.Study) -> dict[str, Any] | None:
+    """The summary :func:`store_prescreen` stored, or None if the study was not prescreened."""
+    data = study.user_attrs.get(_PRESCREEN)
+    return dict(data) if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class ConfirmRecord:
+    """What the confirm stage stored: the stress settings it ran with, its candidates, their
+    results and the verdict (decided by :func:`tuner.confirm.conclude`)."""
+
+    load_factor: float
+    duration_factor: float
+    seeds: tuple[int, ...]
+    rounds: int
+    min_effect: float | None
+    n_trials: int | None
+    """The study's trials when it was stored."""
+    candidates: tuple[Candidate, ...]
+    results: tuple[ConfirmResult, ...]
+    verdict: Verdict | None
+    """None also for one that cannot be read."""
+
+    @staticmethod
+    def of(
+        cc: ConfirmConfig,
+        n_trials: int,
+        candidates: Sequence[Candidate],
+        results: Sequence[ConfirmResult],
+        verdict: Verdict,
+    ) -> ConfirmRecord:
+        """The record of a confirm stage run with ``cc`` on a study of ``n_trials`` trials."""
+        return ConfirmRecord(
+            load_factor=cc.load_factor,
+            duration_factor=cc.duration_factor,
+            seeds=tuple(cc.seeds),
+            rounds=cc.rounds,
+            min_effect=cc.min_effect,
+            n_trials=n_trials,
+            candidates=tuple(candidates),
+            results=tuple(results),
+            verdict=verdict,
+        )
+
+    @staticmethod
+    def from_study(study: optuna.Study) -> ConfirmRecord | None:
+        """The study's record, or None if the confirm stage has not stored one."""
+        data = study.user_attrs.get(_CONFIRM)
+        if not isinstance(data, dict):
+            return None
+        return ConfirmRecord(
+            load_factor=data["load_factor"],
+            duration_factor=data["duration_factor"],
+            seeds=tuple(data["seeds"]),
+            rounds=data.get("rounds", 1),
+            min_effect=data.get("min_effect"),
+            n_trials=data.get("n_trials"),
+            candidates=tuple(
+                Candidate(**{**c, "picks": tuple(c["picks"]), "serve_args": tuple(c["serve_args"])})
+                for c in data.get("candidates", [])
+            ),
+            results=tuple(
+                ConfirmResult(**{**r, "picks": tuple(r["picks"]), "runs": tuple(r["runs"])})
+                for r in data.get("results", [])
+            ),
+            verdict=_verdict(data.get("verdict")),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as stored (``confirm.json`` too); a key a record read from an older study
+        lacked (None here) stays out."""
+        out: dict[str, Any] = {
+            "load_factor": self.load_factor,
+            "duration_factor": self.duration_factor,
+            "seeds": list(self.seeds),
+            "rounds": self.rounds,
+            "min_effect": self.min_effect,
+            "n_trials": self.n_trials,
+            "candidates": to_jsonable(list(self.candidates)),
+            "results": to_jsonable(list(self.results)),
+            "verdict": None if self.verdict is None else self.verdict.as_dict(),
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+    def store(self, study: optuna.Study) -> None:
+        study.set_user_attr(_CONFIRM, self.as_dict())
+
+    def same_stress(self, cc: ConfirmConfig) -> bool:
+        """Run with the stress settings and rounds of ``cc``: its results stand for this run's."""
+        return (
+            self.load_factor == cc.load_factor
+            and self.duration_factor == cc.duration_factor
+            and self.seeds == tuple(cc.seeds)
+            and self.rounds == cc.rounds
+        )
+
+
+def _verdict(data: Any) -> Verdict | None:
+    if not isinstance(data, dict):
+        return None
+    try:
+        return Verdict.from_dict(data)
+    except (TypeError, ValueError, KeyError):
+        return None
+
+
+def store_recommended(study: optuna.Study, trial: int) -> None:
+    """The trial the report recommends (the MLflow tag ``tuner.recommended_trial`` says it too)."""
+    study.set_user_attr(_RECOMMENDED, trial)
+
+
+def recommended_trial(study: optuna.Study) -> int | None:
+    number = study.user_attrs.get(_RECOMMENDED)
+    return None if number is None else int(number)
+
+
+# --- the study's trials -------------------------------------------------------------------------
+
+BaselineFilter = Literal["any", "live", "measured", "feasible"]
+"""Which baseline trials (vLLM's defaults) count; each caller needs its own: ``any`` (every state:
+the figures draw every run of the defaults with data, :mod:`tuner.plots.write`), ``live`` (ran,
+runs or will run, not an interrupted FAIL: whether :func:`tuner.storage.fill_queue` enqueues it
+again), ``measured`` (feasible or not: the reference of the confirm stage's gains,
+:func:`tuner.confirm.pick`), ``feasible`` (the Pareto table's "vs baseline": :func:`pareto_rows`).
+"""
+
+_BASELINE_FILTERS: dict[str, Callable[[optuna.trial.FrozenTrial], bool]] = {
+    "any": lambda t: True,
+    "live": lambda t: t.state in stored_trial.LIVE,
+    "measured": stored_trial.measured,
+    "feasible": stored_trial.feasible,
+}
+
+
+def baseline_trials(
+    study: optuna.Study, *, which: BaselineFilter
+) -> list[optuna.trial.FrozenTrial]:
+    """The study's baseline trials that pass ``which`` (:data:`BaselineFilter`), by number. Not
+    copied (Optuna's ``deepcopy=False``): read them, do not change them."""
+    keep = _BASELINE_FILTERS[which]
+    return [t for t in study.get_trials(deepcopy=False) if stored_trial.is_baseline(t) and keep(t)]
+
+
+def baseline_trial(
+    study: optuna.Study, *, which: BaselineFilter
+) -> optuna.trial.FrozenTrial | None:
+    """The first of :func:`baseline_trials`, if any."""
+    return next(iter(baseline_trials(study, which=which)), None)
+
+
+def pareto_rows(study: optuna.Study, cfg: TunerConfig) -> list[dict[str, Any]]:
+    """Each Pareto-best trial with its values and its gain in % over the feasible baseline."""
+    objs = list(study.metric_names or [o.metric for o in cfg.objective.objectives])
+    base = baseline_trial(study, which="feasible")
+    rows = []
+    for tr in sorted(study.best_trials, key=lambda x: x.number):
+        row: dict[str, Any] = {"trial": tr.number, "params": dict(tr.params)}
+        for i, (m, v) in enumerate(zip(objs, tr.values or [], strict=False)):
+            row[m] = v
+            if base is not None and base.values:
+                b = base.values[i]
+                row[f"{m}_vs_baseline_pct"] = (v - b) / abs(b) * 100.0 if b else None
+        rows.append(row)
+    return rows
