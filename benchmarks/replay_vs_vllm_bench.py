@@ -3,7 +3,7 @@
 same output tok/s, median TTFT and median TPOT? (Target: within ±3 %.)
 
 Requests. ``--requests`` prompts of exactly ``--input-len`` tokens (windows of
-``workloads/corpus.txt`` cut token-exact with the model's tokenizer, fixed ``--seed``, all
+``workloads/corpus.txt.gz`` cut token-exact with the model's tokenizer, fixed ``--seed``, all
 different), request i asking for ``k_i`` tokens with ``ignore_eos`` on ``/v1/completions``,
 ``k_i`` uniform in ``--output-len`` x [1 - r, 1 + r] (``--output-range-ratio`` r, default 0.5;
 with equal lengths every closed-loop slot finishes in the same engine step, the requests then
@@ -999,7 +999,7 @@ def main() -> None:
     ap.add_argument("--warmups", type=int, default=1, help="warm-up copies of request 0 per run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model-dir", type=Path, default=ROOT / "models/qwen3-8b-dummy")
-    ap.add_argument("--corpus", type=Path, default=ROOT / "workloads/corpus.txt")
+    ap.add_argument("--corpus", type=Path, default=ROOT / "workloads/corpus.txt.gz")
     ap.add_argument("--served-model-name", default="m")
     ap.add_argument(
         "--vllm",

@@ -89,7 +89,7 @@ async def test_serve_stream_and_teardown(tmp_path: Path) -> None:
         input_tokens=DistConfig(kind="uniform", low=100, high=400),
         output_tokens=DistConfig(kind="fixed", mean=32, low=1, high=64),
         system_prompt_tokens=64,
-        corpus=str(ROOT / "workloads" / "corpus.txt"),
+        corpus=str(ROOT / "workloads" / "corpus.txt.gz"),
     )
     requests = build_requests(w, MODEL)
     s = server(

@@ -258,7 +258,7 @@ async def test_a_trace_row_reaches_the_server_at_its_input_tokens(make_sim: Any)
         path=str(ROOT / "workloads" / "traces" / "guidellm_sample.csv"), limit=6, time_scale=0.01
     )
     w = WorkloadConfig(
-        name="t", corpus=str(ROOT / "workloads" / "corpus.txt"), trace=trace, warmup_requests=0
+        name="t", corpus=str(ROOT / "workloads" / "corpus.txt.gz"), trace=trace, warmup_requests=0
     )
     assert w.endpoint == "chat"
     specs = build_requests(w, ROOT / MODEL)

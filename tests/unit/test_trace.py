@@ -17,7 +17,7 @@ from tuner.workload import build_requests, check_image_sizes, load_tokenizer, lo
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "qwen3-8b-dummy"
-CORPUS = ROOT / "workloads" / "corpus.txt"
+CORPUS = ROOT / "workloads" / "corpus.txt.gz"
 GUIDELLM = ROOT / "workloads" / "traces" / "guidellm_sample.csv"
 AZURE = ROOT / "workloads" / "traces" / "azure_sample.csv"
 AZURE_KEYS: dict[str, Any] = {

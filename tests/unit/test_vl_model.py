@@ -229,7 +229,7 @@ def test_requests_for_the_vl_model() -> None:
     """build_requests counts the text with this model's tokenizer and template."""
     w = WorkloadConfig(
         name="t",
-        corpus=str(ROOT / "workloads" / "corpus.txt"),
+        corpus=str(ROOT / "workloads" / "corpus.txt.gz"),
         num_requests=4,
         warmup_requests=0,
         input_tokens=DistConfig(kind="uniform", low=20, high=60),

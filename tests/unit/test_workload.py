@@ -28,7 +28,7 @@ from tuner.workload import (
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "qwen3-8b-dummy"
-CORPUS = ROOT / "workloads" / "corpus.txt"
+CORPUS = ROOT / "workloads" / "corpus.txt.gz"
 
 
 def wl(**kw: Any) -> WorkloadConfig:

@@ -132,4 +132,4 @@ class WorkloadConfig:
     slo: SLOConfig = field(default_factory=SLOConfig)
     server_args: dict[str, Any] = field(default_factory=dict)
     """Flags this workload needs on every launch (e.g. ``limit-mm-per-prompt``)."""
-    corpus: str = "${paths.root_dir}/workloads/corpus.txt"
+    corpus: str = "${paths.root_dir}/workloads/corpus.txt.gz"

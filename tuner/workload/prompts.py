@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import threading
 from collections.abc import Mapping, Sequence
@@ -121,7 +122,12 @@ class TokenCorpus:
 @functools.lru_cache(maxsize=8)
 def _token_corpus(model_dir: str, corpus_path: str, mtime_ns: int) -> TokenCorpus:
     del mtime_ns  # part of the cache key only
-    text = Path(corpus_path).read_text(encoding="utf-8", errors="replace")
+    path = Path(corpus_path)
+    if path.suffix == ".gz":  # the shipped corpus is gzipped (the checkout travels to the GPU)
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    else:
+        text = path.read_text(encoding="utf-8", errors="replace")
     return TokenCorpus(_load_tokenizer(model_dir), text)
 
 
