@@ -37,6 +37,7 @@ CHECKS: tuple[Callable[[TunerConfig], None], ...] = (
     prescreen.check,
     score.check,
     config.check_confirm,
+    config.check_plan,
     replay.check,
     config.check_workload,
     trace.check,

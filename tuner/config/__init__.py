@@ -11,7 +11,7 @@ One module per concern, every public name re-exported here (``from tuner.config 
 
 * :mod:`tuner.config.engine` — ``engine`` and ``model``: the server and what it serves;
 * :mod:`tuner.config.workload` — ``workload``: the requests, their arrivals, the SLOs;
-* :mod:`tuner.config.search` — ``space``, ``study``, ``objective``, ``confirm``;
+* :mod:`tuner.config.search` — ``space``, ``study``, ``objective``, ``confirm``, ``plan``;
 * :mod:`tuner.config.compose` — :class:`TunerConfig` (with ``tracking`` and ``paths``), its
   registration, composition and conversion, and the refusal of keys the schema does not have;
 * :mod:`tuner.config.values` — the checks of values: choices, ranges, counts, the model directory.
@@ -38,6 +38,7 @@ from tuner.config.search import (
     ObjectiveConfig,
     ObjectiveSpec,
     ParamSpec,
+    PlanConfig,
     PrescreenConfig,
     SpaceConfig,
     StudyConfig,
@@ -57,6 +58,7 @@ from tuner.config.values import (
     check_engine,
     check_images,
     check_model,
+    check_plan,
     check_study,
     check_workload,
     one_of,
@@ -95,6 +97,7 @@ __all__ = [
     "ObjectiveSpec",
     "ParamSpec",
     "PathsConfig",
+    "PlanConfig",
     "PrescreenConfig",
     "SLOConfig",
     "SpaceConfig",
@@ -109,6 +112,7 @@ __all__ = [
     "check_images",
     "check_model",
     "check_model_path",
+    "check_plan",
     "check_override_keys",
     "check_study",
     "check_workload",

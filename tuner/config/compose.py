@@ -17,7 +17,13 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from tuner.config.engine import EngineConfig, ModelConfig
-from tuner.config.search import ConfirmConfig, ObjectiveConfig, SpaceConfig, StudyConfig
+from tuner.config.search import (
+    ConfirmConfig,
+    ObjectiveConfig,
+    PlanConfig,
+    SpaceConfig,
+    StudyConfig,
+)
 from tuner.config.workload import WorkloadConfig
 from tuner.errors import ConfigError
 
@@ -67,6 +73,7 @@ class TunerConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     workload: WorkloadConfig = MISSING
     dry_run: bool = False
     """Print the plan (study, space, first argv) and exit without launching anything."""

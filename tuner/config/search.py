@@ -12,6 +12,7 @@ __all__ = [
     "ObjectiveConfig",
     "ObjectiveSpec",
     "ParamSpec",
+    "PlanConfig",
     "PrescreenConfig",
     "SpaceConfig",
     "StudyConfig",
@@ -185,3 +186,17 @@ class ConfirmConfig:
         default_factory=lambda: ["host", "port", "served-model-name", "api-key"]
     )
     """Flags of the tuner's own launches left out of ``best-*.yaml``."""
+
+
+@dataclass
+class PlanConfig:
+    """The capacity card (:mod:`tuner.capacity_card`, with ``objective=capacity``): capacity per
+    SLO tier, servers for a target load and the cost per million tokens, from measured capacity."""
+
+    slo_scales: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])
+    """SLO tiers: every limit of ``workload.slo`` × each scale (< 1 stricter, > 1 looser); the
+    workload's own (1.0) is always on the card."""
+    target_rps: float | None = None
+    """The traffic to plan for, in requests/s: servers and GPUs needed (none: no plan)."""
+    gpu_hour_usd: float | None = None
+    """The price of one GPU-hour: cost per 1M output tokens and per 1M requests at capacity."""

@@ -2,6 +2,8 @@
 ranges, counts, the model directory. Each stage checks what only it knows (its own
 ``check(cfg)``); :data:`tuner.checks.CHECKS` runs them all, in order."""
 
+import math
+
 from tuner.config.compose import TunerConfig
 from tuner.errors import ConfigError
 
@@ -20,6 +22,7 @@ __all__ = [
     "check_engine",
     "check_images",
     "check_model",
+    "check_plan",
     "check_study",
     "check_workload",
     "one_of",
@@ -96,6 +99,21 @@ def check_confirm(c: TunerConfig) -> None:
         )
     if not 0.0 <= cc.min_effect < 1.0:
         raise ConfigError(f"confirm.min_effect is {cc.min_effect}; allowed: 0.0 to below 1.0")
+
+
+def check_plan(c: TunerConfig) -> None:
+    """``plan``: a positive target load, GPU-hour price and SLO scales."""
+    p = c.plan
+    if p.target_rps is not None and not (math.isfinite(p.target_rps) and p.target_rps > 0):
+        raise ConfigError(f"plan.target_rps is {p.target_rps}; allowed: > 0 requests/s (or null)")
+    if p.gpu_hour_usd is not None and not (math.isfinite(p.gpu_hour_usd) and p.gpu_hour_usd > 0):
+        raise ConfigError(f"plan.gpu_hour_usd is {p.gpu_hour_usd}; allowed: > 0 (or null)")
+    bad = [s for s in p.slo_scales if not (math.isfinite(s) and s > 0)]
+    if bad:
+        raise ConfigError(
+            f"plan.slo_scales has {bad[0]}; allowed: factors > 0 on the SLO limits, "
+            "e.g. [0.5, 1, 2]"
+        )
 
 
 def check_workload(c: TunerConfig) -> None:

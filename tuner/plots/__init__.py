@@ -8,6 +8,7 @@ plotly) and a drawing function that takes that frame and returns a
   names each trial in the other figures, saying which are infeasible and why
 - :func:`latency_cdf_data` → :func:`latency_cdf_figure`
 - :func:`timeline_data` → :func:`timeline_figure`
+- :func:`card_data` → :func:`card_figure`: the capacity card (:mod:`tuner.capacity_card`)
 - Optuna's own plots, on the measured trials: :func:`parallel_coordinates_figure`,
   :func:`importance_figure`
 
@@ -18,7 +19,8 @@ a viewer that shows it alone (MLflow's artifact view).
 
 The modules, one figure family each: ``points`` (the trial points and the Pareto staircase) and
 ``pareto`` (their figure), ``latency`` (latency CDFs), ``timeline`` (a trial's telemetry),
-``optuna_figures`` (Optuna's parallel coordinates and importances on the measured trials),
+``card`` (the capacity card), ``optuna_figures`` (Optuna's parallel coordinates and importances
+on the measured trials),
 ``write`` (:func:`write_figures`) and ``common`` (helpers they share). This package re-exports
 their public API: ``from tuner import plots`` then ``plots.trial_points(study)``.
 
@@ -27,6 +29,7 @@ with penalty values and a violated ``failed_<reason>`` constraint: its values ar
 measurements, so they are NaN here and such trials are counted, never plotted as points.
 """
 
+from tuner.plots.card import card_data, card_figure
 from tuner.plots.latency import (
     CDF_QUANTILES,
     LATENCY_METRICS,
@@ -45,6 +48,8 @@ __all__ = [
     "PARAM_PREFIX",
     "PLOTLY_JS",
     "STATUSES",
+    "card_data",
+    "card_figure",
     "importance_figure",
     "latency_cdf_data",
     "latency_cdf_figure",

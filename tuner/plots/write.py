@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from tuner.plots.card import card_data, card_figure
 from tuner.plots.latency import latency_cdf_data, latency_cdf_figure
 from tuner.plots.optuna_figures import importance_figure, parallel_coordinates_figure
 from tuner.plots.pareto import pareto_figure
@@ -71,6 +73,7 @@ def write_figures(
     trial_dirs: Mapping[int, Path],
     objectives: Sequence[tuple[str, str]],
     timeline_trials: Sequence[int] = (),
+    card: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write the study's figures into ``out_dir`` (HTML, with ``plotly.min.js`` beside them:
     they open without network) with the data of each as CSV beside it; return ``{file name:
@@ -80,8 +83,10 @@ def write_figures(
     plot per objective, one page), ``importances.html``, ``latency_cdf.html`` +
     ``latency_cdf.csv`` (every trial of ``trial_dirs``; the Pareto-front trials and the
     baseline are shown, the others start hidden in the legend) and ``timeline_<n>.html`` +
-    ``timeline_<n>.csv`` for each of ``timeline_trials`` (its dir from ``trial_dirs``). A figure
-    that fails is logged on the ``tuner`` logger and skipped: this never raises for a figure.
+    ``timeline_<n>.csv`` for each of ``timeline_trials`` (its dir from ``trial_dirs``), and with
+    ``card`` (``capacity_card.json``'s content) ``capacity_card.html`` + ``capacity_card.csv``.
+    A figure that fails is logged on the ``tuner`` logger and skipped: this never raises for a
+    figure.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -153,12 +158,24 @@ def write_figures(
 
         return job
 
+    def capacity_card() -> None:
+        assert card is not None
+        frame = card_data(card)
+        csv("capacity_card.csv", frame)
+        html(
+            "capacity_card.html",
+            card_figure(
+                frame, card.get("slo"), card.get("target_rps"), f"{study.study_name}: capacity card"
+            ),
+        )
+
     jobs: list[tuple[str, Callable[[], None]]] = [
         ("pareto", pareto),
         ("parallel_coordinates", parallel),
         ("importances", importances),
         ("latency_cdf", latency),
         *((f"timeline_{n}", timeline(n)) for n in timeline_trials),
+        *([("capacity_card", capacity_card)] if card is not None else []),
     ]
     for name, job in jobs:
         try:
