@@ -666,6 +666,28 @@ def test_self_contained_copy_inlines_plotly(
         plots.self_contained(copy, tmp_path)  # already inline
 
 
+# a capacity card (capacity_card.json's content) with a tier outside the measured loads
+CARD = {
+    "slo": {"ttft_ms": 2000.0, "percentile": 95.0},
+    "scales": [0.5, 1.0],
+    "target_rps": 100.0,
+    "entries": [
+        {
+            "trial": t,
+            "label": f"trial {t}",
+            "baseline": t == 0,
+            "gpus_per_server": 1,
+            "tiers": {
+                "0.5": {"rps": 0.0, "low": 0.0, "high": 9.0, "n": 1, "outside": "below"},
+                "1": {"rps": 20.0 + t, "low": 18.0, "high": 23.0 + t, "n": 3, "outside": None},
+            },
+            "plan": {"gpus": 5, "gpus_low": 5, "gpus_high": 6},
+        }
+        for t in (0, 1)
+    ],
+}
+
+
 def test_figures_draw_in_a_browser_without_network(
     study: optuna.Study, trial_dirs: dict[int, Path], tmp_path: Path
 ) -> None:
@@ -674,7 +696,9 @@ def test_figures_draw_in_a_browser_without_network(
     A page that loads plotly.js from the CDN draws nothing there: the check can fail."""
     _write_telemetry(trial_dirs[0])
     out = tmp_path / "figures"
-    written = plots.write_figures(study, out, trial_dirs, OBJECTIVES, timeline_trials=[0])
+    written = plots.write_figures(
+        study, out, trial_dirs, OBJECTIVES, timeline_trials=[0], card=CARD
+    )
     pages = sorted(p for p in written.values() if p.suffix == ".html")
     assert {p.name for p in pages} == {
         "pareto.html",
@@ -682,6 +706,7 @@ def test_figures_draw_in_a_browser_without_network(
         "importances.html",
         "latency_cdf.html",
         "timeline_0.html",
+        "capacity_card.html",
     }
     alone = tmp_path / "alone"
     alone.mkdir()

@@ -1,0 +1,167 @@
+"""The capacity card on made-up steps: capacity per SLO tier re-judged from the stored
+percentiles, the interval over servers, servers/GPUs for a target and the cost per 1M tokens."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tuner import capacity_card as cc
+from tuner.capacity import Step, from_steps
+from tuner.config import ObjectiveConfig, SLOConfig, TunerConfig
+from tuner.errors import ConfigError
+from tuner.plots import card_data, card_figure
+
+OBJ = ObjectiveConfig(slo_percentile=95, max_error_rate=0.05)
+SLO = SLOConfig(ttft_ms=1000.0, tpot_ms=50.0)
+
+
+def step(factor: float, rps: float, ttft: float, tpot: float, pruned: str | None = None) -> Step:
+    """A step judged at :data:`SLO` as the search judges it (its margin from its percentiles)."""
+    metrics = {"ttft_p95_ms": ttft, "tpot_p95_ms": tpot, "error_rate": 0.0}
+    margin = min(1 - ttft / 1000.0, 1 - tpot / 50.0, 1.0)
+    return Step(factor, rps, margin, margin >= 0, metrics, pruned)
+
+
+# TTFT grows with the load; TPOT 20 ms at 1x up to 90 ms at 4x
+STEPS = [
+    step(1.0, 10.0, 200.0, 20.0),
+    step(2.0, 20.0, 400.0, 30.0),
+    step(4.0, 40.0, 1600.0, 90.0),
+    step(3.0, 30.0, 800.0, 45.0),
+]
+
+
+def test_the_workload_tier_is_the_search_answer() -> None:
+    t = cc.tier_capacity(STEPS, OBJ, SLO, 1.0)
+    cap = from_steps(STEPS)
+    assert (t.rps, t.low, t.high, t.outside) == (cap.rps, cap.low, cap.high, None)
+    assert 30.0 < t.rps < 40.0
+
+
+def test_a_looser_tier_holds_more_and_a_stricter_less() -> None:
+    strict = cc.tier_capacity(STEPS, OBJ, SLO, 0.5)  # TTFT 500, TPOT 25: 1x holds, 2x fails
+    loose = cc.tier_capacity(STEPS, OBJ, SLO, 2.0)  # TTFT 2000, TPOT 100: 4x holds
+    assert strict.outside is None and 10.0 <= strict.rps <= 20.0
+    assert strict.low == 10.0 and strict.high == 20.0
+    assert loose.outside == "above" and loose.rps == 40.0  # every load held: at least 40
+
+
+def test_below_every_measured_load_is_outside() -> None:
+    t = cc.tier_capacity(STEPS, OBJ, SLO, 0.1)  # TTFT 100 ms: nothing held
+    assert t.outside == "below" and t.rps == 0.0 and t.high == 10.0
+
+
+def test_a_pruned_step_is_never_held_at_a_looser_tier() -> None:
+    steps = [step(1.0, 10.0, 200.0, 20.0), step(2.0, 20.0, 1200.0, 60.0, pruned="over the SLO")]
+    assert cc.tier_capacity(steps, OBJ, SLO, 1.0).high == 20.0  # failed: the bracket's top
+    loose = cc.tier_capacity(steps, OBJ, SLO, 2.0)  # its partial p95 would hold: left out
+    assert loose.outside == "above" and loose.rps == 10.0
+
+
+def test_tiers_never_read_lower_when_looser() -> None:
+    # a closed loop serving less at a higher load: the looser crossing lies lower on the line
+    steps = [
+        step(1.0, 30.0, 400.0, 20.0),
+        step(1.5, 32.0, 900.0, 45.0),
+        step(2.0, 25.0, 1500.0, 80.0),
+        step(3.0, 24.0, 2500.0, 120.0),
+    ]
+    tiers = cc.tiers_of(steps, OBJ, SLO, [0.5, 1.0, 2.0])
+    raw = cc.tier_capacity(steps, OBJ, SLO, 2.0)
+    assert raw.rps < tiers[1.0].rps  # what the floor is for: the check can fail
+    assert tiers[2.0].rps >= tiers[1.0].rps >= tiers[0.5].rps
+
+
+def test_estimate_over_servers_is_the_geometric_mean_with_an_interval() -> None:
+    values = [cc.TierCapacity(1.0, v, v, v) for v in (58.0, 60.0, 62.0)]
+    est = cc.estimate(values)
+    assert est is not None and est.n == 3
+    assert est.rps == pytest.approx(math.exp(sum(math.log(v) for v in (58, 60, 62)) / 3))
+    assert est.low < 58.0 and est.high > 62.0  # t with 2 degrees of freedom: wide
+    one = cc.estimate([cc.TierCapacity(1.0, 35.0, 30.0, 40.0)])
+    assert one == cc.Estimate(35.0, 30.0, 40.0, 1)
+    assert cc.estimate([]) is None
+
+
+def _entry(trial: int, rps: float, low: float, high: float, gpus: int, base: bool) -> cc.Entry:
+    return cc.Entry(trial, f"t{trial}", base, gpus, {1.0: cc.Estimate(rps, low, high, 3)}, 100.0)
+
+
+def test_plan_servers_gpus_cost_and_saving() -> None:
+    base = _entry(0, 50.0, 45.0, 55.0, 1, True)
+    pick = _entry(1, 120.0, 110.0, 130.0, 2, False)  # TP 2: more per server, 2 GPUs each
+    card = cc.make_card([base, pick], {"ttft_ms": 1000.0}, [1.0], 1000.0, 3.6)
+    b, p = card.plans[0], card.plans[1]
+    assert (b.servers, b.servers_low, b.servers_high, b.gpus) == (20, 19, 23, 20)
+    assert (p.servers, p.servers_low, p.servers_high, p.gpus) == (9, 8, 10, 18)
+    # $3.6/GPU-h = $0.001/GPU-s; 50 req/s x 100 tokens per GPU: 1e6 / 5000 x 0.001 = $0.2
+    assert b.usd_per_m_output_tokens == pytest.approx(0.2)
+    assert b.usd_per_m_requests == pytest.approx(20.0)
+    assert p.usd_per_m_requests == pytest.approx(2 * 0.001 / 120.0 * 1e6)
+    assert p.saving == pytest.approx(1 - (2 / 120) / (1 / 50))
+    assert p.gpus_saved == 2 and b.saving is None
+    metrics = card.metrics()
+    assert metrics["card_1_gpus"] == 18 and metrics["card_0_capacity_x1"] == 50.0
+    json.dumps(card.as_dict())  # plain JSON
+
+
+def test_plan_without_target_or_price_still_gives_the_saving_per_request() -> None:
+    base = _entry(0, 50.0, 45.0, 55.0, 1, True)
+    pick = _entry(1, 60.0, 55.0, 65.0, 1, False)
+    card = cc.make_card([base, pick], {}, [1.0], None, None)
+    assert card.plans[1].servers is None and card.plans[1].usd_per_m_requests is None
+    assert card.plans[1].saving == pytest.approx(1 - 50 / 60)
+
+
+def test_console_and_figure(tmp_path: Path) -> None:
+    base = cc.Entry(
+        0,
+        "defaults",
+        True,
+        1,
+        {0.5: cc.Estimate(0.0, 0.0, 9.0, 1, "below"), 1.0: cc.Estimate(50.0, 45.0, 55.0, 3)},
+        100.0,
+    )
+    card = cc.make_card([base], {"ttft_ms": 1000.0, "percentile": 95}, [0.5, 1.0], 100.0, 2.0)
+    console = Console(width=250, record=True)
+    cc.print_card(card, console)
+    text = console.export_text()
+    assert "< 9.0 (outside the measured loads)" in text
+    assert "50.0 [45.0–55.0]" in text and "2 [2–3]" in text
+    frame = card_data(card.as_dict())
+    assert list(frame["scale"]) == [0.5, 1.0] and list(frame["outside"]) == ["below", ""]
+    fig = card_figure(frame, card.metric_slo, 100.0)
+    assert len(fig.data) == 2  # the tier line and the GPU bars
+    assert list(fig.data[0].y) == [9.0, 50.0]  # the bound, not 0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("plan.target_rps=0", "plan.target_rps is 0.0"),
+        ("plan.target_rps=-5", "plan.target_rps is -5.0"),
+        ("plan.gpu_hour_usd=-1", "plan.gpu_hour_usd is -1.0"),
+        ("plan.slo_scales=[0.5,0]", "plan.slo_scales has 0"),
+    ],
+)
+def test_plan_config_refused_in_one_line(
+    make_cfg: Callable[..., TunerConfig], override: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"^" + message.replace(".", r"\.")) as exc:
+        make_cfg("+workload=chat", override)
+    assert "\n" not in str(exc.value)
+
+
+def test_plan_config_accepted(make_cfg: Callable[..., TunerConfig]) -> None:
+    cfg = make_cfg("+workload=chat", "plan.target_rps=250", "plan.gpu_hour_usd=3.5")
+    assert (cfg.plan.target_rps, cfg.plan.gpu_hour_usd, cfg.plan.slo_scales) == (
+        250.0,
+        3.5,
+        [0.5, 1.0, 2.0],
+    )
