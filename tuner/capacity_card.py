@@ -362,8 +362,17 @@ def entry(
         if s == 1.0 and rounds:
             per = [TierCapacity(1.0, v, v, v) for v in rounds]
         est = estimate(per)
-        if est is not None:
-            tiers[s] = est
+        if est is None:
+            continue
+        below = [t for k, t in tiers.items() if k < s and t.outside is None]
+        if below and est.outside != "below" and est.rps < below[-1].rps:
+            # never lower at a looser tier (see tiers_of); the workload's tier comes from the
+            # confirm rounds, the others from the search's steps
+            prev = below[-1]
+            est = replace(
+                est, rps=prev.rps, low=max(est.low, prev.low), high=max(est.high, prev.rps)
+            )
+        tiers[s] = est
     return Entry(trial, label, baseline, gpus, tiers, tokens)
 
 
@@ -472,7 +481,7 @@ def print_card(card: Card, console: Console) -> None:
     pct = card.metric_slo.get("percentile", 0)
     t = Table(
         title=f"Capacity card: req/s within the SLOs ({limits}, p{pct:g}) "
-        f"× {tiers}; [95 % interval over fresh servers, or one search's bracket]"
+        f"at the tiers {tiers}; [95 % interval over fresh servers, or one search's bracket]"
     )
     t.add_column("config", overflow="fold")
     for s in card.scales:

@@ -155,16 +155,16 @@ def card_figure(
         bars_x.append(label)
         bars_c.append(colors[trial])
         if target_rps is not None and _num(r["gpus"]) is not None:
-            y = float(r["gpus"])
-            bars_y.append(y)
-            bars_lo.append(y - (_num(r["gpus_low"]) or y))
-            bars_hi.append((_num(r["gpus_high"]) or y) - y)
+            v = float(r["gpus"])
+            bars_y.append(v)
+            bars_lo.append(v - (_num(r["gpus_low"]) or v))
+            bars_hi.append((_num(r["gpus_high"]) or v) - v)
         else:
             g = float(r["gpus_per_server"]) or 1.0
-            y = float(r["capacity_rps"]) / g
-            bars_y.append(y)
-            bars_lo.append(y - float(r["capacity_low"]) / g)
-            bars_hi.append(float(r["capacity_high"]) / g - y)
+            v = float(r["capacity_rps"]) / g
+            bars_y.append(v)
+            bars_lo.append(v - float(r["capacity_low"]) / g)
+            bars_hi.append(float(r["capacity_high"]) / g - v)
     fig.add_trace(
         go.Bar(
             x=bars_x,
