@@ -55,11 +55,13 @@ __all__ = [
     "TierCapacity",
     "estimate",
     "make_card",
+    "peak_rps",
     "print_card",
     "publish_card",
     "read_steps",
     "scaled",
     "study_card",
+    "target_of",
     "tier_capacity",
     "tiers_of",
 ]
@@ -214,6 +216,8 @@ class Card:
     gpu_hour_usd: float | None
     entries: tuple[Entry, ...]
     plans: dict[int, Plan] = field(default_factory=dict)
+    target_source: str | None = None
+    """``plan.target_rps``, or the trace's peak rate it was taken from."""
 
     def as_dict(self) -> dict[str, Any]:
         """``capacity_card.json``: plain JSON (tier keys as strings)."""
@@ -221,6 +225,7 @@ class Card:
             "slo": self.metric_slo,
             "scales": list(self.scales),
             "target_rps": self.target_rps,
+            "target_source": self.target_source,
             "gpu_hour_usd": self.gpu_hour_usd,
             "outside_note": OUTSIDE,
             "entries": [
@@ -376,6 +381,38 @@ def entry(
     return Entry(trial, label, baseline, gpus, tiers, tokens)
 
 
+def peak_rps(arrival_s: Sequence[float], window_s: float) -> float | None:
+    """The most arrivals in any ``window_s`` seconds, per second (None for no arrival); a trace
+    shorter than the window: its arrivals over its own span (at least 1 s)."""
+    times = sorted(float(t) for t in arrival_s)
+    if not times:
+        return None
+    span = times[-1] - times[0]
+    if span < window_s:
+        return len(times) / max(span, 1.0)
+    most, j = 0, 0
+    for i, t in enumerate(times):  # the window starting at each arrival
+        while j < len(times) and times[j] < t + window_s:
+            j += 1
+        most = max(most, j - i)
+    return most / window_s
+
+
+def target_of(cfg: TunerConfig) -> tuple[float | None, str | None]:
+    """The load to plan for and where it comes from: ``plan.target_rps``, else a trace
+    workload's peak rate (:func:`peak_rps` at the trace's own speed), else none."""
+    if cfg.plan.target_rps is not None:
+        return cfg.plan.target_rps, "plan.target_rps"
+    t = cfg.workload.trace
+    if t is None:
+        return None, None
+    from tuner.workload.trace import load_trace
+
+    arrivals = load_trace(t).arrival_s / t.time_scale  # the trace's own times, not the replay's
+    peak = peak_rps(arrivals.tolist(), cfg.plan.peak_window_s)
+    return peak, f"the trace's peak over {cfg.plan.peak_window_s:g} s"
+
+
 def _tokens(metrics: Mapping[str, float]) -> float | None:
     v = metrics.get("output_tokens_mean")
     if v:
@@ -427,7 +464,9 @@ def study_card(
         return None
     p = cfg.plan
     scales = sorted({*p.slo_scales, 1.0})
-    return make_card(entries, slo_limits(cfg), scales, p.target_rps, p.gpu_hour_usd)
+    target, source = target_of(cfg)
+    card = make_card(entries, slo_limits(cfg), scales, target, p.gpu_hour_usd)
+    return replace(card, target_source=source)
 
 
 def publish_card(
@@ -486,7 +525,9 @@ def print_card(card: Card, console: Console) -> None:
     t.add_column("config", overflow="fold")
     for s in card.scales:
         t.add_column(f"SLO ×{s:g}", overflow="fold")
-    target = f"{card.target_rps:g} req/s" if card.target_rps is not None else None
+    target = f"{card.target_rps:,.4g} req/s" if card.target_rps is not None else None
+    if target and card.target_source and card.target_source != "plan.target_rps":
+        target += f" ({card.target_source})"
     if target:
         t.add_column(f"servers for {target}")
         t.add_column("GPUs")

@@ -21,6 +21,7 @@ import statistics
 import sys
 import tarfile
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -37,6 +38,7 @@ from tuner.capacity_card import (  # noqa: E402
     print_card,
     read_steps,
     slo_limits,
+    target_of,
 )
 from tuner.checks import load_config  # noqa: E402
 from tuner.config import TunerConfig  # noqa: E402
@@ -90,7 +92,9 @@ def main() -> None:
     ]
     p = cfg.plan
     scales = sorted({*p.slo_scales, 1.0})
-    card = make_card(entries, slo_limits(cfg), scales, p.target_rps, p.gpu_hour_usd)
+    target, source = target_of(cfg)
+    card = make_card(entries, slo_limits(cfg), scales, target, p.gpu_hour_usd)
+    card = replace(card, target_source=source)
     print_card(card, Console(width=200))
     if args.out is not None:
         from tuner.plots import card_data, card_figure

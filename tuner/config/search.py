@@ -197,6 +197,10 @@ class PlanConfig:
     """SLO tiers: every limit of ``workload.slo`` × each scale (< 1 stricter, > 1 looser); the
     workload's own (1.0) is always on the card."""
     target_rps: float | None = None
-    """The traffic to plan for, in requests/s: servers and GPUs needed (none: no plan)."""
+    """The traffic to plan for, in requests/s: servers and GPUs needed. Unset: a trace
+    workload's peak rate (the most arrivals in ``peak_window_s``, at the trace's own speed);
+    else no plan of servers."""
+    peak_window_s: float = 60.0
+    """The window of a trace's peak rate (when ``target_rps`` is unset)."""
     gpu_hour_usd: float | None = None
     """The price of one GPU-hour: cost per 1M output tokens and per 1M requests at capacity."""

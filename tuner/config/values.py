@@ -108,6 +108,8 @@ def check_plan(c: TunerConfig) -> None:
         raise ConfigError(f"plan.target_rps is {p.target_rps}; allowed: > 0 requests/s (or null)")
     if p.gpu_hour_usd is not None and not (math.isfinite(p.gpu_hour_usd) and p.gpu_hour_usd > 0):
         raise ConfigError(f"plan.gpu_hour_usd is {p.gpu_hour_usd}; allowed: > 0 (or null)")
+    if not (math.isfinite(p.peak_window_s) and p.peak_window_s > 0):
+        raise ConfigError(f"plan.peak_window_s is {p.peak_window_s}; allowed: > 0 seconds")
     bad = [s for s in p.slo_scales if not (math.isfinite(s) and s > 0)]
     if bad:
         raise ConfigError(
