@@ -5,6 +5,7 @@ show it, and the confirm stage's ``capacity`` pick: no server, no subprocess."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -15,7 +16,9 @@ from tuner.capacity import MAX_JUMP, Step, search, shown
 from tuner.config import CapacityConfig, ConfirmConfig, TunerConfig
 from tuner.confirm import capacity_start, pick
 from tuner.console import fmt_metric
+from tuner.records import TrialResult
 from tuner.stored_study import incumbent_capacity, pareto_rows
+from tuner.tracking import open_tracker
 
 SETTINGS = CapacityConfig(rel_width=0.05, max_steps=8)
 
@@ -177,3 +180,20 @@ def test_confirm_picks_the_best_capacity_first_under_a_capacity_objective(
     cc = ConfirmConfig(load_factor=2.0)
     start = capacity_start(best, TunerConfig(confirm=cc))
     assert start == pytest.approx(6.97 / 2.0)
+
+
+def test_mlflow_shows_a_capacity_censored_above_as_less_than(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = open_tracker(True, uri, "e", "run", {}, lambda s: s)
+    metrics = {"capacity_rps": 19.4, "capacity_censored": -1.0, "error_rate": 0.0}
+    result = TrialResult(0, {}, (), (19.4, 50.0), {}, metrics)
+    tracker.log_trial(result, tmp_path / "trial_0000", {})
+    tracker.finish("FINISHED")
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("e")
+    assert exp is not None
+    (child,) = client.search_runs([exp.experiment_id], "tags.`trial.number` = '0'")
+    assert child.data.tags["capacity"] == "< 19.4 req/s"
+    assert child.data.metrics["capacity_censored"] == -1.0
