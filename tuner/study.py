@@ -220,7 +220,8 @@ async def _trials(
         nonlocal finished, free
         baseline = is_baseline(trial)
         # the SLO capacity: probe the study's best first (None before one is measured)
-        incumbent = incumbent_capacity(study) if needs_capacity(cfg.objective) else None
+        probe = needs_capacity(cfg.objective) and cfg.objective.capacity.incumbent_probe
+        incumbent = incumbent_capacity(study) if probe else None
         try:
             result = await run_trial(ctx, trial.number, dict(trial.params), baseline, incumbent)
         except (KeyboardInterrupt, asyncio.CancelledError):

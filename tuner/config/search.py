@@ -127,9 +127,14 @@ class CapacityConfig:
     min_factor: float = 0.015625
     """Lowest load tried, as a factor on the workload's load (1/64)."""
     max_factor: float = 64.0
-    """Highest load tried; a config that holds there is recorded as ``capacity_censored``."""
+    """Highest load tried; a config that holds there is recorded as ``capacity_censored`` 1."""
     requests: int | None = None
     """Measured requests of each further replay (default: the workload's ``num_requests``)."""
+    incumbent_probe: bool = True
+    """Once the study has a measured capacity, each trial tries the incumbent's load right after
+    its own and ends there on a loss, its capacity censored above (``capacity_censored`` -1).
+    false: every trial brackets its own capacity from the workload's load (e.g. to measure the
+    spread of one config's capacity)."""
 
 
 @dataclass
