@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+pytestmark = pytest.mark.integration
 # the tuner's own entry point, with the study replaced by a wait, under an ignored SIGINT
 WRAPPER = """
 import signal, sys, time
