@@ -197,6 +197,9 @@ def _hydra_args(args: list[str]) -> Iterator[None]:
 
 def main() -> None:
     signal.signal(signal.SIGTERM, _sigterm)
+    # Ctrl-C stops the tuner even when whatever started it ignored SIGINT (a script's ``nohup``
+    # or ``&`` in a non-interactive shell, ``trap '' INT``): Python keeps an inherited SIG_IGN
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     args = sys.argv[1:]
     report = args[:1] == ["report"]
     try:

@@ -11,6 +11,15 @@ server a trial already started are cheap. :func:`search` brackets the load and n
    margins give no crossing), until the bracket is within ``rel_width`` or ``max_steps`` replays
    have run.
 
+**Incumbent probe** (``start``): once the study has a measured capacity, a trial's search
+tries the incumbent's load (its capacity factor) right after the workload's own replay. With
+``stop_on_loss`` (a search trial) a loss there ends the search: the trial cannot beat the
+incumbent, and its capacity is stored *censored above* (``capped``: the value is an estimate
+below the load that failed, from the bracket's margin line or, without a step that held, the
+failed step's margin; ``capacity_censored`` is −1 and the tables show it as "< X"). A hold there
+climbs from it, jumping by the margin's extrapolation ``1 / (1 − margin)`` (between ×2 and
+:data:`MAX_JUMP`) instead of doubling. Without ``start`` the search is as above.
+
 The load is a factor on the workload's load: its request rate (open loop), its concurrency
 (closed loop, rounded up) or a trace's speed (``time_scale`` divided by the factor). A step
 *holds* when every SLO at ``objective.slo_percentile`` is met and the error rate is within
@@ -32,17 +41,19 @@ that was pruned has no full rate: there the held step's rate scaled to its load 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tuner.config import CapacityConfig
 
 __all__ = [
     "CAPACITY_METRICS",
+    "MAX_JUMP",
     "Capacity",
     "Step",
     "from_steps",
     "search",
+    "shown",
 ]
 
 
@@ -94,10 +105,26 @@ class Capacity:
     censored: bool = False
     """Held at every load tried (up to ``max_factor`` or ``max_steps``): capacity is at least
     ``rps``."""
+    capped: bool = False
+    """Censored above: the incumbent probe lost and the search stopped; capacity is below
+    ``high`` (the load that failed) and ``rps`` is an estimate under it."""
+
+    @property
+    def bound(self) -> float:
+        """``capacity_censored``: 1 at least ``rps`` (held everywhere tried), −1 below
+        ``high`` (the incumbent probe lost), 0 bracketed."""
+        return 1.0 if self.censored else -1.0 if self.capped else 0.0
 
     def metrics(self) -> dict[str, float]:
-        values = (self.rps, self.low, self.high, self.factor, len(self.steps), self.censored)
+        values = (self.rps, self.low, self.high, self.factor, len(self.steps), self.bound)
         return {k: float(v) for k, v in zip(CAPACITY_METRICS, values, strict=True)}
+
+
+def shown(rps: float, censored: float | None) -> str:
+    """A capacity as the tables show it: ``< 19.4`` censored above, ``>= 69.7`` below."""
+    sign = "< " if censored is not None and censored < 0 else ""
+    sign = ">= " if censored is not None and censored > 0 else sign
+    return f"{sign}{rps:,.1f}"
 
 
 CAPACITY_METRICS = (
@@ -110,6 +137,9 @@ CAPACITY_METRICS = (
 )
 """What :meth:`Capacity.metrics` records on a trial."""
 
+MAX_JUMP = 4.0
+"""The most a step that held with a wide margin multiplies the load by (incumbent mode)."""
+
 
 Probe = Callable[[float], Awaitable[Step]]
 """Replays the workload at a load factor on the trial's server and judges it."""
@@ -120,11 +150,16 @@ async def search(
     settings: CapacityConfig,
     first: Step | None = None,
     loads: Callable[[float], float] | None = None,
+    *,
+    start: float | None = None,
+    stop_on_loss: bool = False,
 ) -> Capacity:
     """Bracket and narrow the load at which the SLOs stop holding (module docstring).
     ``first``: the workload's own replay at factor 1, if it ran already. ``loads``: the factor a
     replay asked for at ``f`` really runs at (a closed loop's concurrency is whole); the search
-    ends when no load is left strictly inside the bracket."""
+    ends when no load is left strictly inside the bracket. ``start``: the load factor to try
+    next (the incumbent's capacity); ``stop_on_loss``: a loss at or below it ends the search,
+    censored above."""
     real = loads or (lambda f: f)
     steps: list[Step] = []
 
@@ -138,10 +173,28 @@ async def search(
         steps.append(first)
     lo: Step | None = s if s.held else None
     hi: Step | None = None if s.held else s
-    # 1. bracket: double while it holds, halve while it does not
+    if start is not None and start > 0:
+        f = min(max(start, settings.min_factor), settings.max_factor)
+        if hi is not None and real(f) >= hi.factor:  # lost below the incumbent's load already
+            if stop_on_loss:
+                return _capped(lo, hi, steps)
+        elif not (lo is not None and real(f) <= lo.factor) and len(steps) < settings.max_steps:
+            s = await at(f)
+            if s.held:
+                lo = s if lo is None or s.factor > lo.factor else lo
+            else:
+                if stop_on_loss:
+                    return _capped(lo, s, steps)
+                hi = s if hi is None or s.factor < hi.factor else hi
+                if lo is not None and lo.factor > s.factor:
+                    lo = None
+    # 1. bracket: double while it holds (further on a wide margin from a start), halve while
+    # it does not
     while len(steps) < settings.max_steps:
         if lo is not None and hi is None:
-            f = lo.factor * 2
+            f = lo.factor * (_jump(lo.margin) if start is not None else 2)
+            if start is not None and f > settings.max_factor >= lo.factor * 2:
+                f = settings.max_factor
             if f > settings.max_factor:
                 break
             s = await at(f)
@@ -190,6 +243,26 @@ def from_steps(steps: Sequence[Step]) -> Capacity:
     elif failed:
         hi = min(failed, key=lambda s: s.factor)
     return _answer(lo, hi, steps)
+
+
+def _jump(margin: float) -> float:
+    """How far a step that held with ``margin`` climbs: the load where the margin's proportional
+    extrapolation reaches zero, ``1 / (1 − margin)``, between ×2 and ×:data:`MAX_JUMP`."""
+    if margin >= 1.0:
+        return MAX_JUMP
+    return min(MAX_JUMP, max(2.0, 1.0 / (1.0 - margin)))
+
+
+def _capped(lo: Step | None, hi: Step, steps: Sequence[Step]) -> Capacity:
+    """The incumbent probe lost at ``hi``: capacity below its rate. The estimate: on the margin
+    line between a step that held and ``hi`` (as :func:`_answer`), else ``hi``'s margin
+    extrapolated down (``1 − margin`` as the overshoot), at most ×4 below."""
+    if lo is not None and lo.factor < hi.factor:
+        a = _answer(lo, hi, steps)
+        return replace(a, capped=True)
+    over = 1.0 - min(hi.margin, 0.0)  # > 1: how far past the SLOs the failed load was
+    share = max(1.0 / over, 0.25)
+    return Capacity(hi.rps * share, 0.0, hi.rps, hi.factor * share, tuple(steps), capped=True)
 
 
 def _next_factor(lo: Step, hi: Step) -> float:

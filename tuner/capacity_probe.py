@@ -72,11 +72,16 @@ async def probe_capacity(
     api_key: str | None,
     measure: Measure,
     check: Callable[[], Awaitable[None]],
+    start: float | None = None,
+    stop_on_loss: bool = False,
 ) -> Capacity:
     """The SLO capacity of trial ``number``'s server, from ``base`` (the workload's own replay,
     measured as ``first``) on: each further step replayed by ``measure`` into
     ``folder``'s ``capacity_K/``, the server's health ``check``-ed after each (its exception
-    ends the search); the answer and the steps written to ``folder.capacity``."""
+    ends the search); the answer and the steps written to ``folder.capacity``. ``start``: the
+    load factor tried next (the study's incumbent capacity, or a confirmed pick's own);
+    ``stop_on_loss``: a loss there ends the search, censored above
+    (:func:`tuner.capacity.search`)."""
     # each step judged on every SLO (whatever objective.slo_constraints says), pruned when lost
     judged = replace(objective, slo_constraints=True, prune=True)
     numbers = itertools.count(1)  # the capacity_K folders; step 0 is the workload's own replay
@@ -113,12 +118,25 @@ async def probe_capacity(
         return at_load(base.workload, factor).arrival.concurrency / c
 
     first_step = step_of(1.0, base, first, judged)
-    cap = await search(probe, objective.capacity, first=first_step, loads=loads)
+    if start is not None:
+        log.info("trial %d: capacity probe at %.3gx the workload's load first", number, start)
+    cap = await search(
+        probe,
+        objective.capacity,
+        first=first_step,
+        loads=loads,
+        start=start,
+        stop_on_loss=stop_on_loss,
+    )
     write_json(folder.capacity, {"capacity": cap.metrics(), "steps": [s.row() for s in cap.steps]})
     log.info(
         "trial %d: SLO capacity %s req/s (bracket %.2f-%.2f req/s, %d replays)",
         number,
-        f">= {cap.rps:.2f}" if cap.censored else f"{cap.rps:.2f}",
+        f">= {cap.rps:.2f}"
+        if cap.censored
+        else f"< {cap.high:.2f}, ~{cap.rps:.2f}"
+        if cap.capped
+        else f"{cap.rps:.2f}",
         cap.low,
         cap.high,
         len(cap.steps),

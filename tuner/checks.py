@@ -71,6 +71,8 @@ def to_config(cfg: DictConfig) -> TunerConfig:
     cfg.model.local_dir = model.local_dir
     _fit_lengths(cfg, model.max_model_len)
     obj = config.convert(cfg)
+    if score.needs_capacity(obj.objective) and tuple(obj.confirm.picks) == config.DEFAULT_PICKS:
+        obj.confirm.picks = ["capacity", *config.DEFAULT_PICKS]  # confirm the best capacity
     check(obj)
     return obj
 

@@ -32,6 +32,7 @@ from tuner.verdict import Arm, Verdict, decide
 __all__ = [
     "PICKS",
     "Standing",
+    "capacity_start",
     "conclude",
     "current_verdict",
     "judge",
@@ -43,6 +44,10 @@ __all__ = [
 ]
 
 PICKS = CONFIRM_PICKS
+
+_SEARCH_ONLY = ("capacity_factor", "capacity_censored")
+"""Kept of a candidate's search (when measured), not of its stress runs: where its confirm
+servers start the capacity search (:func:`capacity_start`), and whether it was censored."""
 
 # "higher is better" for these, lower for the rest (of KEY_METRICS, reported for every run)
 _HIGHER = {"goodput", "output_throughput", "request_throughput", "success_rate"}
@@ -100,11 +105,14 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
             t = base
         else:
             metric, best = {
+                "capacity": ("capacity_rps", max),
                 "goodput": ("goodput", max),
                 "throughput": ("output_throughput", max),
                 "latency": (latency, min),
             }[name]
             have = [t for t in feasible if stored_trial.metric(t, metric) is not None]
+            if name == "capacity":  # a capacity censored above is an estimate under a loss
+                have = [t for t in have if (stored_trial.metric(t, "capacity_censored") or 0) >= 0]
             if not have:
                 continue
             t = best(have, key=lambda t, m=metric: (stored_trial.metric(t, m), -t.number))  # type: ignore[misc]
@@ -122,12 +130,22 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
                 serve_args=stored_trial.serve_args(t),
                 search_metrics={
                     m: v
-                    for m in _reported(objective)
+                    for m in (*_reported(objective), *_SEARCH_ONLY)
                     if (v := stored_trial.metric(t, m)) is not None
                 },
             )
         )
     return out
+
+
+def capacity_start(candidate: Candidate, cfg: TunerConfig) -> float | None:
+    """Where a confirm server's capacity search starts: the candidate's search capacity as a
+    load factor on the stressed workload (``confirm.load_factor`` × the workload's load), or
+    None without one (it doubles from the stressed load, as a search trial's first did)."""
+    factor = candidate.search_metrics.get("capacity_factor")
+    if factor is None or factor <= 0:
+        return None
+    return float(factor) / cfg.confirm.load_factor
 
 
 def stressed(w: WorkloadConfig, cc: ConfirmConfig, seed: int) -> WorkloadConfig:

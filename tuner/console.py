@@ -15,8 +15,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner import replay, stored_trial
+from tuner.capacity import shown
 from tuner.config import TunerConfig
 from tuner.confirm import round_values
+from tuner.export import recommended_file
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.space import changed_params
 from tuner.startup import run_summary, summary_line
@@ -36,14 +38,20 @@ __all__ = [
     "progress_line",
 ]
 
+CENSORED = "capacity_censored"
+
 _UNITS = {"output_throughput": "tok/s", "goodput": "req/s", "request_throughput": "req/s"}
 
 
-def fmt_metric(name: str, v: float | None) -> str:
+def fmt_metric(name: str, v: float | None, censored: float | None = None) -> str:
+    """``v`` with its unit; a ``capacity_rps`` with its ``capacity_censored`` as ``< X`` (the
+    incumbent probe lost: below X) or ``>= X`` (held at every load tried)."""
     if v is None:
         return "-"
     if name.endswith("_ms"):
         return f"{v:,.0f} ms"
+    if name == "capacity_rps":
+        return f"{shown(v, censored)} req/s"
     return f"{v:,.1f} {_UNITS.get(name, '')}".strip()
 
 
@@ -58,7 +66,7 @@ def progress_line(r: TrialResult, i: int | None, n: int, cfg: TunerConfig) -> st
     if not r.ok:
         return f"{head}: FAILED {r.failure_reason}: {r.failure_detail} | {params}"
     objs = ", ".join(
-        f"{o.metric} {fmt_metric(o.metric, r.metrics.get(o.metric))}"
+        f"{o.metric} {fmt_metric(o.metric, r.metrics.get(o.metric), r.metrics.get(CENSORED))}"
         for o in cfg.objective.objectives
     )
     launch = r.launch
@@ -78,7 +86,8 @@ def live_best(study: optuna.Study, cfg: TunerConfig) -> str:
     for i, o in enumerate(objs):
         sign = 1.0 if o.direction == "maximize" else -1.0
         t = max(feasible, key=lambda t: sign * float(t.values[i]))  # noqa: B023 - used at once
-        parts.append(f"{o.metric} {fmt_metric(o.metric, t.values[i])} (trial {t.number})")
+        shown_value = fmt_metric(o.metric, t.values[i], stored_trial.metric(t, CENSORED))
+        parts.append(f"{o.metric} {shown_value} (trial {t.number})")
     front = f", Pareto front {len(study.best_trials)} trial(s)" if len(objs) > 1 else ""
     return "best: " + ", ".join(parts) + front
 
@@ -141,7 +150,12 @@ def print_summary(
         t.add_row(
             str(r.number),
             _result_text(r),
-            *(fmt_metric(m, r.metrics.get(m)) if r.ok and not r.pruned else "-" for m in objs),
+            *(
+                fmt_metric(m, r.metrics.get(m), r.metrics.get(CENSORED))
+                if r.ok and not r.pruned
+                else "-"
+                for m in objs
+            ),
             f"{launch.startup_s:.1f}" if launch else "-",
             f"{launch.facts.kv_cache_tokens:,}" if launch and launch.facts.kv_cache_tokens else "-",
             f"{r.predicted_kv_tokens:,}" if r.predicted_kv_tokens is not None else "-",
@@ -190,7 +204,7 @@ def print_pareto(study: optuna.Study, cfg: TunerConfig, console: Console) -> Non
         gains = [row.get(f"{m}_vs_baseline_pct") for m in objs]
         b.add_row(
             str(row["trial"]),
-            *(fmt_metric(m, row[m]) for m in objs),
+            *(fmt_metric(m, row[m], row.get(CENSORED)) for m in objs),
             *(f"{x:+.1f} %" if x is not None else "-" for x in gains),
             changed_params(row["params"], cfg.space),
         )
@@ -282,10 +296,9 @@ def print_confirm(
         if candidates:
             console.print("No pick held up under stress: nothing is recommended.")
         return
-    name = next((p for p in picks if p in best.picks), next(iter(best.picks)))
     console.print(
         f"Recommended: trial {best.trial} ({', '.join(best.picks)}): "
-        f"vllm serve --config {out_dir / f'best-{name}.yaml'}"
+        f"vllm serve --config {out_dir / recommended_file(best.picks, picks)}"
     )
 
 

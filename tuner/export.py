@@ -27,6 +27,7 @@ import yaml
 from tuner.errors import TunerError
 
 __all__ = [
+    "recommended_file",
     "SHORT_FLAGS",
     "ExportError",
     "config_argv",
@@ -185,6 +186,22 @@ def serve_command(config: Mapping[str, Any], program: Sequence[str] = ("vllm", "
     rest = {k: v for k, v in config.items() if k != "model"}
     model = [str(config["model"])] if "model" in config else []
     return shlex.join([*program, *model, *config_argv(rest)])
+
+
+def recommended_file(picks: Sequence[str], order: Sequence[str]) -> str:
+    """The ``best-<pick>.yaml`` that names a recommended trial chosen by ``picks``: the
+    baseline's own when vLLM's defaults won (they are what to deploy, whatever other pick also
+    chose them), else the first of ``picks`` in ``order`` (``confirm.picks``).
+
+    >>> recommended_file(("goodput", "latency", "knee", "baseline"), ("latency", "goodput"))
+    'best-baseline.yaml'
+    >>> recommended_file(("knee", "latency"), ("goodput", "latency", "knee"))
+    'best-latency.yaml'
+    """
+    if "baseline" in picks:
+        return "best-baseline.yaml"
+    name = next((p for p in order if p in picks), next(iter(picks)))
+    return f"best-{name}.yaml"
 
 
 def write_export(

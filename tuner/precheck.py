@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.config import SpaceConfig, TunerConfig
-from tuner.engine.argv import passed
+from tuner.engine.argv import fixed_params, passed
 from tuner.errors import EngineError, FailureReason, TrialFailed
 from tuner.memory import (
     GPU_PROFILES,
@@ -66,6 +66,7 @@ __all__ = [
     "passed_params",
     "precheck",
     "refusal",
+    "with_fixed",
 ]
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ def precheck(
     flag is passed, so vLLM's rules for user-set values do not apply. ``veto=False`` only predicts
     (the tuner's own limits still apply).
     """
+    params = with_fixed(cfg, params, baseline=baseline)
     _tuner_limits(cfg, shape, params, requests)
     if veto and not baseline:
         _vllm_validation(cfg, shape, params)
@@ -183,6 +185,20 @@ def precheck(
     if veto and est.failure is not None and _certain(est, *gpu.margin):
         raise TrialFailed(est.failure, f"predicted before launch: {est.message}")
     return Verdict(est)
+
+
+def with_fixed(
+    cfg: TunerConfig, params: Mapping[str, Any], *, baseline: bool = False
+) -> dict[str, Any]:
+    """The values the server runs with: ``params`` (resolved), then ``model.fixed_args`` over
+    vLLM's defaults (:func:`tuner.engine.argv.fixed_params`), then the searched flags the trial
+    passes over those (they follow the fixed ones on the command line; vLLM takes the last). A
+    baseline trial passes no searched flag: its fixed ones hold."""
+    fixed = fixed_params(cfg.model)
+    if not fixed:
+        return dict(params)
+    searched = {} if baseline else passed_params(cfg.space, params)
+    return {**params, **fixed, **searched}
 
 
 def refusal(

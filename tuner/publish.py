@@ -20,7 +20,7 @@ from tuner import capacity_card, stored_trial
 from tuner.config import TunerConfig
 from tuner.confirm import current_verdict, recommended
 from tuner.console import fmt_metric, gain_text, print_confirm
-from tuner.export import ExportError, write_export
+from tuner.export import ExportError, recommended_file, write_export
 from tuner.records import Candidate, ConfirmResult
 from tuner.stored_study import (
     ConfirmRecord,
@@ -58,7 +58,11 @@ def _export_header(
         f"best-{name}: trial {c.trial} of tuner study {study.study_name!r}"
         + (" (vLLM defaults)" if c.baseline else ""),
         "searched: "
-        + ", ".join(f"{m} {fmt_metric(m, v)}" for m, v in c.search_metrics.items() if v == v),
+        + ", ".join(
+            f"{m} {fmt_metric(m, v, c.search_metrics.get('capacity_censored'))}"
+            for m, v in c.search_metrics.items()
+            if v == v and m not in ("capacity_factor", "capacity_censored")
+        ),
     ]
     if confirmed is None:
         lines.append("not stress-tested (confirm.enabled=false)")
@@ -161,7 +165,7 @@ def publish(
     _log_files(tracker, files.values())
     tags: dict[str, str] = {}
     if best is not None:
-        yml = out_dir / f"best-{next(p for p in picks if p in best.picks)}.yaml"
+        yml = out_dir / recommended_file(best.picks, picks)
         tags = {
             "tuner.recommended_trial": str(best.trial),
             "tuner.recommended_picks": ",".join(best.picks),

@@ -19,7 +19,7 @@ from tuner.engine.argv import mask, secret_values
 from tuner.errors import ConfigError
 from tuner.publish import Published, publish
 from tuner.recovery import worker_id
-from tuner.storage import storage_url, study_name
+from tuner.storage import check_objective, storage_url, study_name
 from tuner.stores import check_database, check_tracking, hide_url, quick_tracking_retries
 from tuner.tracking import WORKER, open_tracker
 
@@ -80,6 +80,7 @@ def run_report(cfg: TunerConfig) -> Published:
         have = ", ".join(sorted(s.study_name for s in summaries)) or "none"
         raise ConfigError(f"no study {name!r} in {shown}; stored studies: {have}")
     study = optuna.load_study(study_name=name, storage=storage)
+    check_objective(study, cfg, storage)
     secrets = secret_values(cfg.engine, model=cfg.model)
     out_dir = Path(cfg.paths.output_dir)
     fetched = _trial_dirs_from_mlflow(study, cfg, out_dir / "trials")

@@ -19,13 +19,14 @@ import time
 import warnings
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import optuna
 
 from tuner.compile_cache import warm_first
-from tuner.config import TunerConfig
+from tuner.config import ObjectiveConfig, TunerConfig
 from tuner.engine.argv import cache_root, params_key
 from tuner.errors import ConfigError, StorageError
 from tuner.memory import ModelShape
@@ -36,6 +37,8 @@ from tuner.space import defaults, defaults_outside, grid
 from tuner.stored_study import (
     baseline_trial,
     engine_kind,
+    objective_names,
+    objective_of,
     prescreen_summary,
     store_names,
     store_prescreen,
@@ -51,6 +54,8 @@ __all__ = [
     "retry_schema_race",
     "sampler_seed",
     "storage_url",
+    "check_objective",
+    "objective_label",
     "study_name",
 ]
 
@@ -61,9 +66,32 @@ T = TypeVar("T")
 
 
 def study_name(cfg: TunerConfig) -> str:
-    """``study.name``, else ``<workload>-<model>-<engine kind>``: the same command continues the
-    same study, and the simulator's and vLLM's measurements go to studies of their own."""
-    return cfg.study.name or f"{cfg.workload.name}-{cfg.model.name}-{cfg.engine.kind}"
+    """``study.name``, else ``<workload>-<model>-<engine kind>``, then ``-<objective>`` unless
+    the objective is the default one (:func:`objective_label`): the same command continues the
+    same study, and the simulator's and vLLM's measurements, and each objective's, go to studies
+    of their own."""
+    if cfg.study.name:
+        return cfg.study.name
+    label = objective_label(cfg.objective)
+    return f"{cfg.workload.name}-{cfg.model.name}-{cfg.engine.kind}" + (
+        f"-{label}" if label else ""
+    )
+
+
+_SHORT = {"capacity_rps": "capacity"}
+
+
+def objective_label(objective: ObjectiveConfig) -> str:
+    """``""`` for the default objective (its metrics and directions); else the metrics it has
+    that the default has not (``capacity_rps`` as ``capacity``), joined by ``-`` (all of them
+    when it only reorders or redirects the default's)."""
+    default = [(o.metric, o.direction) for o in ObjectiveConfig().objectives]
+    mine = [(o.metric, o.direction) for o in objective.objectives]
+    if mine == default:
+        return ""
+    known = {m for m, _ in default}
+    names = [m for m, _ in mine if m not in known] or [m for m, _ in mine]
+    return "-".join(_SHORT.get(m, m) for m in names)
 
 
 def storage_url(cfg: TunerConfig) -> str:
@@ -202,6 +230,7 @@ def _check_same(study: optuna.Study, cfg: TunerConfig, storage: str) -> None:
     """A stored study is continued only with its objectives' directions and on the engine kind
     it was measured on (one stored before the engine was recorded has none, and is continued)."""
     name = study.study_name
+    check_objective(study, cfg, storage)
     storage = hide_url(storage)
     directions = [o.direction for o in cfg.objective.objectives]
     if [d.name.lower() for d in study.directions] != directions:
@@ -217,6 +246,30 @@ def _check_same(study: optuna.Study, cfg: TunerConfig, storage: str) -> None:
             f"engine={cfg.engine.kind}; simulated and real measurements never share a study: "
             "set study.name to start a new study"
         )
+
+
+def check_objective(study: optuna.Study, cfg: TunerConfig, storage: str) -> None:
+    """Refuse (one line, :class:`ConfigError`) to run or report ``study`` with an objective other
+    than the one it stored (:func:`tuner.stored_study.objective_names`; a study stored before
+    it was kept has none and passes), naming both and a study name to use."""
+    stored, mine = objective_names(study), objective_of(cfg)
+    if stored is None or stored == mine:
+        return
+    name = study.study_name
+    raise ConfigError(
+        f"study {name!r} in {hide_url(storage)} was measured with objective {', '.join(stored)}; "
+        f"this run asks for {', '.join(mine)}; objectives never mix in a study: set "
+        f"study.name={_other_name(cfg, name)} for a study of its own"
+    )
+
+
+def _other_name(cfg: TunerConfig, taken: str) -> str:
+    """A study name for ``cfg`` other than ``taken``: the default one, or ``taken`` with the
+    objective's label."""
+    label = objective_label(cfg.objective) or "default"
+    name = replace(cfg, study=replace(cfg.study, name=None))
+    fresh = study_name(name)
+    return fresh if fresh != taken else f"{taken}-{label}"
 
 
 # --- the queue ----------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ of its trials (:func:`baseline_trials`, :func:`pareto_rows`).
 Its user attributes (the system attributes are Optuna's own):
 
 - ``workload``, ``model``, ``engine`` (the engine kind; none in a study stored before it was
-  kept): set by every run that opens the study (:func:`store_names`).
+  kept), ``objective`` (its objectives as ``metric:direction`` strings; none in a study stored
+  before it was kept): set by every run that opens the study (:func:`store_names`).
 - ``prescreen``: the prescreen's summary and ``enqueued``; set once (:func:`store_prescreen`).
 - ``confirm``: the confirm stage's :class:`ConfirmRecord`: ``load_factor``, ``duration_factor``,
   ``seeds``, ``rounds``, ``min_effect``, ``n_trials`` (the study's trials then), ``candidates``,
@@ -34,7 +35,10 @@ __all__ = [
     "baseline_trial",
     "baseline_trials",
     "engine_kind",
+    "incumbent_capacity",
+    "objective_names",
     "model_name",
+    "objective_of",
     "pareto_rows",
     "prescreen_summary",
     "recommended_trial",
@@ -47,6 +51,7 @@ __all__ = [
 _WORKLOAD = "workload"
 _MODEL = "model"
 _ENGINE = "engine"
+_OBJECTIVE = "objective"
 _PRESCREEN = "prescreen"
 _CONFIRM = "confirm"
 _RECOMMENDED = "recommended_trial"
@@ -57,6 +62,18 @@ def store_names(study: optuna.Study, cfg: TunerConfig) -> None:
     study.set_user_attr(_WORKLOAD, cfg.workload.name)
     study.set_user_attr(_MODEL, cfg.model.name)
     study.set_user_attr(_ENGINE, cfg.engine.kind)
+    study.set_user_attr(_OBJECTIVE, objective_of(cfg))
+
+
+def objective_of(cfg: TunerConfig) -> list[str]:
+    """The run's objectives as the study stores them: ``metric:direction`` each."""
+    return [f"{o.metric}:{o.direction}" for o in cfg.objective.objectives]
+
+
+def objective_names(study: optuna.Study) -> list[str] | None:
+    """The objectives :func:`store_names` stored, or None for a study stored before."""
+    value = study.user_attrs.get(_OBJECTIVE)
+    return None if value is None else [str(v) for v in value]
 
 
 def engine_kind(study: optuna.Study) -> str | None:
@@ -199,6 +216,26 @@ def recommended_trial(study: optuna.Study) -> int | None:
 
 # --- the study's trials -------------------------------------------------------------------------
 
+
+def incumbent_capacity(study: optuna.Study) -> float | None:
+    """The best SLO capacity measured so far as a load factor on the workload's (the
+    ``capacity_factor`` of the feasible trial with the highest ``capacity_rps``, not one censored
+    above), or None before one: where a new trial's capacity search probes first."""
+    best: tuple[float, float] | None = None
+    for t in study.get_trials(deepcopy=False):
+        if not stored_trial.feasible(t):
+            continue
+        rps = stored_trial.metric(t, "capacity_rps")
+        factor = stored_trial.metric(t, "capacity_factor")
+        if rps is None or factor is None or rps <= 0 or factor <= 0:
+            continue
+        if (stored_trial.metric(t, "capacity_censored") or 0.0) < 0:
+            continue
+        if best is None or rps > best[0]:
+            best = (rps, factor)
+    return None if best is None else best[1]
+
+
 BaselineFilter = Literal["any", "live", "measured", "feasible"]
 """Which baseline trials (vLLM's defaults) count; each caller needs its own: ``any`` (every state:
 the figures draw every run of the defaults with data, :mod:`tuner.plots.write`), ``live`` (ran,
@@ -238,6 +275,9 @@ def pareto_rows(study: optuna.Study, cfg: TunerConfig) -> list[dict[str, Any]]:
     rows = []
     for tr in sorted(study.best_trials, key=lambda x: x.number):
         row: dict[str, Any] = {"trial": tr.number, "params": dict(tr.params)}
+        censored = stored_trial.metric(tr, "capacity_censored")
+        if censored:  # the capacity is a bound: -1 below it ("< X"), 1 at least it (">= X")
+            row["capacity_censored"] = censored
         for i, (m, v) in enumerate(zip(objs, tr.values or [], strict=False)):
             row[m] = v
             if base is not None and base.values:

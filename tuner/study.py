@@ -33,7 +33,7 @@ from tuner import __version__, stored_trial
 from tuner.artifacts import trial_dir
 from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
-from tuner.confirm import conclude, judge, pick, stressed
+from tuner.confirm import capacity_start, conclude, judge, pick, stressed
 from tuner.console import hms, live_best, parent_summary, print_summary, progress_line
 from tuner.engine.argv import cache_root, check_command, mask, params_key, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, on_cores
@@ -43,6 +43,7 @@ from tuner.publish import publish
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.recovery import close_runs, recover, worker_id
 from tuner.replay_client import loop_factory
+from tuner.score import needs_capacity
 from tuner.space import distributions
 from tuner.storage import (
     check_enqueue,
@@ -51,7 +52,7 @@ from tuner.storage import (
     retry_schema_race,
     study_name,
 )
-from tuner.stored_study import ConfirmRecord
+from tuner.stored_study import ConfirmRecord, incumbent_capacity
 from tuner.stored_trial import (
     is_baseline,
     mark_interrupted,
@@ -218,8 +219,11 @@ async def _trials(
     async def one(trial: optuna.Trial) -> None:
         nonlocal finished, free
         baseline = is_baseline(trial)
+        # the SLO capacity: probe the study's best first (None before one is measured)
+        probe = needs_capacity(cfg.objective) and cfg.objective.capacity.incumbent_probe
+        incumbent = incumbent_capacity(study) if probe else None
         try:
-            result = await run_trial(ctx, trial.number, dict(trial.params), baseline)
+            result = await run_trial(ctx, trial.number, dict(trial.params), baseline, incumbent)
         except (KeyboardInterrupt, asyncio.CancelledError):
             stop(trial)
             raise
@@ -337,7 +341,10 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
                 ", ".join(c.picks),
             )
             tdir = trial_dir(ctx.run_dir / "confirm", c.trial) / f"round_{rnd}"
-            got = await run_server(ctx, c.trial, c.params, c.baseline, tdir, replays, prune=False)
+            start = capacity_start(c, cfg) if needs_capacity(cfg.objective) else None
+            got = await run_server(
+                ctx, c.trial, c.params, c.baseline, tdir, replays, prune=False, capacity_start=start
+            )
             runs[c.trial] += [(rnd, seed, r) for seed, r in zip(cc.seeds, got, strict=True)]
             failed = sorted({r.failure_reason for r in got if r.failure_reason})
             if failed:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, ParamSpec
 
 from tuner.artifacts import TrialFolder
+from tuner.capacity import shown
 from tuner.errors import INTERRUPTED
 from tuner.records import TrialResult
 from tuner.stores import error_line, hide_url
@@ -156,6 +157,9 @@ class Tracker:
         if startup is not None and startup.compile_cache:  # hit or miss, and vLLM's key
             trial_tags["compile_cache"] = startup.compile_cache
             trial_tags["compile_hash"] = startup.compile_hash or startup.aot_hash or ""
+        cap = result.metrics.get("capacity_rps")
+        if cap is not None:  # "< 19.4" when the incumbent probe lost: the value is a bound
+            trial_tags["capacity"] = shown(cap, result.metrics.get("capacity_censored")) + " req/s"
         if result.pruned:
             trial_tags["pruned_reason"] = result.pruned
         if result.failure_reason:

@@ -103,15 +103,23 @@ class TrialContext:
 
 
 async def run_trial(
-    ctx: TrialContext, number: int, params: dict[str, Any], baseline: bool
+    ctx: TrialContext,
+    number: int,
+    params: dict[str, Any],
+    baseline: bool,
+    incumbent: float | None = None,
 ) -> TrialResult:
-    """The trial's server, with ``study.repeats`` replays on it; one result (their mean)."""
+    """The trial's server, with ``study.repeats`` replays on it; one result (their mean).
+    ``incumbent``: the study's best capacity as a load factor (objective ``capacity_rps``): the
+    capacity search probes it first and stops there on a loss (:mod:`tuner.capacity`)."""
     w = ctx.cfg.workload
     replays = [Replay("", ctx.requests, w)]
     for k, reqs in enumerate(ctx.repeat_requests, 1):
         replays.append(Replay(f"repeat_{k + 1}", reqs, replace(w, seed=w.seed + k)))
     tdir = trial_dir(ctx.run_dir, number)
-    results = await run_server(ctx, number, params, baseline, tdir, replays, prune=True)
+    results = await run_server(
+        ctx, number, params, baseline, tdir, replays, prune=True, capacity_start=incumbent
+    )
     if len(replays) == 1:
         return results[0]
     result = mean_result(results, ctx.cfg.objective, ctx.cfg.workload.slo)
@@ -156,6 +164,10 @@ class ServerRun:
     written: set[int] = field(default_factory=set)
     """Replays whose ``requests.jsonl`` is on disk already."""
     failure: TrialFailed | None = None
+    capacity_start: float | None = None
+    """The load factor the capacity search tries after the first replay (None: it doubles)."""
+    capacity_stop: bool = False
+    """A loss at ``capacity_start`` ends the search (a search trial under an incumbent)."""
 
     @property
     def cfg(self) -> TunerConfig:
@@ -220,9 +232,12 @@ async def run_server(
     replays: list[Replay],
     *,
     prune: bool,
+    capacity_start: float | None = None,
 ) -> list[TrialResult]:
     """Precheck, launch one server with ``params``, run each replay on it, stop it: a result per
-    replay. A failure ends the server's replays: the one it hit and those after it carry it."""
+    replay. A failure ends the server's replays: the one it hit and those after it carry it.
+    ``capacity_start``: where the capacity search starts its bracket after the first replay;
+    with ``prune`` (a search trial) a loss there ends it (the incumbent probe)."""
     cfg = ctx.cfg
     make_dir(tdir)
     port = free_port(cfg.engine.host)
@@ -237,6 +252,8 @@ async def run_server(
         full=resolved(cfg.space, params),
         port=port,
         argv=trial_argv(cfg, params, port=port, baseline=baseline),
+        capacity_start=capacity_start,
+        capacity_stop=prune and capacity_start is not None,
     )
     try:
         _precheck(run)
@@ -306,9 +323,10 @@ async def _launch(run: ServerRun, stack: contextlib.AsyncExitStack) -> Server:
         LEASE_ENV: run.lease.id,
     }
     log.info(
-        "trial %d: launching on GPU %s%s with %s",
+        "trial %d: launching on GPU %s%s%s with %s",
         run.number,
         run.gpus,
+        " (simulated)" if cfg.engine.kind == "sim" else "",
         f" (CPUs {core_ranges(run.cpus)})" if run.cpus else "",
         changed_params(run.params, cfg.space),
     )
@@ -385,7 +403,8 @@ async def _replay_all(run: ServerRun, server: Server) -> None:
             key = api_key(cfg.engine, cfg.model)
             extra["caches_reset"] = float(await reset_caches(server.base_url, key))
         cache = launch.startup.compile_cache if launch.startup else None
-        ready = f"ready in {launch.startup_s:.1f} s{f' (compile cache {cache})' if cache else ''}, "
+        cache = f" ({_simulated(cfg.engine, 'compile cache')} {cache})" if cache else ""
+        ready = f"ready in {launch.startup_s:.1f} s{cache}, "
         ready = ready if not i else ""
         log.info(
             "trial %d: %sKV cache %s tokens (predicted %s); replaying %d requests (%d warm-up)%s",
@@ -434,6 +453,8 @@ async def _capacity(run: ServerRun, server: Server) -> None:
         api_key=api_key(cfg.engine, cfg.model),
         measure=step,
         check=functools.partial(_alive, server),
+        start=run.capacity_start,
+        stop_on_loss=run.capacity_stop,
     )
     run.common.update(cap.metrics())
 
@@ -484,6 +505,12 @@ def carried_failure(failure: F | None, i: int, n_measured: int) -> F | None:
     [None, 'engine_dead', 'engine_dead', 'engine_dead']
     """
     return failure if failure is not None and i >= n_measured - 1 else None
+
+
+def _simulated(engine: EngineConfig, what: str) -> str:
+    """``what`` as the log names it: ``simulated compile cache`` with ``engine=sim`` (no
+    kernel is compiled), as is with a real engine."""
+    return f"simulated {what}" if engine.kind == "sim" else what
 
 
 def _fmt_int(v: int | None) -> str:

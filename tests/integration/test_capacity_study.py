@@ -37,10 +37,14 @@ SMALL = [
 def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
     # vLLM's defaults on three fresh servers: each trial's capacity, bracket and steps in Optuna,
     # the trial folder and MLflow, and the three capacities close to each other
-    p = tuner(tmp_path, *SMALL, "space=none", "study.n_trials=3", timeout=900)
+    # each trial brackets its own capacity (no incumbent probe): the spread of one config's
+    p = tuner(
+        tmp_path, *SMALL, "space=none", "study.n_trials=3", "objective.capacity.incumbent_probe=false",
+        timeout=900,
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     assert "SLO capacity" in p.stderr + p.stdout
-    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
+    study = optuna.load_study(study_name="chat-qwen3-8b-sim-capacity", storage=storage(tmp_path))
     assert len(study.trials) == 3
     for t in study.trials:
         m = t.user_attrs["metrics"]
@@ -72,7 +76,7 @@ def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     children = [
         r
-        for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
+        for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim-capacity")
         if r.data.tags.get("tuner.role") == "trial"
     ]
     assert len(children) == 3

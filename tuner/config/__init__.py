@@ -33,6 +33,7 @@ from tuner.config.compose import (
 )
 from tuner.config.engine import ContainerConfig, EngineConfig, ModelConfig
 from tuner.config.search import (
+    DEFAULT_PICKS,
     CapacityConfig,
     ConfirmConfig,
     ObjectiveConfig,
@@ -88,6 +89,7 @@ __all__ = [
     "ArrivalConfig",
     "CapacityConfig",
     "ConfirmConfig",
+    "DEFAULT_PICKS",
     "ContainerConfig",
     "DistConfig",
     "EngineConfig",

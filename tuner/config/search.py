@@ -128,9 +128,14 @@ class CapacityConfig:
     min_factor: float = 0.015625
     """Lowest load tried, as a factor on the workload's load (1/64)."""
     max_factor: float = 64.0
-    """Highest load tried; a config that holds there is recorded as ``capacity_censored``."""
+    """Highest load tried; a config that holds there is recorded as ``capacity_censored`` 1."""
     requests: int | None = None
     """Measured requests of each further replay (default: the workload's ``num_requests``)."""
+    incumbent_probe: bool = True
+    """Once the study has a measured capacity, each trial tries the incumbent's load right after
+    its own and ends there on a loss, its capacity censored above (``capacity_censored`` -1).
+    false: every trial brackets its own capacity from the workload's load (e.g. to measure the
+    spread of one config's capacity)."""
 
 
 @dataclass
@@ -153,14 +158,21 @@ class ObjectiveConfig:
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
 
 
+DEFAULT_PICKS = ("goodput", "latency", "knee", "baseline")
+"""``confirm.picks`` unless set; ``capacity`` goes first under an objective ``capacity_rps``
+(:func:`tuner.checks.to_config`)."""
+
+
 @dataclass
 class ConfirmConfig:
     """After the search: re-run the best configs longer and harder, then export them."""
 
     enabled: bool = True
     """false: skip the stress runs; the picks are still exported (marked unconfirmed)."""
-    picks: list[str] = field(default_factory=lambda: ["goodput", "latency", "knee", "baseline"])
-    """Which configs to confirm and export (``best-<pick>.yaml``): ``goodput`` (max goodput
+    picks: list[str] = field(default_factory=lambda: list(DEFAULT_PICKS))
+    """Which configs to confirm and export (``best-<pick>.yaml``): ``capacity`` (max SLO
+    capacity; first of the default picks under an objective ``capacity_rps``: each of its confirm
+    servers starts the capacity search at the pick's search capacity), ``goodput`` (max goodput
     within the SLOs), ``throughput`` (max output tok/s), ``latency`` (lowest value of the first
     minimised objective), ``knee`` (the Pareto point nearest the ideal), ``baseline`` (vLLM's
     defaults, trial 0, re-measured beside the others: the reference every gain is measured against;

@@ -38,7 +38,7 @@ ARRIVALS = ("concurrency", "poisson", "gamma", "constant", "ramp")
 TRACE_FORMATS = ("auto", "csv", "jsonl")
 TIMESTAMP_FORMATS = ("seconds", "datetime")
 DISTS = ("fixed", "uniform", "normal", "lognormal")
-CONFIRM_PICKS = ("goodput", "throughput", "latency", "knee", "baseline")
+CONFIRM_PICKS = ("capacity", "goodput", "throughput", "latency", "knee", "baseline")
 
 
 def one_of(what: str, value: object, allowed: tuple[str, ...]) -> None:

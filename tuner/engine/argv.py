@@ -29,10 +29,12 @@ from tuner.compile_cache import MAX_CAPTURE, cache_location, predicted_key
 from tuner.config import EngineConfig, ModelConfig, SpaceConfig, TunerConfig
 from tuner.engine.container import check_image
 from tuner.errors import ConfigError
+from tuner.export import ExportError, parse_serve_args
 from tuner.space import flag_name
 from tuner.stores import MASK, mask_credentials
 
 __all__ = [
+    "fixed_params",
     "MASK",
     "api_key",
     "build_argv",
@@ -198,6 +200,23 @@ def build_argv(
 PIN_FLAG = "-cc.max_cudagraph_capture_size"
 """``engine.pin_capture_size``: the capture size fixed at vLLM's cap, so ``max_num_seqs`` does
 not change the compile key (not when the argv sets a capture size itself)."""
+
+
+def fixed_params(model: ModelConfig) -> dict[str, Any]:
+    """``model.fixed_args`` as the server reads them, by param name (``kv_cache_dtype``): the
+    words :func:`build_argv` passes, parsed back as vLLM's argparse does
+    (:func:`tuner.export.parse_serve_args`; ``--no-x`` as ``x: False``). Empty when they cannot
+    be parsed (the server judges those)."""
+    try:
+        _, flags = parse_serve_args(_without_api_key(_dict_args(model.fixed_args)))
+    except ExportError:
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in flags.items():
+        if key.startswith("no-") and value is True:
+            key, value = key[3:], False
+        out[key.replace("-", "_")] = value
+    return out
 
 
 def passed(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:

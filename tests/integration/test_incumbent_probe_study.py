@@ -1,0 +1,57 @@
+"""The incumbent probe in a study on the simulator (in process): the second trial's first capacity
+step after its own load is the first trial's capacity; each trial's capacity is bracketed or, if it
+lost there, censored above."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tuner import study as study_mod
+from tuner.config import TunerConfig
+
+pytestmark = pytest.mark.integration
+
+SMALL = [
+    "+workload=chat",
+    "engine=sim",
+    "objective=capacity",
+    "confirm.enabled=false",
+    "tracking=none",
+    "space=none",
+    "study.n_trials=2",
+    "workload.num_requests=100",
+    "workload.warmup_requests=1",
+    "workload.arrival.concurrency=4",
+    "workload.output_tokens.low=16",
+    "workload.output_tokens.high=32",
+    "workload.slo.tpot_ms=20",
+    "workload.slo.ttft_ms=4000",
+    "engine.env.TUNER_SIM_SPEEDUP=0.5",
+    "objective.capacity.max_steps=4",
+]
+
+
+def test_the_second_trial_probes_the_first_trials_capacity(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    outcome = study_mod.run(make_cfg(*SMALL))
+    first, second = outcome.study.trials
+    assert outcome.study.study_name == "chat-qwen3-8b-sim-capacity"
+    m0 = first.user_attrs["metrics"]
+    assert m0["capacity_censored"] == 0.0 and m0["capacity_rps"] > 0
+    steps = json.loads((Path(second.user_attrs["trial_dir"]) / "capacity.json").read_text())
+    factors = [s["factor"] for s in steps["steps"]]
+    # a closed loop of 4: the incumbent's factor runs at a whole concurrency
+    assert factors[0] == 1.0
+    assert factors[1] == math.ceil(4 * m0["capacity_factor"]) / 4
+    m1 = second.user_attrs["metrics"]
+    if not steps["steps"][1]["held"]:  # lost at the incumbent's load: one step, censored above
+        assert len(factors) == 2 and m1["capacity_censored"] == -1.0
+        assert m1["capacity_rps"] < m1["capacity_rps_high"]
+    else:
+        assert m1["capacity_censored"] >= 0.0

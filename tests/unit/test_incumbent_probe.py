@@ -1,0 +1,199 @@
+"""The incumbent probe of the capacity search (tuner.capacity ``start``/``stop_on_loss``), the
+study's incumbent (tuner.stored_study.incumbent_capacity), a capacity censored above as the tables
+show it, and the confirm stage's ``capacity`` pick: no server, no subprocess."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner import stored_trial
+from tuner.capacity import MAX_JUMP, Step, search, shown
+from tuner.config import CapacityConfig, ConfirmConfig, TunerConfig
+from tuner.confirm import capacity_start, pick
+from tuner.console import fmt_metric
+from tuner.records import TrialResult
+from tuner.stored_study import incumbent_capacity, pareto_rows
+from tuner.tracking import open_tracker
+
+SETTINGS = CapacityConfig(rel_width=0.05, max_steps=8)
+
+
+def probe_of(margin_at: Callable[[float], float], rps_per_factor: float = 10.0) -> Any:
+    tried: list[float] = []
+
+    async def probe(f: float) -> Step:
+        tried.append(f)
+        m = margin_at(f)
+        return Step(factor=f, rps=rps_per_factor * f, margin=m, held=m >= 0)
+
+    return probe, tried
+
+
+def first_at_one(margin_at: Callable[[float], float]) -> Step:
+    """The workload's own replay (factor 1), as the trial measured it before the search."""
+    m = margin_at(1.0)
+    return Step(1.0, 10.0, m, m >= 0)
+
+
+# --- the search -------------------------------------------------------------------------------
+
+
+async def test_a_loss_at_the_incumbents_load_ends_the_search_after_that_one_step() -> None:
+    # this config holds up to factor 1.94 (19.4 req/s); the incumbent holds up to 6.97
+    def margin(f: float) -> float:
+        return 1 - f / 1.94
+
+    probe, tried = probe_of(margin)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=6.97, stop_on_loss=True)
+    assert tried == [6.97]  # one replay, at the incumbent's load
+    assert cap.capped and not cap.censored
+    assert cap.metrics()["capacity_censored"] == -1.0
+    assert cap.metrics()["capacity_steps"] == 2.0  # the workload's own and the probe
+    assert cap.high == pytest.approx(69.7)  # below the load that failed
+    assert 10.0 <= cap.rps < cap.high  # the estimate on the margin line, under the bound
+    # the line through (1, 0.48) and (6.97, -2.59) crosses zero at 1.94: the real capacity
+    assert cap.rps == pytest.approx(19.4, rel=0.01)
+
+
+async def test_without_stop_on_loss_a_failed_start_is_bracketed() -> None:
+    def margin(f: float) -> float:
+        return 1 - f / 1.94
+
+    probe, tried = probe_of(margin)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=6.97)
+    assert tried[0] == 6.97 and len(tried) > 1  # narrowed between 1 and 6.97
+    assert not cap.capped and cap.rps == pytest.approx(19.4, rel=0.01)
+
+
+async def test_a_loss_at_the_workloads_own_load_below_the_incumbent_needs_no_step() -> None:
+    def margin(f: float) -> float:
+        return 1 - f / 0.5  # fails at factor 1 already (margin -1: twice the SLO)
+
+    probe, tried = probe_of(margin)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=3.0, stop_on_loss=True)
+    assert tried == []
+    assert cap.capped and cap.high == 10.0
+    assert cap.rps == pytest.approx(5.0)  # the failed load over its overshoot (1 - margin)
+
+
+async def test_a_hold_at_the_incumbent_climbs_from_there() -> None:
+    def margin(f: float) -> float:
+        return 1 - f / 9.0
+
+    probe, tried = probe_of(margin)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=5.0, stop_on_loss=True)
+    assert tried[0] == 5.0
+    assert tried[1] == pytest.approx(10.0)  # margin 0.44 at 5: the jump is the floor, x2
+    assert not cap.capped and cap.rps == pytest.approx(90.0, rel=0.02)
+
+
+async def test_a_wide_margin_jumps_further_than_doubling() -> None:
+    def margin(f: float) -> float:
+        return 1 - f / 40.0  # at the incumbent's load 2: margin 0.95
+
+    probe, tried = probe_of(margin)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=2.0, stop_on_loss=True)
+    assert tried[:3] == [2.0, 2.0 * MAX_JUMP, 2.0 * MAX_JUMP**2]  # bounded at MAX_JUMP a step
+    assert cap.rps == pytest.approx(400.0, rel=0.02)
+    # a margin of 0.6 extrapolates to 1 / 0.4 = x2.5: between the bounds
+    probe, tried = probe_of(lambda f: 1 - f / 2.0 if f > 2 else 0.6)
+    await search(probe, SETTINGS, Step(1.0, 10.0, 0.6, True), start=2.0, stop_on_loss=True)
+    assert tried[1] == pytest.approx(5.0)
+
+
+async def test_without_a_start_the_search_doubles_as_before() -> None:
+    def margin(f: float) -> float:
+        return 1 - f / 40.0
+
+    probe, tried = probe_of(margin)
+    await search(probe, SETTINGS, first_at_one(margin))
+    assert tried[:3] == [2.0, 4.0, 8.0]  # no jump without an incumbent
+
+
+# --- the study ----------------------------------------------------------------------------------
+
+
+def _capacity_trial(
+    study: optuna.Study, rps: float, factor: float, censored: float = 0.0, ok: bool = True
+) -> None:
+    t = study.ask()
+    t.set_user_attr("metrics", {"capacity_rps": rps, "capacity_factor": factor,
+                                "capacity_censored": censored, "ttft_p95_ms": 50.0})  # fmt: skip
+    system, user = stored_trial.constraint_attrs({"error_rate": -0.05 if ok else 0.5})
+    for k, v in system.items():
+        t.storage.set_trial_system_attr(t._trial_id, k, v)
+    for k, v in user.items():
+        t.set_user_attr(k, v)
+    study.tell(t, [rps, 50.0])
+
+
+def _study() -> optuna.Study:
+    return optuna.create_study(directions=["maximize", "minimize"])
+
+
+def test_the_incumbent_is_the_best_feasible_measured_capacity() -> None:
+    study = _study()
+    assert incumbent_capacity(study) is None  # the first trial: as today
+    _capacity_trial(study, 30.0, 3.0)
+    _capacity_trial(study, 90.0, 9.0, ok=False)  # infeasible: errors over the budget
+    _capacity_trial(study, 50.0, 5.0, censored=-1.0)  # an estimate under a loss, not a measure
+    _capacity_trial(study, 20.0, 2.0)
+    assert incumbent_capacity(study) == 3.0
+    _capacity_trial(study, 40.0, 4.0, censored=1.0)  # held everywhere tried: at least 40
+    assert incumbent_capacity(study) == 4.0
+
+
+def test_a_capacity_censored_above_is_shown_as_less_than(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    assert shown(19.4, -1.0) == "< 19.4" and shown(69.7, 1.0) == ">= 69.7"
+    assert fmt_metric("capacity_rps", 19.4, -1.0) == "< 19.4 req/s"
+    assert fmt_metric("capacity_rps", 69.7, 0.0) == "69.7 req/s"
+    study = _study()
+    _capacity_trial(study, 19.4, 1.94, censored=-1.0)
+    cfg = make_cfg("+workload=chat", "objective=capacity", "workload.slo.ttft_ms=500")
+    (row,) = pareto_rows(study, cfg)
+    assert row["capacity_censored"] == -1.0 and row["capacity_rps"] == 19.4
+
+
+# --- confirm ------------------------------------------------------------------------------------
+
+
+def test_confirm_picks_the_best_capacity_first_under_a_capacity_objective(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    cfg = make_cfg("+workload=chat", "objective=capacity", "workload.slo.ttft_ms=500")
+    assert cfg.confirm.picks[0] == "capacity"
+    assert make_cfg("+workload=chat").confirm.picks[0] == "goodput"  # other objectives: as before
+    study = _study()
+    _capacity_trial(study, 30.0, 3.0)
+    _capacity_trial(study, 69.7, 6.97)
+    _capacity_trial(study, 99.0, 9.9, censored=-1.0)  # an estimate: never the pick
+    (best,) = [c for c in pick(study, cfg.objective, ["capacity"])]
+    assert best.trial == 1 and best.picks == ("capacity",)
+    # its confirm servers start at its search capacity, on the stressed workload's scale
+    cc = ConfirmConfig(load_factor=2.0)
+    start = capacity_start(best, TunerConfig(confirm=cc))
+    assert start == pytest.approx(6.97 / 2.0)
+
+
+def test_mlflow_shows_a_capacity_censored_above_as_less_than(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = open_tracker(True, uri, "e", "run", {}, lambda s: s)
+    metrics = {"capacity_rps": 19.4, "capacity_censored": -1.0, "error_rate": 0.0}
+    result = TrialResult(0, {}, (), (19.4, 50.0), {}, metrics)
+    tracker.log_trial(result, tmp_path / "trial_0000", {})
+    tracker.finish("FINISHED")
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("e")
+    assert exp is not None
+    (child,) = client.search_runs([exp.experiment_id], "tags.`trial.number` = '0'")
+    assert child.data.tags["capacity"] == "< 19.4 req/s"
+    assert child.data.metrics["capacity_censored"] == -1.0

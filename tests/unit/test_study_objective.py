@@ -1,0 +1,54 @@
+"""A study records its objective; another objective is refused in one line (no mixed objectives),
+and the default study name carries a non-default objective."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import optuna
+import pytest
+
+from tuner import study as study_mod
+from tuner.config import TunerConfig
+from tuner.errors import ConfigError
+from tuner.storage import objective_label, open_study, storage_url, study_name
+from tuner.stored_study import objective_names
+
+CAPACITY = ["objective=capacity", "workload.slo.ttft_ms=500"]
+
+
+def test_the_default_study_name_carries_a_non_default_objective(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    assert study_name(make_cfg("+workload=chat")) == "chat-qwen3-8b-sim"  # as before
+    assert study_name(make_cfg("+workload=chat", *CAPACITY)) == "chat-qwen3-8b-sim-capacity"
+    assert objective_label(make_cfg("+workload=chat", "objective=goodput").objective) == "goodput"
+    assert study_name(make_cfg("+workload=chat", *CAPACITY, "study.name=mine")) == "mine"
+
+
+def test_a_throughput_study_continued_with_capacity_is_refused_in_one_line(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    first = make_cfg("+workload=chat", "study.name=s", "tracking=none")
+    stored = open_study(first)
+    assert objective_names(stored) == ["output_throughput:maximize", "ttft_p95_ms:minimize"]
+    again = make_cfg("+workload=chat", "study.name=s", "tracking=none", *CAPACITY)
+    with pytest.raises(ConfigError) as e:
+        study_mod.run(again)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "'s'" in msg and "output_throughput:maximize" in msg and "capacity_rps:maximize" in msg
+    assert "study.name=chat-qwen3-8b-sim-capacity" in msg
+    assert open_study(first).study_name == "s"  # the same objective continues
+
+
+def test_a_study_stored_before_the_objective_was_kept_continues(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    stored = open_study(make_cfg("+workload=chat", "study.name=old", "tracking=none"))
+    del stored  # an older tuner stored no objective attribute: drop it
+    cfg = make_cfg("+workload=chat", "study.name=old", "tracking=none", *CAPACITY)
+    s = optuna.load_study(study_name="old", storage=storage_url(cfg))
+    s._storage.set_study_user_attr(s._study_id, "objective", None)  # noqa: SLF001
+    assert objective_names(s) is None
+    assert open_study(cfg).study_name == "old"  # same directions: continued as before
