@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 from rich.console import Console
 
-from tuner import capacity_card, stored_trial
+from tuner import stored_trial, study_card
 from tuner.config import TunerConfig
 from tuner.confirm import current_verdict, recommended
 from tuner.console import fmt_metric, gain_text, print_confirm
@@ -148,7 +148,7 @@ def publish(
     base = baseline_trial(study, which="feasible")
     baseline_number = None if base is None else base.number
     shown = [n for n in (best.trial if best else None, baseline_number) if n is not None]
-    card = capacity_card.publish_card(study, cfg, out_dir, trial_dirs, candidates, results, files)
+    card = study_card.publish_card(study, cfg, out_dir, trial_dirs, candidates, results, files)
     try:
         files.update(
             plots.write_figures(
@@ -186,7 +186,7 @@ def publish(
         log.warning("could not tag the MLflow run: %s", exc)
     print_confirm(results, candidates, best, out_dir, console, picks, decided)
     if card is not None:
-        capacity_card.print_card(card, console)
+        study_card.print_card(card, console)
     return Published(files, best, tuple(results), decided)
 
 

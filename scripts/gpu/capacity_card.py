@@ -30,18 +30,17 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tuner import stored_trial  # noqa: E402
-from tuner.capacity_card import (  # noqa: E402
-    Entry,
+from tuner.capacity_card import Entry, make_card  # noqa: E402
+from tuner.checks import load_config  # noqa: E402
+from tuner.config import TunerConfig  # noqa: E402
+from tuner.study_card import (  # noqa: E402
     entry,
     gpus_per_server,
-    make_card,
     print_card,
     read_steps,
     slo_limits,
     target_of,
 )
-from tuner.checks import load_config  # noqa: E402
-from tuner.config import TunerConfig  # noqa: E402
 
 
 def study_entry(db: str, name: str, runs: Path, cfg: TunerConfig, baseline: bool) -> Entry:

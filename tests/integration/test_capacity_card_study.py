@@ -15,6 +15,7 @@ import pytest
 import tuner.study as study_mod
 from tuner.config import TunerConfig
 from tuner.report import run_report
+from tuner.storage import study_name
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +78,7 @@ def test_the_card_of_a_capacity_study(
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=cfg.tracking.uri)
-    exp = client.get_experiment_by_name(cfg.tracking.experiment or "chat-qwen3-8b-sim")
+    exp = client.get_experiment_by_name(cfg.tracking.experiment or study_name(cfg))
     assert exp is not None
     parents = [
         r

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from tuner import capacity_card as cc
+from tuner import study_card as sc
 from tuner.capacity import Step, from_steps
 from tuner.config import ObjectiveConfig, SLOConfig, TunerConfig
 from tuner.errors import ConfigError
@@ -130,7 +131,7 @@ def test_console_and_figure(tmp_path: Path) -> None:
     )
     card = cc.make_card([base], {"ttft_ms": 1000.0, "percentile": 95}, [0.5, 1.0], 100.0, 2.0)
     console = Console(width=250, record=True)
-    cc.print_card(card, console)
+    sc.print_card(card, console)
     text = console.export_text()
     assert "< 9.0 (outside the measured loads)" in text
     assert "50.0 [45.0–55.0]" in text and "2 [2–3]" in text
@@ -170,10 +171,10 @@ def test_plan_config_accepted(make_cfg: Callable[..., TunerConfig]) -> None:
 def test_peak_rate_is_the_busiest_window() -> None:
     quiet = [float(i) for i in range(0, 120, 2)]  # 0.5 req/s for two minutes
     burst = [120.0 + i * 0.1 for i in range(300)]  # then 10 req/s for 30 s
-    assert cc.peak_rps(quiet + burst, 60.0) == pytest.approx((300 + 15) / 60.0)
-    assert cc.peak_rps(quiet, 60.0) == pytest.approx(30 / 60.0)
-    assert cc.peak_rps([0.0, 0.5, 1.0, 2.0], 60.0) == pytest.approx(4 / 2.0)  # shorter: its span
-    assert cc.peak_rps([], 60.0) is None
+    assert sc.peak_rps(quiet + burst, 60.0) == pytest.approx((300 + 15) / 60.0)
+    assert sc.peak_rps(quiet, 60.0) == pytest.approx(30 / 60.0)
+    assert sc.peak_rps([0.0, 0.5, 1.0, 2.0], 60.0) == pytest.approx(4 / 2.0)  # shorter: its span
+    assert sc.peak_rps([], 60.0) is None
 
 
 def test_the_target_defaults_to_a_traces_peak(make_cfg: Callable[..., TunerConfig]) -> None:
@@ -181,13 +182,13 @@ def test_the_target_defaults_to_a_traces_peak(make_cfg: Callable[..., TunerConfi
 
     cfg = make_cfg("+workload=trace", "plan.peak_window_s=10")
     assert cfg.workload.trace is not None
-    target, source = cc.target_of(cfg)
+    target, source = sc.target_of(cfg)
     arrivals = load_trace(cfg.workload.trace).arrival_s
-    assert target == cc.peak_rps(arrivals.tolist(), 10.0) and target is not None and target > 0
+    assert target == sc.peak_rps(arrivals.tolist(), 10.0) and target is not None and target > 0
     assert source == "the trace's peak over 10 s"
     # at the trace's own speed: a replay twice as fast plans for the same traffic
     fast = make_cfg("+workload=trace", "plan.peak_window_s=10", "workload.trace.time_scale=0.5")
-    assert cc.target_of(fast)[0] == pytest.approx(target)
+    assert sc.target_of(fast)[0] == pytest.approx(target)
     given = make_cfg("+workload=trace", "plan.target_rps=7")
-    assert cc.target_of(given) == (7.0, "plan.target_rps")
-    assert cc.target_of(make_cfg("+workload=chat")) == (None, None)
+    assert sc.target_of(given) == (7.0, "plan.target_rps")
+    assert sc.target_of(make_cfg("+workload=chat")) == (None, None)
