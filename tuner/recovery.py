@@ -38,6 +38,7 @@ import optuna
 
 from tuner import stored_trial
 from tuner.artifacts import mask_server_logs
+from tuner.config import TunerConfig
 from tuner.engine.container import remove_leftovers
 from tuner.engine.process import group_members
 from tuner.stores import hide_url
@@ -175,6 +176,11 @@ def _fail_trial(study: optuna.Study, number: int, detail: str) -> dict[str, Any]
         return None
     stored_trial.mark_interrupted(study, trial, detail)
     return dict(trial.params)
+
+
+def lease_dir(cfg: TunerConfig) -> Path:
+    """Where each running trial's lease file lives (crash recovery reads them)."""
+    return Path(cfg.paths.state_dir) / "leases"
 
 
 def recover(study: optuna.Study, lease_dir: Path, secrets: list[str] | None = None) -> Recovered:

@@ -41,7 +41,7 @@ from tuner.measure import Replay, note_client_cores
 from tuner.memory import ModelShape
 from tuner.publish import publish
 from tuner.records import Candidate, ConfirmResult, TrialResult
-from tuner.recovery import close_runs, recover, worker_id
+from tuner.recovery import close_runs, lease_dir, recover, worker_id
 from tuner.replay_client import loop_factory
 from tuner.score import needs_capacity
 from tuner.space import distributions
@@ -62,7 +62,7 @@ from tuner.stored_trial import (
 )
 from tuner.stores import check_tracking, hide_url, quick_tracking_retries
 from tuner.tracking import WORKER, NullTracker, Tracker, open_tracker
-from tuner.trial import TrialContext, lease_dir, run_server, run_trial
+from tuner.trial import TrialContext, run_server, run_trial
 from tuner.workload import build_requests
 
 __all__ = ["StudyOutcome", "run"]

@@ -50,7 +50,7 @@ from tuner.measure import Measured, Replay, measure, reset_caches
 from tuner.memory import ModelShape
 from tuner.precheck import precheck
 from tuner.records import LaunchInfo, RequestSpec, TrialResult
-from tuner.recovery import LEASE_ENV, Lease
+from tuner.recovery import LEASE_ENV, Lease, lease_dir
 from tuner.score import constraints, mean_result, needs_capacity, objective_values, summarize
 from tuner.space import changed_params, resolved
 from tuner.telemetry.gpu import GpuMemory
@@ -62,7 +62,6 @@ __all__ = [
     "TrialContext",
     "carried_failure",
     "launch_server",
-    "lease_dir",
     "run_server",
     "run_trial",
 ]
@@ -72,11 +71,6 @@ log = logging.getLogger("tuner")
 LAUNCH_ATTEMPTS = 3
 """Launches of one trial's server when a port it binds is taken while it starts (not the config's
 fault: a server starting beside it, or another program, got the port first)."""
-
-
-def lease_dir(cfg: TunerConfig) -> Path:
-    """Where each running trial's lease file lives (crash recovery reads them)."""
-    return Path(cfg.paths.state_dir) / "leases"
 
 
 @dataclass
@@ -110,8 +104,7 @@ async def run_trial(
     incumbent: float | None = None,
 ) -> TrialResult:
     """The trial's server, with ``study.repeats`` replays on it; one result (their mean).
-    ``incumbent``: the study's best capacity as a load factor (objective ``capacity_rps``): the
-    capacity search probes it first and stops there on a loss (:mod:`tuner.capacity`)."""
+    ``incumbent``: the study's best capacity as a load factor, probed first (:mod:`capacity`)."""
     w = ctx.cfg.workload
     replays = [Replay("", ctx.requests, w)]
     for k, reqs in enumerate(ctx.repeat_requests, 1):
@@ -165,9 +158,8 @@ class ServerRun:
     """Replays whose ``requests.jsonl`` is on disk already."""
     failure: TrialFailed | None = None
     capacity_start: float | None = None
-    """The load factor the capacity search tries after the first replay (None: it doubles)."""
-    capacity_stop: bool = False
-    """A loss at ``capacity_start`` ends the search (a search trial under an incumbent)."""
+    """The load factor the capacity search tries after the first replay (None: it doubles); a
+    loss there ends a search trial's search (``prune``: the incumbent probe)."""
 
     @property
     def cfg(self) -> TunerConfig:
@@ -236,8 +228,7 @@ async def run_server(
 ) -> list[TrialResult]:
     """Precheck, launch one server with ``params``, run each replay on it, stop it: a result per
     replay. A failure ends the server's replays: the one it hit and those after it carry it.
-    ``capacity_start``: where the capacity search starts its bracket after the first replay;
-    with ``prune`` (a search trial) a loss there ends it (the incumbent probe)."""
+    ``capacity_start``: the capacity search's first load after the first replay (ServerRun)."""
     cfg = ctx.cfg
     make_dir(tdir)
     port = free_port(cfg.engine.host)
@@ -253,7 +244,6 @@ async def run_server(
         port=port,
         argv=trial_argv(cfg, params, port=port, baseline=baseline),
         capacity_start=capacity_start,
-        capacity_stop=prune and capacity_start is not None,
     )
     try:
         _precheck(run)
@@ -281,12 +271,9 @@ async def run_server(
 def _precheck(run: ServerRun) -> None:
     """Refuse what certainly cannot start (raises :class:`TrialFailed`), and keep the memory
     model's KV prediction."""
-    cfg = run.cfg
-    all_requests = [r for rp in run.replays for r in rp.requests]
-    verdict = precheck(
-        cfg, run.ctx.shape, run.full, all_requests, baseline=run.baseline, veto=cfg.study.precheck
-    )
-    run.predicted = verdict.kv_tokens
+    cfg, requests = run.cfg, [r for rp in run.replays for r in rp.requests]
+    kw = {"baseline": run.baseline, "veto": cfg.study.precheck}
+    run.predicted = precheck(cfg, run.ctx.shape, run.full, requests, **kw).kv_tokens
 
 
 async def _prepare(run: ServerRun) -> None:
@@ -403,7 +390,8 @@ async def _replay_all(run: ServerRun, server: Server) -> None:
             key = api_key(cfg.engine, cfg.model)
             extra["caches_reset"] = float(await reset_caches(server.base_url, key))
         cache = launch.startup.compile_cache if launch.startup else None
-        cache = f" ({_simulated(cfg.engine, 'compile cache')} {cache})" if cache else ""
+        sim = "simulated " if cfg.engine.kind == "sim" else ""  # no kernel is compiled
+        cache = f" ({sim}compile cache {cache})" if cache else ""
         ready = f"ready in {launch.startup_s:.1f} s{cache}, "
         ready = ready if not i else ""
         log.info(
@@ -454,7 +442,7 @@ async def _capacity(run: ServerRun, server: Server) -> None:
         measure=step,
         check=functools.partial(_alive, server),
         start=run.capacity_start,
-        stop_on_loss=run.capacity_stop,
+        stop_on_loss=run.prune and run.capacity_start is not None,
     )
     run.common.update(cap.metrics())
 
@@ -505,12 +493,6 @@ def carried_failure(failure: F | None, i: int, n_measured: int) -> F | None:
     [None, 'engine_dead', 'engine_dead', 'engine_dead']
     """
     return failure if failure is not None and i >= n_measured - 1 else None
-
-
-def _simulated(engine: EngineConfig, what: str) -> str:
-    """``what`` as the log names it: ``simulated compile cache`` with ``engine=sim`` (no
-    kernel is compiled), as is with a real engine."""
-    return f"simulated {what}" if engine.kind == "sim" else what
 
 
 def _fmt_int(v: int | None) -> str:
