@@ -13,10 +13,9 @@ from typing import Any
 import nbformat
 import optuna
 import pytest
+from helpers.trials import counted
 
 from tuner import stored_trial
-
-from .trials import counted
 
 pytestmark = pytest.mark.integration
 

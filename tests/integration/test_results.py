@@ -10,11 +10,10 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from helpers.cli import FAST, mlflow_runs, storage, tuner
+from helpers.trials import counted
 
 from tuner.verdict import VERDICTS
-
-from .test_study import FAST, mlflow_runs, storage, tuner
-from .trials import counted
 
 pytestmark = pytest.mark.integration
 

@@ -11,59 +11,16 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pytest
+from helpers.cli import FAST, mlflow_client, mlflow_runs, storage, tuner
+from helpers.procs import kill_9_once_serving, kill_9_when, marked_pids
+from helpers.trials import counted, dashboard_constraints, pareto_front_kinds
 
 from tuner import stored_trial
 
-from .procs import kill_9_once_serving, kill_9_when, marked_pids
-from .trials import counted, dashboard_constraints, pareto_front_kinds
-
 pytestmark = pytest.mark.integration
-
-# Small and fast, but every stage real: launch, replay over HTTP, score, Optuna, MLflow.
-FAST = [
-    "workload.num_requests=12",
-    "workload.warmup_requests=1",
-    "workload.arrival.concurrency=6",
-    "workload.output_tokens.low=8",
-    "workload.output_tokens.high=24",
-    "engine.env.TUNER_SIM_SPEEDUP=20",
-    # one confirm round (a fresh server per candidate); the confirm tests ask for more
-    "confirm.rounds=1",
-]
-
-
-def tuner(
-    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def storage(cwd: Path) -> str:
-    return f"sqlite:///{cwd / 'outputs' / 'state' / 'optuna.db'}"
-
-
-def mlflow_client(cwd: Path) -> Any:
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
-
-
-def mlflow_runs(cwd: Path, experiment: str) -> list:
-    client = mlflow_client(cwd)
-    exp = client.get_experiment_by_name(experiment)
-    assert exp is not None
-    return client.search_runs([exp.experiment_id], max_results=1000)
 
 
 def test_study_records_everything_and_resumes(tmp_path: Path) -> None:

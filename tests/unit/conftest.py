@@ -10,7 +10,7 @@ from contextlib import AbstractAsyncContextManager
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from test_replay import FakeVLLM
+from helpers.fake_vllm import FakeVLLM
 
 
 @contextlib.asynccontextmanager
