@@ -52,6 +52,9 @@ def main_in_process(
 
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", ["tuner", *args])
+    # Hydra finds conf/ beside the app's file as for ``python -m tuner`` (its job name too),
+    # not as the package tuner's resources
+    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     sigterm = signal.getsignal(signal.SIGTERM)

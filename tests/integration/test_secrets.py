@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.cli import main_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -89,8 +90,18 @@ def test_an_unwritable_folder_is_one_line(
     assert took < 30
 
 
-def test_host_in_the_fixed_flags_is_refused(tmp_path: Path) -> None:
-    p, _ = tuner(tmp_path, "+workload=chat", "engine.extra_args=[--host,0.0.0.0]")
+@pytest.mark.fast
+def test_host_in_the_fixed_flags_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = main_in_process(
+        tmp_path,
+        "+workload=chat",
+        "engine.extra_args=[--host,0.0.0.0]",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    p = subprocess.CompletedProcess(["tuner"], code, out, err)
     one_line(p, "engine.extra_args sets --host; the tuner sets --host 127.0.0.1", code=2)
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers.cli import FAST, mlflow_client, mlflow_runs, storage, tuner
+from helpers import reference
+from helpers.cli import FAST, main_in_process, mlflow_client, mlflow_runs, storage, tuner
 from helpers.procs import kill_9_once_serving, kill_9_when, marked_pids
+from helpers.reference import Reference
 from helpers.trials import counted, dashboard_constraints, pareto_front_kinds
 
 from tuner import stored_trial
@@ -23,20 +25,12 @@ from tuner import stored_trial
 pytestmark = pytest.mark.integration
 
 
-def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
-    # two picks: the export is what is checked here (tests/integration/test_results.py: confirm)
-    args = [
-        "+workload=chat",
-        "engine=sim",
-        "study.n_trials=3",
-        *FAST,
-        "confirm.picks=[goodput,baseline]",
-    ]
-    p = tuner(tmp_path, *args)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "Pareto-best trials" in p.stdout
-    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
-    assert len(counted(study.trials)) == 3  # configs refused before launch do not count
+@pytest.mark.fast
+def test_a_study_records_everything(reference_study: Reference, tmp_path: Path) -> None:
+    cwd = reference_study.cwd
+    assert "Pareto-best trials" in reference_study.stdout
+    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
+    assert len(counted(study.trials)) == 4  # configs refused before launch do not count
     first = study.trials[0]
     assert first.user_attrs["baseline"] is True
     assert first.user_attrs["failure_reason"] is None
@@ -47,7 +41,7 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     assert all(v <= 0 for v in constraints.values()), constraints
     assert {"slo_ttft", "slo_tpot"} <= set(constraints)  # the chat profile's SLOs
 
-    runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
+    runs = mlflow_runs(cwd, reference.STUDY)
     parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
     assert len(parents) == 1 and len(children) == len(study.trials)
@@ -69,33 +63,34 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
         "startup_s",
     ):
         assert key in m, key
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = mlflow_client(cwd)
     names = {a.path for a in client.list_artifacts(ok[0].info.run_id)}
     assert {"server.log", "requests.jsonl", "result.json", "metrics.jsonl"} <= names
     parent_files = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"pareto.html", "pareto.json", "best-goodput.yaml", "latency_cdf.html"} <= parent_files
     # the run folder's pages load plotly.min.js beside them; MLflow's copies carry it inline
-    run_dir = next((tmp_path / "outputs" / "runs").glob("*/pareto.html")).parent
+    run_dir = next((cwd / "outputs" / "runs").glob("*/pareto.html")).parent
     assert 'src="plotly.min.js"' in (run_dir / "pareto.html").read_text()
     assert (run_dir / "plotly.min.js").stat().st_size > 1_000_000
     assert "plotly.min.js" not in parent_files
     logged = Path(client.download_artifacts(parents[0].info.run_id, "pareto.html", str(tmp_path)))
     assert "plotly.min.js" not in logged.read_text() and logged.stat().st_size > 1_000_000
-    pareto = json.loads(next((tmp_path / "outputs" / "runs").glob("*/pareto.json")).read_text())
+    pareto = json.loads(next((cwd / "outputs" / "runs").glob("*/pareto.json")).read_text())
     assert pareto and all("output_throughput_vs_baseline_pct" in row for row in pareto)
 
-    p2 = tuner(tmp_path, *args)  # the same command continues the same study
+
+def test_the_same_command_continues_the_study(reference_study: Reference, tmp_path: Path) -> None:
+    cwd = reference_study.copy(tmp_path / "study")
+    p2 = tuner(cwd, *reference.ARGS, env=reference.ENV)  # the same command continues the study
     assert p2.returncode == 0, p2.stderr[-3000:]
-    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
-    assert len(counted(study.trials)) == 6
+    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
+    assert len(counted(study.trials)) == 8
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
     assert (
         len(
             [
                 r
-                for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
+                for r in mlflow_runs(cwd, reference.STUDY)
                 if r.data.tags.get("tuner.role") == "study"
             ]
         )
@@ -176,22 +171,51 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         (["+workload=chat", "study.ntrials=5"], "key study.ntrials; the closest known key is"),
     ],
 )
-def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
-    p = tuner(tmp_path, *args, timeout=60)
-    assert p.returncode == 2
-    err = p.stderr.strip()
+@pytest.mark.fast
+def test_bad_input_fails_fast_with_one_line(
+    tmp_path: Path,
+    args: list[str],
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the CLI's main() in this process; test_bad_input_exits_2_from_the_cli runs the command
+    code, _, err = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2
+    err = err.strip()
     assert needle in err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
 
 
-def test_a_bad_trace_row_is_found_before_anything_is_stored(tmp_path: Path) -> None:
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["+workload=nope"], "allowed: chat, image_heavy, long_docs"),  # before Hydra composes
+        (["+workload=chat", "study.repeats=0"], "allowed: 1 to 20"),  # after, in the app
+    ],
+)
+def test_bad_input_exits_2_from_the_cli(tmp_path: Path, args: list[str], needle: str) -> None:
+    p = tuner(tmp_path, *args, timeout=60)
+    assert p.returncode == 2
+    err = p.stderr.strip()
+    assert needle in err
+    assert "Traceback" not in p.stdout + p.stderr and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
+
+
+@pytest.mark.fast
+def test_a_bad_trace_row_is_found_before_anything_is_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # it was once reported after the study had been created, and left an empty run folder
     trace = tmp_path / "trace.csv"
     trace.write_text("timestamp,input_length,output_length\n0.0,100,20\n0.5,many,20\n")
-    p = tuner(tmp_path, "+workload=trace", f"workload.trace.path={trace}", timeout=60)
-    assert p.returncode == 2
-    assert p.stderr.strip() == (
+    args = ["+workload=trace", f"workload.trace.path={trace}"]
+    code, _, err = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2
+    assert err.strip() == (
         f"error: row 2 of {trace}: input_tokens 'many' (column input_length) is not an integer"
     )
     assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
@@ -225,13 +249,15 @@ def test_the_same_seed_draws_the_same_start_up_configs(tmp_path: Path) -> None:
     assert params[0] == params[1]
 
 
-def test_a_missing_engine_command_stores_nothing(tmp_path: Path) -> None:
+@pytest.mark.fast
+def test_a_missing_engine_command_stores_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # it once created the study, then failed its first trial with no reason stored
-    p = tuner(
-        tmp_path, "+workload=chat", "engine=vllm", "engine.command=[tuner-no-such-vllm,serve]"
-    )
-    assert p.returncode == 2
-    assert p.stderr.strip() == (
+    args = ["+workload=chat", "engine=vllm", "engine.command=[tuner-no-such-vllm,serve]"]
+    code, _, err = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2
+    assert err.strip() == (
         "error: engine.command 'tuner-no-such-vllm' is not found on PATH: install vLLM "
         "(pip install -e '.[vllm]') or set engine.command"
     )
@@ -296,37 +322,31 @@ def test_interrupt_leaves_no_process_and_records_the_trial(
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_secrets_never_reach_what_the_tuner_writes(tmp_path: Path) -> None:
-    """HF_TOKEN by environment and an --api-key flag: the server gets both, nothing written shows
-    them, not even the debug log of the launch line (``hydra.verbose=tuner``)."""
-    hf, key = "hf_SECRETtoken123456", "sk-SECRETkey987654"
-    p = tuner(
-        tmp_path,
-        "+workload=chat",
-        "study.n_trials=1",
-        f"engine.extra_args=[--api-key,{key}]",
-        "hydra.verbose=tuner",
-        *FAST,
-        env={"HF_TOKEN": hf},
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
+@pytest.mark.fast
+def test_secrets_never_reach_what_the_tuner_writes(reference_study: Reference) -> None:
+    """HF_TOKEN by environment and an --api-key flag (the reference study has both): the server
+    gets both, nothing written shows them, not even the debug log of the launch line
+    (``hydra.verbose=tuner``), nor the confirm stage's servers and exports."""
+    hf, key = reference.HF_TOKEN, reference.API_KEY
+    cwd = reference_study.cwd
+    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
     trial = study.trials[0]
     assert trial.user_attrs["failure_reason"] is None  # the replay authenticated with the key
     assert trial.user_attrs["metrics"]["success_rate"] == 1.0
-    server_log = next(tmp_path.glob("outputs/runs/*/trial_0000/server.log")).read_text()
+    server_log = next(cwd.glob("outputs/runs/*/trial_0000/server.log")).read_text()
     # the simulator logs its non-default args, as vLLM does: the key is not among them (it
     # travels as VLLM_API_KEY), so no kill -9 of the tuner can leave it in the log
     assert "non-default args" in server_log and "api_key" not in server_log
-    job_log = next(tmp_path.glob("outputs/runs/*/__main__.log")).read_text()
+    job_log = next(cwd.glob("outputs/runs/*/__main__.log")).read_text()
     assert "started pid" in job_log  # the launch line, logged at DEBUG
-    written = [f for f in tmp_path.rglob("*") if f.is_file() and "vllm_cache" not in f.parts]
+    written = [f for f in cwd.rglob("*") if f.is_file() and "vllm_cache" not in f.parts]
     assert len(written) > 5
     for f in written:  # run dir, artifacts, Hydra's log, Optuna and MLflow databases
         data = f.read_bytes()
         assert hf.encode() not in data and key.encode() not in data, f
-    assert hf not in p.stdout + p.stderr and key not in p.stdout + p.stderr
-    runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
+    out = reference_study.stdout + reference_study.stderr
+    assert hf not in out and key not in out
+    runs = mlflow_runs(cwd, reference.STUDY)
     for r in runs:
         blob = json.dumps([r.data.params, r.data.tags])
         assert hf not in blob and key not in blob
@@ -723,15 +743,23 @@ def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(tmp_path: Path) -> No
         assert r["metrics"]["client_cpus"] == 1.0
 
 
-def test_more_workers_than_gpus_is_one_line(tmp_path: Path) -> None:
-    p = tuner(tmp_path, "+workload=chat", "study.n_workers=3", "engine.gpus=[0,1]", timeout=60)
-    assert p.returncode == 2 and "study.n_workers is 3; allowed: 1 to 2" in p.stderr
+@pytest.mark.fast
+def test_more_workers_than_gpus_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["+workload=chat", "study.n_workers=3", "engine.gpus=[0,1]"]
+    code, _, err = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and "study.n_workers is 3; allowed: 1 to 2" in err
 
 
-def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
-    p = tuner(tmp_path, "+workload=chat", "engine=vllm", "dry_run=true", timeout=60)
-    assert p.returncode == 0, p.stderr[-2000:]
-    out = " ".join(p.stdout.split())  # rich wraps long lines
+@pytest.mark.fast
+def test_dry_run_prints_the_plan_and_launches_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["+workload=chat", "engine=vllm", "dry_run=true"]
+    code, stdout, stderr = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, stderr[-2000:]
+    out = " ".join(stdout.split())  # rich wraps long lines
     assert "study chat-qwen3-8b-vllm · engine vllm" in out
     # the baseline passes no searched flag; it once printed every flag at vLLM's default
     assert "baseline trial (vLLM's defaults, no searched flag passed): vllm serve " in out
@@ -749,7 +777,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert "prescreen" not in out  # off by default
     assert "do not count toward study.n_trials (at most study.max_rejected=50 per run)" in out
     assert re.search(r"precheck: refuses \d+% of 1000 random configs .*invalid_config", out)
-    assert "study created in memory" not in p.stdout + p.stderr  # its Optuna study is quiet
+    assert "study created in memory" not in stdout + stderr  # its Optuna study is quiet
     # workload.client_processes=auto (tests/unit/test_client_choice.py has the rule's figures)
     assert "replay client on asyncio: " in out and " (auto)" in out
     assert "64 requests in flight" in out
@@ -759,24 +787,39 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert f"CPU cores: not pinned; servers, the tuner and its replay client share {n} cores" in out
 
 
-def test_dry_run_notes_a_client_with_too_many_streams(tmp_path: Path) -> None:
+@pytest.mark.fast
+def test_dry_run_notes_a_client_with_too_many_streams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ["+workload=chat", "dry_run=true", "workload.arrival.concurrency=1000"]
-    out = " ".join(tuner(tmp_path, *args, "workload.client_processes=1", timeout=60).stdout.split())
+
+    def plan(processes: str) -> str:
+        code, stdout, stderr = main_in_process(
+            tmp_path, *args, processes, monkeypatch=monkeypatch, capsys=capsys
+        )
+        assert code == 0, stderr[-2000:]
+        return " ".join(stdout.split())
+
+    out = plan("workload.client_processes=1")
     assert (  # 1,000 slots, but only the 300 requests of the workload to fill them
         "replay client on asyncio: 1 process, the tuner's own (workload.client_processes=1), "
         "300 requests in flight" in out
     )
     assert "note: 300 streams in the tuner's own process: the client adds latency" in out
     assert "auto would take 19 processes given the cores" in out
-    out = " ".join(tuner(tmp_path, *args, "workload.client_processes=2", timeout=60).stdout.split())
+    out = plan("workload.client_processes=2")
     assert (
         "2 processes (workload.client_processes=2), 300 requests in flight (150 per process)" in out
     )
 
 
-def test_dry_run_names_the_prescreen(tmp_path: Path) -> None:
-    p = tuner(tmp_path, "+workload=chat", "dry_run=true", "study.prescreen.trials=50", timeout=60)
-    assert p.returncode == 0, p.stderr[-2000:]
-    out = " ".join(p.stdout.split())
+@pytest.mark.fast
+def test_dry_run_names_the_prescreen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["+workload=chat", "dry_run=true", "study.prescreen.trials=50"]
+    code, stdout, stderr = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, stderr[-2000:]
+    out = " ".join(stdout.split())
     assert "first: prescreen 50 configs on the simulator's landscape, then launch its best 3" in out
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()
