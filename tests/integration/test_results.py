@@ -70,7 +70,6 @@ def test_confirm_and_export(reference_study: Reference) -> None:
     assert {"best-goodput.yaml", "pareto.html", "confirm.json", "latency_cdf.html"} <= logged
 
 
-@pytest.mark.fast
 def test_report_rebuilds_it_all_from_storage(reference_study: Reference, tmp_path: Path) -> None:
     # another machine (or a deleted run dir): the report rebuilds it all from the storage and
     # MLflow, running nothing

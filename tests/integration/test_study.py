@@ -787,7 +787,6 @@ def test_dry_run_prints_the_plan_and_launches_nothing(
     assert f"CPU cores: not pinned; servers, the tuner and its replay client share {n} cores" in out
 
 
-@pytest.mark.fast
 def test_dry_run_notes_a_client_with_too_many_streams(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -813,7 +812,6 @@ def test_dry_run_notes_a_client_with_too_many_streams(
     )
 
 
-@pytest.mark.fast
 def test_dry_run_names_the_prescreen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
