@@ -11,7 +11,7 @@ import optuna
 import pytest
 import yaml
 from helpers import reference
-from helpers.cli import FAST, mlflow_client, mlflow_runs, storage, tuner
+from helpers.cli import FAST, main_in_process, mlflow_client, mlflow_runs, storage, tuner
 from helpers.reference import Reference
 from helpers.trials import counted
 
@@ -100,12 +100,17 @@ def test_report_rebuilds_it_all_from_storage(reference_study: Reference, tmp_pat
     assert len(stored) == len(study.trials) and len(counted(stored)) == 4  # the report ran none
 
 
-def test_report_names_what_is_wrong(tmp_path: Path) -> None:
-    r = tuner(tmp_path, "report")
-    assert r.returncode == 2 and r.stderr.strip().startswith("error: report needs the study")
-    r = tuner(tmp_path, "report", "study.name=nope")
-    assert r.returncode == 2 and "no Optuna storage" in r.stderr
-    assert "Traceback" not in r.stderr
+@pytest.mark.fast
+def test_report_names_what_is_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = main_in_process(tmp_path, "report", monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and err.strip().startswith("error: report needs the study")
+    code, _, err = main_in_process(
+        tmp_path, "report", "study.name=nope", monkeypatch=monkeypatch, capsys=capsys
+    )
+    assert code == 2 and "no Optuna storage" in err
+    assert "Traceback" not in err
 
 
 def test_confirm_off_still_exports_unconfirmed(tmp_path: Path) -> None:

@@ -552,7 +552,9 @@ def test_a_study_of_the_full_space_continues_in_the_default_space(tmp_path: Path
     assert all("cudagraph_mode" in t.params for t in trials[2:])  # graphs are searched instead
 
 
-def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
+def test_warm_start_and_grid_sampler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     first = tuner(
         tmp_path,
         "+workload=chat",
@@ -582,15 +584,16 @@ def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
     assert "warm start: enqueued" in p.stderr + p.stdout
     dst = optuna.load_study(study_name="dst", storage=storage(tmp_path))
     assert dst.trials[0].params == src.trials[min(best)].params
-    bad = tuner(
+    code, _, err = main_in_process(
         tmp_path,
         "+workload=chat",
         "study.warm_start=nope",
         "study.name=x",
         "tracking=none",
-        timeout=60,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
     )
-    assert bad.returncode == 2 and "study.warm_start 'nope'" in bad.stderr
+    assert code == 2 and "study.warm_start 'nope'" in err
     assert "x" not in optuna.get_all_study_names(storage(tmp_path))  # refused before it was made
 
 
@@ -707,7 +710,9 @@ def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
-def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(tmp_path: Path) -> None:
+def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     cores = sorted(os.sched_getaffinity(0))
     p = tuner(
         tmp_path,
@@ -725,12 +730,19 @@ def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(tmp_path: Path) -> No
     out = " ".join((p.stdout + p.stderr).split())
     assert f"engine.cpu_pinning: the tuner and its replay client on {cores[0]};" in out
     assert "workload.client_processes=2 shares engine.cpu_reserve=1 cores" in out
-    plan = tuner(tmp_path, "+workload=chat", "dry_run=true", "engine.cpu_pinning=true",
-                 "engine.cpu_reserve=1", timeout=60)  # fmt: skip
+    _, plan, _ = main_in_process(
+        tmp_path,
+        "+workload=chat",
+        "dry_run=true",
+        "engine.cpu_pinning=true",
+        "engine.cpu_reserve=1",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     rest = f"{cores[1]}-{cores[-1]}" if len(cores) > 2 else str(cores[1])
     assert (
         f"CPU cores: the tuner and its replay client on {cores[0]}; servers: GPU 0 on {rest}"
-        in " ".join(plan.stdout.split())
+        in " ".join(plan.split())
     )
     results = [
         json.loads(f.read_text())
