@@ -137,6 +137,7 @@ def test_a_resumed_study_does_not_stress_a_trial_twice(
     reference_study: Reference, tmp_path: Path
 ) -> None:
     # the reference study has confirmed its picks in two rounds; the same command continues it
+    # (tests/integration/test_study.py::test_a_study_records_everything reads the first run)
     cwd = reference_study.copy(tmp_path / "study")
     args, env = reference.ARGS, reference.ENV
     assert "confirm 1/" in reference_study.stdout
@@ -154,6 +155,15 @@ def test_a_resumed_study_does_not_stress_a_trial_twice(
     # more trials without the confirm stage: picked again; verdicts kept only for the same trials
     more = tuner(cwd, *args, "study.n_trials=2", "confirm.enabled=false", env=env)
     assert more.returncode == 0, more.stderr[-3000:]
+    # each run of the command continued the one study: its trials added, the baseline not run
+    # again, an MLflow study run of its own
+    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
+    assert len(counted(study.trials)) == 4 + 2
+    assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
+    parents = [
+        r for r in mlflow_runs(cwd, reference.STUDY) if r.data.tags.get("tuner.role") == "study"
+    ]
+    assert len(parents) == 4  # the reference, again, other, more
     runs = sorted((cwd / "outputs" / "runs").glob("*/best-goodput.yaml"))
     headers = [p.read_text().splitlines()[2] for p in runs[-1].parent.glob("best-*.yaml")]
     assert headers and all(

@@ -79,25 +79,6 @@ def test_a_study_records_everything(reference_study: Reference, tmp_path: Path) 
     assert pareto and all("output_throughput_vs_baseline_pct" in row for row in pareto)
 
 
-def test_the_same_command_continues_the_study(reference_study: Reference, tmp_path: Path) -> None:
-    cwd = reference_study.copy(tmp_path / "study")
-    p2 = tuner(cwd, *reference.ARGS, env=reference.ENV)  # the same command continues the study
-    assert p2.returncode == 0, p2.stderr[-3000:]
-    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
-    assert len(counted(study.trials)) == 8
-    assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
-    assert (
-        len(
-            [
-                r
-                for r in mlflow_runs(cwd, reference.STUDY)
-                if r.data.tags.get("tuner.role") == "study"
-            ]
-        )
-        == 2
-    )
-
-
 def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
     # Qwen3-8B at gmu 0.10/0.11 (other flags at vLLM's defaults): weights + activations leave no
     # room for KV blocks. Enqueued, so the sampler's own choices cannot mix in other failures.
