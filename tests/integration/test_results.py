@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -15,6 +16,8 @@ from helpers.cli import FAST, main_in_process, mlflow_client, mlflow_runs, stora
 from helpers.reference import Reference
 from helpers.trials import counted
 
+import tuner.study as study_mod
+from tuner.config import TunerConfig
 from tuner.verdict import VERDICTS
 
 pytestmark = pytest.mark.integration
@@ -113,9 +116,8 @@ def test_report_names_what_is_wrong(
     assert "Traceback" not in err
 
 
-def test_confirm_off_still_exports_unconfirmed(tmp_path: Path) -> None:
-    p = tuner(
-        tmp_path,
+def test_confirm_off_still_exports_unconfirmed(make_cfg: Callable[..., TunerConfig]) -> None:
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=3",
         "study.name=off",
@@ -124,10 +126,9 @@ def test_confirm_off_still_exports_unconfirmed(tmp_path: Path) -> None:
         "confirm.picks=[throughput]",
         *FAST,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    (run_dir,) = [
-        d for d in (tmp_path / "outputs" / "runs").iterdir() if (d / "pareto.json").exists()
-    ]
+    study_mod.run(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    assert (run_dir / "pareto.json").exists()
     assert not (run_dir / "confirm").exists()
     assert "not stress-tested" in (run_dir / "best-throughput.yaml").read_text()
     assert not (run_dir / "best-goodput.yaml").exists()

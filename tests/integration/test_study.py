@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -20,7 +21,10 @@ from helpers.procs import kill_9_once_serving, kill_9_when, marked_pids
 from helpers.reference import Reference
 from helpers.trials import counted, dashboard_constraints, pareto_front_kinds
 
+import tuner.study as study_mod
 from tuner import stored_trial
+from tuner.config import TunerConfig
+from tuner.storage import storage_url
 
 pytestmark = pytest.mark.integration
 
@@ -115,9 +119,8 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("workload", ["long_docs", "image_heavy"])
-def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
-    p = tuner(
-        tmp_path,
+def test_other_workloads_complete(make_cfg: Callable[..., TunerConfig], workload: str) -> None:
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         f"+workload={workload}",
         "study.n_trials=1",
         "tracking=none",
@@ -128,14 +131,12 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         "engine.env.TUNER_SIM_SPEEDUP=20",
         "confirm.enabled=false",
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name=f"{workload}-qwen3-8b-sim", storage=storage(tmp_path))
+    study_mod.run(cfg)
+    study = optuna.load_study(study_name=f"{workload}-qwen3-8b-sim", storage=storage_url(cfg))
     t = study.trials[0]
     assert t.user_attrs["failure_reason"] is None, t.user_attrs["failure_detail"]
     assert t.user_attrs["metrics"]["completed"] == 4
-    result = json.loads(
-        next((tmp_path / "outputs" / "runs").glob("*/trial_0000/result.json")).read_text()
-    )
+    result = json.loads((Path(cfg.paths.output_dir) / "trial_0000" / "result.json").read_text())
     assert result["metrics"]["prompt_tokens_mean"] > 0
 
 
@@ -397,9 +398,10 @@ def test_rejections_count_past_max_rejected(tmp_path: Path) -> None:
     assert "the precheck has rejected 3 configs in this run (study.max_rejected)" in p.stdout
 
 
-def test_replay_is_pruned_once_the_slo_is_lost(tmp_path: Path) -> None:
-    p = tuner(
-        tmp_path,
+def test_replay_is_pruned_once_the_slo_is_lost(
+    tmp_path: Path, make_cfg: Callable[..., TunerConfig]
+) -> None:
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=1",
         "study.name=prune",
@@ -407,8 +409,8 @@ def test_replay_is_pruned_once_the_slo_is_lost(tmp_path: Path) -> None:
         "workload.num_requests=60",
         *FAST[1:],
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    t = optuna.load_study(study_name="prune", storage=storage(tmp_path)).trials[0]
+    study_mod.run(cfg)
+    t = optuna.load_study(study_name="prune", storage=storage_url(cfg)).trials[0]
     assert t.state == optuna.trial.TrialState.PRUNED
     assert "TTFT SLO" in t.user_attrs["pruned"]
     assert stored_trial.constraints(t)["slo_ttft"] > 0
@@ -513,20 +515,22 @@ def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Pat
     assert state.state == optuna.trial.TrialState.FAIL  # the trial itself did not finish
 
 
-def test_a_study_of_the_full_space_continues_in_the_default_space(tmp_path: Path) -> None:
+def test_a_study_of_the_full_space_continues_in_the_default_space(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
     """The default space stopped searching enforce_eager (space=full still does): a study whose
-    stored trials have it, eager ones included, must continue there with TPE past its start-up."""
+    stored trials have it, eager ones included, must continue there with TPE past its start-up.
+    In this process: the CLI is not what is tested."""
     common = ["+workload=chat", "study.name=s", "tracking=none", "study.n_startup_trials=1", *FAST]
     common.append("confirm.enabled=false")
-    first = tuner(
-        tmp_path, *common, "space=full", "study.n_trials=2", "study.enqueue=[{enforce_eager: true}]"
+    cfg = make_cfg(
+        *common, "space=full", "study.n_trials=2", "study.enqueue=[{enforce_eager: true}]"
     )
-    assert first.returncode == 0, first.stderr[-3000:]
-    stored = optuna.load_study(study_name="s", storage=storage(tmp_path)).trials
+    study_mod.run(cfg)
+    stored = optuna.load_study(study_name="s", storage=storage_url(cfg)).trials
     assert [t.params.get("enforce_eager") for t in stored] == [False, True]  # baseline, enqueued
-    p = tuner(tmp_path, *common, "study.n_trials=3")
-    assert p.returncode == 0, p.stderr[-3000:]
-    trials = optuna.load_study(study_name="s", storage=storage(tmp_path)).trials
+    study_mod.run(make_cfg(*common, "study.n_trials=3"))
+    trials = optuna.load_study(study_name="s", storage=storage_url(cfg)).trials
     assert len(counted(trials)) == 5
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert all("enforce_eager" not in t.params for t in trials[2:])
