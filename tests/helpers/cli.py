@@ -81,6 +81,21 @@ def main_in_process(
     return code, out.out, out.err
 
 
+def run_study(
+    cfg: Any, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> str:
+    """:func:`tuner.study.run` on ``cfg`` (a ``make_cfg`` config) in this process, for a study
+    whose command line is not what is tested; what it printed and what the tuner logged at INFO,
+    the two the CLI shows on stdout."""
+    import tuner.study as study_mod
+
+    caplog.set_level(logging.INFO, logger="tuner")
+    capsys.readouterr()
+    caplog.clear()
+    study_mod.run(cfg)
+    return capsys.readouterr().out + caplog.text
+
+
 def storage(cwd: Path) -> str:
     return f"sqlite:///{cwd / 'outputs' / 'state' / 'optuna.db'}"
 

@@ -16,7 +16,15 @@ from pathlib import Path
 import optuna
 import pytest
 from helpers import reference
-from helpers.cli import FAST, main_in_process, mlflow_client, mlflow_runs, storage, tuner
+from helpers.cli import (
+    FAST,
+    main_in_process,
+    mlflow_client,
+    mlflow_runs,
+    run_study,
+    storage,
+    tuner,
+)
 from helpers.procs import kill_9_once_serving, kill_9_when, marked_pids
 from helpers.reference import Reference
 from helpers.trials import counted, dashboard_constraints, pareto_front_kinds
@@ -83,11 +91,15 @@ def test_a_study_records_everything(reference_study: Reference, tmp_path: Path) 
     assert pareto and all("output_throughput_vs_baseline_pct" in row for row in pareto)
 
 
-def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
+def test_infeasible_trials_are_recorded_not_crashed(
+    tmp_path: Path,
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # Qwen3-8B at gmu 0.10/0.11 (other flags at vLLM's defaults): weights + activations leave no
     # room for KV blocks. Enqueued, so the sampler's own choices cannot mix in other failures.
-    p = tuner(
-        tmp_path,
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=2",
         "study.name=tiny",
@@ -99,8 +111,8 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
         "confirm.enabled=false",
         *FAST,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="tiny", storage=storage(tmp_path))
+    out = run_study(cfg, capsys, caplog)
+    study = optuna.load_study(study_name="tiny", storage=storage_url(cfg))
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert [t.params["gpu_memory_utilization"] for t in study.trials] == [0.10, 0.11]
     for t in study.trials:
@@ -115,7 +127,7 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
     ]
     assert {c.data.tags["failure_reason"] for c in children} == {"no_kv_memory"}
     assert {c.info.status for c in children} == {"FAILED"}
-    assert "No feasible trial yet" in p.stdout
+    assert "No feasible trial yet" in out
 
 
 @pytest.mark.parametrize("workload", ["long_docs", "image_heavy"])
@@ -334,9 +346,12 @@ def test_secrets_never_reach_what_the_tuner_writes(reference_study: Reference) -
         assert hf not in blob and key not in blob
 
 
-def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> None:
-    p = tuner(
-        tmp_path,
+def test_precheck_skips_certain_failures_and_counts_gpu_time(
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=3",
         "study.name=pre",
@@ -345,8 +360,8 @@ def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> 
         "confirm.enabled=false",
         *FAST,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="pre", storage=storage(tmp_path))
+    out = run_study(cfg, capsys, caplog)
+    study = optuna.load_study(study_name="pre", storage=storage_url(cfg))
     base, low, chunk = study.trials[:3]
     assert base.user_attrs["launched"] is True and base.user_attrs["failure_reason"] is None
     assert low.user_attrs["launched"] is False
@@ -354,31 +369,34 @@ def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> 
     assert low.user_attrs["failure_detail"].startswith("predicted before launch: No available")
     assert chunk.user_attrs["failure_reason"] == "invalid_config"
     assert chunk.user_attrs["launched"] is False
-    assert not list(tmp_path.glob("outputs/runs/*/trial_0001/server.log"))
+    assert not (Path(cfg.paths.output_dir) / "trial_0001" / "server.log").exists()
     # the rejected configs cost no GPU time and do not count: 3 trials were launched
     rejected = [t for t in study.trials if t.user_attrs["launched"] is False]
     assert len(study.trials) - len(rejected) == 3
-    assert f"{len(rejected)} trial(s) rejected before launch" in p.stdout
-    assert "[not counted] trial 1: FAILED no_kv_memory" in p.stdout
-    assert "[not counted] trial 2: FAILED invalid_config" in p.stdout
-    assert "(0.0%) on launches that failed" in p.stdout
+    assert f"{len(rejected)} trial(s) rejected before launch" in out
+    assert "[not counted] trial 1: FAILED no_kv_memory" in out
+    assert "[not counted] trial 2: FAILED invalid_config" in out
+    assert "(0.0%) on launches that failed" in out
     # Optuna's own tools see the refused configs as infeasible, not as trials at the penalty
     # values: its Pareto plot, and optuna-dashboard (which reads only the constraints list)
     assert stored_trial.feasible(base)
     kinds = pareto_front_kinds(study)
     assert kinds[low.number] == kinds[chunk.number] == "Infeasible"
     assert kinds[base.number] in ("Best", "Feasible")
-    shown = dashboard_constraints(storage(tmp_path), "pre")
+    shown = dashboard_constraints(storage_url(cfg), "pre")
     for refused in (low, chunk):  # an empty list would show as feasible there
         assert shown[refused.number] and max(shown[refused.number]) > 0, shown
     assert shown[base.number] and max(shown[base.number]) <= 0
     assert len(shown[base.number]) == len(stored_trial.constraints(base))
 
 
-def test_rejections_count_past_max_rejected(tmp_path: Path) -> None:
+def test_rejections_count_past_max_rejected(
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # every config of this space is refused before launch (gmu <= 0.11 does not hold the weights)
-    p = tuner(
-        tmp_path,
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=2",
         "study.max_rejected=3",
@@ -388,14 +406,14 @@ def test_rejections_count_past_max_rejected(tmp_path: Path) -> None:
         "space.params.gpu_memory_utilization.high=0.11",
         *FAST,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="norej", storage=storage(tmp_path))
+    out = run_study(cfg, capsys, caplog)
+    study = optuna.load_study(study_name="norej", storage=storage_url(cfg))
     assert len(study.trials) == 3 + 2  # 3 free rejections, then 2 that count
     assert all(t.user_attrs["launched"] is False for t in study.trials)
     assert all(stored_trial.violated(t) for t in study.trials)
-    assert p.stdout.count("[not counted]") == 3
-    assert "[1/2]" in p.stdout and "[2/2]" in p.stdout
-    assert "the precheck has rejected 3 configs in this run (study.max_rejected)" in p.stdout
+    assert out.count("[not counted]") == 3
+    assert "[1/2]" in out and "[2/2]" in out
+    assert "the precheck has rejected 3 configs in this run (study.max_rejected)" in out
 
 
 def test_replay_is_pruned_once_the_slo_is_lost(
@@ -423,9 +441,12 @@ def test_replay_is_pruned_once_the_slo_is_lost(
     assert children[0].info.status == "KILLED"
 
 
-def test_repeats_replay_other_streams_on_one_server_and_average(tmp_path: Path) -> None:
-    p = tuner(
-        tmp_path,
+def test_repeats_replay_other_streams_on_one_server_and_average(
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=1",
         "study.name=rep",
@@ -434,8 +455,8 @@ def test_repeats_replay_other_streams_on_one_server_and_average(tmp_path: Path) 
         "tracking=none",
         *FAST,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    t = optuna.load_study(study_name="rep", storage=storage(tmp_path)).trials[0]
+    out = run_study(cfg, capsys, caplog)
+    t = optuna.load_study(study_name="rep", storage=storage_url(cfg)).trials[0]
     m = t.user_attrs["metrics"]
     tdir = Path(t.user_attrs["trial_dir"])
     each = json.loads((tdir / "repeats.json").read_text())
@@ -448,7 +469,7 @@ def test_repeats_replay_other_streams_on_one_server_and_average(tmp_path: Path) 
     assert t.values[0] == pytest.approx(m["output_throughput"])  # the objective is the mean
     assert all(e.get("caches_reset") == 1.0 for e in each[1:])  # cold caches for each repeat
     # one server, three different request streams
-    assert p.stdout.count("launching on GPU") + p.stderr.count("launching on GPU") == 1
+    assert out.count("launching on GPU") == 1
     streams = [
         [json.loads(line)["output_tokens"] for line in (tdir / sub / "requests.jsonl").open()]
         for sub in ("", "repeat_2", "repeat_3")
