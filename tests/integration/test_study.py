@@ -32,6 +32,7 @@ from helpers.trials import counted, dashboard_constraints, pareto_front_kinds
 import tuner.study as study_mod
 from tuner import stored_trial
 from tuner.config import TunerConfig
+from tuner.errors import ConfigError
 from tuner.storage import storage_url
 
 pytestmark = pytest.mark.integration
@@ -478,25 +479,29 @@ def test_repeats_replay_other_streams_on_one_server_and_average(
     assert json.loads((tdir / "result.json").read_text())["metrics"]["repeats"] == 3
 
 
-def test_timeout_stops_asking_but_finishes_and_confirms(tmp_path: Path) -> None:
+def test_timeout_stops_asking_but_finishes_and_confirms(
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # a budget shorter than one trial: the first trial runs to its end, no second one starts,
-    # the confirm stage still runs, and the same command continues the study
+    # the confirm stage still runs, and the same command continues the study (in this process:
+    # the CLI is not what is tested)
     args = ["+workload=chat", "study.name=budget", "study.n_trials=4", "study.timeout_s=0.5"]
     args += ["tracking=none", "confirm.picks=[goodput]", "confirm.seeds=[1]", *FAST]
-    p = tuner(tmp_path, *args)
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="budget", storage=storage(tmp_path))
+    cfg = make_cfg(*args)
+    out = run_study(cfg, capsys, caplog)
+    study = optuna.load_study(study_name="budget", storage=storage_url(cfg))
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE]
-    assert "study.timeout_s (0.5 s) has passed: no new trial after 1 of 4" in p.stdout
+    assert "study.timeout_s (0.5 s) has passed: no new trial after 1 of 4" in out
     assert "confirm" in study.user_attrs
-    p = tuner(tmp_path, *args)  # continues (a trial the precheck rejects takes no time)
-    assert p.returncode == 0, p.stderr[-3000:]
+    out = run_study(make_cfg(*args), capsys, caplog)  # continues (a rejected config takes no time)
     # the log counts as study.n_trials does: configs refused before launch are not counted
-    stored = optuna.load_study(study_name="budget", storage=storage(tmp_path)).trials
+    stored = optuna.load_study(study_name="budget", storage=storage_url(cfg)).trials
     new = len(counted(stored)) - 1
     assert new >= 1
     if new < 4:
-        assert f"no new trial after {new} of 4" in p.stdout, p.stdout[-2000:]
+        assert f"no new trial after {new} of 4" in out, out[-2000:]
 
 
 def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Path) -> None:
@@ -559,48 +564,35 @@ def test_a_study_of_the_full_space_continues_in_the_default_space(
 
 
 def test_warm_start_and_grid_sampler(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    first = tuner(
-        tmp_path,
-        "+workload=chat",
-        "study.n_trials=3",
-        "study.name=src",
-        "tracking=none",
-        "confirm.enabled=false",
-        *FAST,
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
-    src = optuna.load_study(study_name="src", storage=storage(tmp_path))
+    # in this process: the CLI is not what is tested
+    common = ["+workload=chat", "tracking=none", "confirm.enabled=false", *FAST]
+    cfg = make_cfg(*common, "study.n_trials=3", "study.name=src")
+    run_study(cfg, capsys, caplog)
+    src = optuna.load_study(study_name="src", storage=storage_url(cfg))
     best = {t.number for t in src.best_trials}
     assert best
-    p = tuner(
-        tmp_path,
-        "+workload=chat",
-        "study=grid",
-        "study.n_trials=2",
-        "study.name=dst",
-        "study.warm_start=src",
-        "study.baseline_first=false",
-        "tracking=none",
-        "confirm.enabled=false",
-        *FAST,
+    out = run_study(
+        make_cfg(
+            *common,
+            "study=grid",
+            "study.n_trials=2",
+            "study.name=dst",
+            "study.warm_start=src",
+            "study.baseline_first=false",
+        ),
+        capsys,
+        caplog,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "warm start: enqueued" in p.stderr + p.stdout
-    dst = optuna.load_study(study_name="dst", storage=storage(tmp_path))
+    assert "warm start: enqueued" in out
+    dst = optuna.load_study(study_name="dst", storage=storage_url(cfg))
     assert dst.trials[0].params == src.trials[min(best)].params
-    code, _, err = main_in_process(
-        tmp_path,
-        "+workload=chat",
-        "study.warm_start=nope",
-        "study.name=x",
-        "tracking=none",
-        monkeypatch=monkeypatch,
-        capsys=capsys,
-    )
-    assert code == 2 and "study.warm_start 'nope'" in err
-    assert "x" not in optuna.get_all_study_names(storage(tmp_path))  # refused before it was made
+    with pytest.raises(ConfigError, match="study.warm_start 'nope'"):  # exit 2 from the CLI
+        study_mod.run(make_cfg(*common, "study.warm_start=nope", "study.name=x"))
+    assert "x" not in optuna.get_all_study_names(storage_url(cfg))  # refused before it was made
 
 
 def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
