@@ -510,7 +510,7 @@ def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Pat
     proc = subprocess.Popen(
         [sys.executable, "-m", "tuner", "+workload=chat", "study.n_trials=1", "study.repeats=2"]
         + ["tracking=none", "workload.num_requests=120", "workload.arrival.concurrency=8"]
-        + ["engine.env.TUNER_SIM_SPEEDUP=1"],
+        + ["engine.env.TUNER_SIM_SPEEDUP=3"],  # each replay still takes seconds
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
