@@ -9,8 +9,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-
-from .test_study import mlflow_runs, storage, tuner
+from helpers.cli import mlflow_runs, storage, tuner
 
 pytestmark = pytest.mark.integration
 

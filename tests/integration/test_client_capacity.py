@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from .procs import run_benchmark
+from helpers.procs import run_benchmark
 
 pytestmark = pytest.mark.integration
 

@@ -10,14 +10,13 @@ from typing import Any
 
 import optuna
 import pytest
+from helpers.cli import FAST
 
 import tuner.measure as measure_mod
 import tuner.replay as replay_mod
 import tuner.study as study_mod
 from tuner.config import TunerConfig
 from tuner.storage import storage_url, study_name
-
-from .test_study import FAST
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from .test_study import FAST, tuner
+from helpers.cli import FAST, tuner
 
 pytestmark = pytest.mark.integration
 

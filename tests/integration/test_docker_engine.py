@@ -1,4 +1,4 @@
-"""``engine=docker`` end to end, with the fake ``docker`` of tests/fake_docker.py (its "container"
+"""``engine=docker`` end to end, with the fake ``docker`` of tests/helpers/fake_docker.py (its "container"
 is the simulator in a session of its own: ending the CLI's process group leaves it running, as
 with the real CLI)."""
 
@@ -15,6 +15,8 @@ from typing import Any
 
 import optuna
 import pytest
+from helpers.cli import FAST, storage, tuner
+from helpers.procs import kill_9_once_serving, marked_pids
 
 from tuner import precheck
 from tuner.config import ContainerConfig, EngineConfig
@@ -28,13 +30,10 @@ from tuner.telemetry import gpu
 from tuner.trial import TrialContext, run_server
 from tuner.workload import build_requests
 
-from .procs import kill_9_once_serving, marked_pids
-from .test_study import FAST, storage, tuner
-
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-FAKE = ROOT / "tests" / "fake_docker.py"
+FAKE = ROOT / "tests" / "helpers" / "fake_docker.py"
 IMAGE = "vllm/vllm-openai:v0.24.0"
 TOKEN = "hf_fake_token_value_123"
 

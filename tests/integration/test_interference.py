@@ -11,9 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from .procs import marked_pids, run_benchmark
-from .test_study import FAST
+from helpers.cli import FAST
+from helpers.procs import marked_pids, run_benchmark
 
 pytestmark = pytest.mark.integration
 

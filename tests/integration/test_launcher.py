@@ -8,11 +8,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from helpers.procs import sim_argv
 
 from tuner.engine.process import Server, free_port, group_members
 from tuner.errors import FailureReason, LaunchFailed, ReplayFailed
-
-from .procs import sim_argv
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,7 @@
 """notebooks/*.ipynb run top to bottom as a person runs them headless (``jupyter nbconvert
 --to notebook --execute``, from the ``notebooks`` extra; ``dev`` has it too) on two small studies
-the CLI just wrote on the simulator, made once for both notebooks."""
+the CLI wrote on the simulator, one folder for both notebooks: a copy of the reference study
+(chat, ``tests/helpers/reference.py``) and a long_docs study run beside it."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from typing import Any
 import nbformat
 import optuna
 import pytest
+from helpers.reference import Reference
+from helpers.trials import counted
 
 from tuner import stored_trial
-
-from .trials import counted
 
 pytestmark = pytest.mark.integration
 
@@ -33,19 +34,17 @@ SMALL = [
 
 
 @pytest.fixture(scope="module")
-def cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def cwd(tmp_path_factory: pytest.TempPathFactory, reference_study: Reference) -> Path:
     """A folder where ``python -m tuner`` ran a chat and a long_docs study (with MLflow)."""
-    here = tmp_path_factory.mktemp("notebooks")
-    for workload, n in (("chat", 8), ("long_docs", 4)):
-        p = subprocess.run(
-            [sys.executable, "-m", "tuner", f"+workload={workload}", f"workload.num_requests={n}"]
-            + SMALL,
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert p.returncode == 0, p.stderr[-2000:]
+    here = reference_study.copy(tmp_path_factory.mktemp("notebooks") / "studies")
+    p = subprocess.run(
+        [sys.executable, "-m", "tuner", "+workload=long_docs", "workload.num_requests=4", *SMALL],
+        cwd=here,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
     return here
 
 
@@ -96,7 +95,7 @@ def plotly_outputs(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_pareto_notebook_executes(cwd: Path) -> None:
     outputs, text = execute("pareto.ipynb", cwd, TUNER_STUDY="chat-qwen3-8b-sim")
     trials = stored_trials(cwd, "chat-qwen3-8b-sim")
-    assert len(counted(trials)) == 2  # and the configs refused before launch, if any
+    assert len(counted(trials)) == 4  # and the configs refused before launch, if any
     assert f"study chat-qwen3-8b-sim: {len(trials)} trials" in text
     n_feasible = sum(stored_trial.feasible(t) for t in trials)
     assert f"{n_feasible} feasible trials" in text
@@ -107,9 +106,9 @@ def test_pareto_notebook_executes(cwd: Path) -> None:
 
 def test_pareto_fronts_notebook_compares_two_studies(cwd: Path) -> None:
     outputs, text = execute("pareto_fronts.ipynb", cwd)
-    for workload in ("chat", "long_docs"):
+    for workload, n_trials in (("chat", 4), ("long_docs", 2)):  # the reference study: 4
         trials = stored_trials(cwd, f"{workload}-qwen3-8b-sim")
-        assert len(counted(trials)) == 2
+        assert len(counted(trials)) == n_trials
         assert f"study {workload}-qwen3-8b-sim: {len(trials)} trials, workload {workload}" in text
     # each study's exported config came back from the MLflow run that published it
     assert text.count("(MLflow run ") == 2

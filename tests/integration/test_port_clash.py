@@ -8,14 +8,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+from helpers.cli import FAST as SMALL
 
 import tuner.study as study_mod
 import tuner.trial as trial_mod
 from tuner.config import TunerConfig
 from tuner.engine.process import free_port
 from tuner.storage import storage_url, study_name
-
-from .test_study import FAST as SMALL
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-
-from .trials import counted
+from helpers.trials import counted
 
 pytestmark = pytest.mark.integration
 

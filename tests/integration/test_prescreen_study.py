@@ -6,14 +6,13 @@ from collections.abc import Callable
 
 import optuna
 import pytest
+from helpers.cli import FAST
+from helpers.trials import counted
 
 import tuner.storage as storage_mod
 import tuner.study as study_mod
 from tuner.config import TunerConfig
 from tuner.stored_study import prescreen_summary
-
-from .test_study import FAST
-from .trials import counted
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from .procs import run_benchmark
+from helpers.procs import run_benchmark
 
 pytestmark = pytest.mark.integration
 VLLM = os.environ.get("TUNER_VLLM_CLI") or shutil.which("vllm")

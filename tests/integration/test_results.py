@@ -5,41 +5,36 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
+from helpers import reference
+from helpers.cli import FAST, main_in_process, mlflow_client, mlflow_runs, storage, tuner
+from helpers.reference import Reference
+from helpers.trials import counted
 
+import tuner.study as study_mod
+from tuner import stored_trial
+from tuner.config import TunerConfig
 from tuner.stored_study import ConfirmRecord, recommended_trial
 from tuner.verdict import VERDICTS
-
-from .test_study import FAST, mlflow_runs, storage, tuner
-from .trials import counted
 
 pytestmark = pytest.mark.integration
 
 
-def test_confirm_export_and_report_from_storage(tmp_path: Path) -> None:
-    p = tuner(
-        tmp_path,
-        "+workload=chat",
-        "study.n_trials=4",
-        "study.name=res",
-        *FAST,
-        "confirm.rounds=2",
-        "confirm.seeds=[1,2]",
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "Confirm: the picks under stress" in p.stdout
-    assert "Verdict: " in p.stdout
-    assert "Recommended: trial" in p.stdout
-    assert "ETA" in p.stdout  # the per-trial progress line (Hydra logs to stdout)
-    (run_dir,) = [
-        d for d in (tmp_path / "outputs" / "runs").iterdir() if (d / "pareto.json").exists()
-    ]
+@pytest.mark.fast
+def test_confirm_and_export(reference_study: Reference) -> None:
+    cwd, stdout = reference_study.cwd, reference_study.stdout
+    assert "Confirm: the picks under stress" in stdout
+    assert "Verdict: " in stdout
+    assert "Recommended: trial" in stdout
+    assert "ETA" in stdout  # the per-trial progress line (Hydra logs to stdout)
+    run_dir = reference_study.run_dir
 
-    study = optuna.load_study(study_name="res", storage=storage(tmp_path))
+    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
     confirm = ConfirmRecord.from_study(study)
     assert confirm is not None and confirm.verdict is not None
     assert confirm.seeds == (1, 2) and confirm.load_factor == 2.0
@@ -73,49 +68,59 @@ def test_confirm_export_and_report_from_storage(tmp_path: Path) -> None:
     for fig in ("pareto.html", "parallel_coordinates.html", "importances.html", "latency_cdf.html"):
         assert (run_dir / fig).stat().st_size > 1000, fig
 
-    runs = mlflow_runs(tmp_path, "res")
+    runs = mlflow_runs(cwd, reference.STUDY)
     (parent,) = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     assert parent.data.tags["tuner.recommended_trial"] == str(recommended_trial(study))
     assert parent.data.tags["tuner.verdict"] == confirm.verdict.kind
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    logged = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    logged = {a.path for a in mlflow_client(cwd).list_artifacts(parent.info.run_id)}
     assert {"best-goodput.yaml", "pareto.html", "confirm.json", "latency_cdf.html"} <= logged
 
+
+def test_report_rebuilds_it_all_from_storage(reference_study: Reference, tmp_path: Path) -> None:
     # another machine (or a deleted run dir): the report rebuilds it all from the storage and
     # MLflow, running nothing
-    shutil.rmtree(run_dir)
-    r = tuner(tmp_path, "report", "study.name=res", "hydra.run.dir=report")
+    cwd = reference_study.copy(tmp_path / "study")
+    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
+    (parent,) = [
+        r for r in mlflow_runs(cwd, reference.STUDY) if r.data.tags.get("tuner.role") == "study"
+    ]
+    shutil.rmtree(cwd / "outputs" / "runs" / reference_study.run_dir.name)
+    r = tuner(cwd, "report", f"study.name={reference.STUDY}", "hydra.run.dir=report")
     assert r.returncode == 0, r.stderr[-3000:]
-    out = tmp_path / "report"
+    out = cwd / "report"
     assert (out / "best-goodput.yaml").read_text().count("confirmed under 2x load") == 1
-    verdict_line = next(x for x in p.stdout.splitlines() if x.startswith("Verdict: "))
+    verdict_line = next(x for x in reference_study.stdout.splitlines() if x.startswith("Verdict: "))
     assert verdict_line in r.stdout  # the stored verdict, printed the same
     cdf = (out / "latency_cdf.csv").read_text().splitlines()
     assert len(cdf) > 10  # trial folders came back from MLflow
     assert f"downloaded {len(study.trials)} trial folder(s) from MLflow" in r.stdout
-    reports = [r for r in mlflow_runs(tmp_path, "res") if r.data.tags.get("tuner.role") == "report"]
+    reports = [
+        r for r in mlflow_runs(cwd, reference.STUDY) if r.data.tags.get("tuner.role") == "report"
+    ]
     assert len(reports) == 1
     assert (
         reports[0].data.tags["tuner.recommended_trial"]
         == parent.data.tags["tuner.recommended_trial"]
     )
-    stored = optuna.load_study(study_name="res", storage=storage(tmp_path)).trials
+    stored = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd)).trials
     assert len(stored) == len(study.trials) and len(counted(stored)) == 4  # the report ran none
 
 
-def test_report_names_what_is_wrong(tmp_path: Path) -> None:
-    r = tuner(tmp_path, "report")
-    assert r.returncode == 2 and r.stderr.strip().startswith("error: report needs the study")
-    r = tuner(tmp_path, "report", "study.name=nope")
-    assert r.returncode == 2 and "no Optuna storage" in r.stderr
-    assert "Traceback" not in r.stderr
+@pytest.mark.fast
+def test_report_names_what_is_wrong(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = main_in_process(tmp_path, "report", monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and err.strip().startswith("error: report needs the study")
+    code, _, err = main_in_process(
+        tmp_path, "report", "study.name=nope", monkeypatch=monkeypatch, capsys=capsys
+    )
+    assert code == 2 and "no Optuna storage" in err
+    assert "Traceback" not in err
 
 
-def test_confirm_off_still_exports_unconfirmed(tmp_path: Path) -> None:
-    p = tuner(
-        tmp_path,
+def test_confirm_off_still_exports_unconfirmed(make_cfg: Callable[..., TunerConfig]) -> None:
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=3",
         "study.name=off",
@@ -124,65 +129,61 @@ def test_confirm_off_still_exports_unconfirmed(tmp_path: Path) -> None:
         "confirm.picks=[throughput]",
         *FAST,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    (run_dir,) = [
-        d for d in (tmp_path / "outputs" / "runs").iterdir() if (d / "pareto.json").exists()
-    ]
+    study_mod.run(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    assert (run_dir / "pareto.json").exists()
     assert not (run_dir / "confirm").exists()
     assert "not stress-tested" in (run_dir / "best-throughput.yaml").read_text()
     assert not (run_dir / "best-goodput.yaml").exists()
 
 
-def test_a_resumed_study_does_not_stress_a_trial_twice(tmp_path: Path) -> None:
-    args = [
-        "+workload=chat",
-        "study.name=again",
-        "tracking=none",
-        *FAST,
-        "confirm.rounds=2",
-        "confirm.picks=[goodput,baseline]",  # two picks keep it short; the rule is the same
-    ]
-    first = tuner(tmp_path, *args, "study.n_trials=3")
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "confirm 1/" in first.stdout
-    again = tuner(tmp_path, *args, "study.n_trials=0")
+def test_a_resumed_study_does_not_stress_a_trial_twice(
+    reference_study: Reference, tmp_path: Path
+) -> None:
+    # the reference study has confirmed its picks in two rounds; the same command continues it
+    # (tests/integration/test_study.py::test_a_study_records_everything reads the first run)
+    cwd = reference_study.copy(tmp_path / "study")
+    args, env = reference.ARGS, reference.ENV
+    assert "confirm 1/" in reference_study.stdout
+    again = tuner(cwd, *args, "study.n_trials=0", env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "confirm: reusing the stored verdicts of trials" in again.stdout
     assert "confirm 1/" not in again.stdout  # nothing new to stress
     assert "Recommended: trial" in again.stdout
-    verdict = next(x for x in first.stdout.splitlines() if x.startswith("Verdict: "))
+    verdict = next(x for x in reference_study.stdout.splitlines() if x.startswith("Verdict: "))
     assert verdict in again.stdout
     # other rounds: the stored verdicts do not count
-    other = tuner(tmp_path, *args, "study.n_trials=0", "confirm.rounds=1")
+    other = tuner(cwd, *args, "study.n_trials=0", "confirm.rounds=1", env=env)
     assert other.returncode == 0, other.stderr[-3000:]
     assert "confirm: reusing" not in other.stdout and "confirm 1/" in other.stdout
     # more trials without the confirm stage: picked again; verdicts kept only for the same trials
-    more = tuner(tmp_path, *args, "study.n_trials=2", "confirm.enabled=false")
+    more = tuner(cwd, *args, "study.n_trials=2", "confirm.enabled=false", env=env)
     assert more.returncode == 0, more.stderr[-3000:]
-    runs = sorted((tmp_path / "outputs" / "runs").glob("*/best-goodput.yaml"))
+    # each run of the command continued the one study: its trials added, the baseline not run
+    # again, an MLflow study run of its own
+    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
+    assert len(counted(study.trials)) == 4 + 2
+    assert sum(stored_trial.is_baseline(t) for t in study.trials) == 1
+    parents = [
+        r for r in mlflow_runs(cwd, reference.STUDY) if r.data.tags.get("tuner.role") == "study"
+    ]
+    assert len(parents) == 4  # the reference, again, other, more
+    runs = sorted((cwd / "outputs" / "runs").glob("*/best-goodput.yaml"))
     headers = [p.read_text().splitlines()[2] for p in runs[-1].parent.glob("best-*.yaml")]
     assert headers and all(
         h.startswith(("# confirmed under", "# not stress-tested", "# DEMOTED")) for h in headers
     ), headers
 
 
-def test_confirm_rounds_give_the_verdict_an_interval(tmp_path: Path) -> None:
-    # space=none: every trial runs vLLM's defaults, so the picks are other trials than the
-    # baseline about as often as not; whatever is picked, the baseline is confirmed beside them
-    p = tuner(
-        tmp_path,
-        "+workload=chat",
-        "space=none",
-        "study.n_trials=3",
-        "study.name=verdict",
-        *FAST,
-        "confirm.rounds=2",
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="verdict", storage=storage(tmp_path))
+@pytest.mark.fast
+def test_confirm_rounds_give_the_verdict_an_interval(reference_study: Reference) -> None:
+    # whatever is picked (the baseline's trial too, or alone), the baseline is confirmed beside
+    # the picks; the reference study confirms in two rounds
+    cwd, stdout = reference_study.cwd, reference_study.stdout
+    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
     confirm = ConfirmRecord.from_study(study)
     assert confirm is not None and confirm.verdict is not None
-    base = next(t.number for t in study.trials if t.user_attrs.get("baseline"))
+    base = next(t.number for t in study.trials if stored_trial.is_baseline(t))
     results = {r.trial: r for r in confirm.results}
     assert base in results and "baseline" in results[base].picks
     for r in results.values():
@@ -190,18 +191,18 @@ def test_confirm_rounds_give_the_verdict_an_interval(tmp_path: Path) -> None:
     verdict = confirm.verdict
     assert verdict.baseline == base and verdict.metric == "output_throughput"
     (parent,) = [
-        r for r in mlflow_runs(tmp_path, "verdict") if r.data.tags.get("tuner.role") == "study"
+        r for r in mlflow_runs(cwd, reference.STUDY) if r.data.tags.get("tuner.role") == "study"
     ]
     assert parent.data.tags["tuner.verdict"] == verdict.kind
     assert parent.data.tags["tuner.verdict_metric"] == "output_throughput"
-    assert "Verdict: " in p.stdout
+    assert "Verdict: " in stdout
     shown = verdict.gain
     if shown is not None and shown.low is not None:  # a pick other than the defaults
         metrics = parent.data.metrics
         assert metrics["gain_ci_low"] == pytest.approx(shown.low)
         assert metrics["gain_ci_high"] == pytest.approx(shown.high)
         assert metrics["gain_ci_low"] <= metrics["gain"] <= metrics["gain_ci_high"]
-        assert "95 % CI" in p.stdout and "2 rounds each" in p.stdout
+        assert "95 % CI" in stdout and "2 rounds each" in stdout
     else:
         assert "gain_ci_low" not in parent.data.metrics
     if not verdict.gains:  # every pick is the defaults' trial: nothing to compare

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.cli import main_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -71,6 +72,7 @@ def test_a_dead_tracking_server_is_one_line_within_seconds(tmp_path: Path) -> No
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists(), "no study created"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("blocked", "args", "needle"),
     [
@@ -79,18 +81,42 @@ def test_a_dead_tracking_server_is_one_line_within_seconds(tmp_path: Path) -> No
     ],
 )
 def test_an_unwritable_folder_is_one_line(
-    tmp_path: Path, blocked: str, args: list[str], needle: str
+    tmp_path: Path,
+    blocked: str,
+    args: list[str],
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     # the tests run as root, whom a read-only mode does not stop: a regular file where the
     # folder must go fails the same mkdir (NotADirectoryError / FileExistsError)
     (tmp_path / blocked).write_text("not a folder")
-    p, took = tuner(tmp_path, "+workload=chat", "study.n_trials=1", *args)
-    one_line(p, needle)
+    t0 = time.monotonic()
+    code, out, err = main_in_process(  # the CLI's main(), in this process
+        tmp_path,
+        "+workload=chat",
+        "study.n_trials=1",
+        *args,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    took = time.monotonic() - t0
+    one_line(subprocess.CompletedProcess(["tuner"], code, out, err), needle)
     assert took < 30
 
 
-def test_host_in_the_fixed_flags_is_refused(tmp_path: Path) -> None:
-    p, _ = tuner(tmp_path, "+workload=chat", "engine.extra_args=[--host,0.0.0.0]")
+@pytest.mark.fast
+def test_host_in_the_fixed_flags_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = main_in_process(
+        tmp_path,
+        "+workload=chat",
+        "engine.extra_args=[--host,0.0.0.0]",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    p = subprocess.CompletedProcess(["tuner"], code, out, err)
     one_line(p, "engine.extra_args sets --host; the tuner sets --host 127.0.0.1", code=2)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from helpers.procs import sim_argv
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
@@ -27,8 +28,6 @@ from tuner.config import TraceConfig, WorkloadConfig
 from tuner.memory import GPU_PROFILES, ModelShape, estimate
 from tuner.replay import replay
 from tuner.workload import build_requests, load_trace
-
-from .procs import sim_argv
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-
-from .procs import marked_pids
+from helpers.procs import marked_pids
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

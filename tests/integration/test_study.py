@@ -10,77 +10,41 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pytest
+from helpers import reference
+from helpers.cli import (
+    FAST,
+    main_in_process,
+    mlflow_client,
+    mlflow_runs,
+    run_study,
+    storage,
+    tuner,
+)
+from helpers.procs import kill_9_once_serving, kill_9_when, marked_pids
+from helpers.reference import Reference
+from helpers.trials import counted, dashboard_constraints, pareto_front_kinds
 
+import tuner.study as study_mod
 from tuner import stored_trial
+from tuner.config import TunerConfig
+from tuner.errors import ConfigError
+from tuner.storage import storage_url
 from tuner.stored_study import ConfirmRecord
-
-from .procs import kill_9_once_serving, kill_9_when, marked_pids
-from .trials import counted, dashboard_constraints, pareto_front_kinds
 
 pytestmark = pytest.mark.integration
 
-# Small and fast, but every stage real: launch, replay over HTTP, score, Optuna, MLflow.
-FAST = [
-    "workload.num_requests=12",
-    "workload.warmup_requests=1",
-    "workload.arrival.concurrency=6",
-    "workload.output_tokens.low=8",
-    "workload.output_tokens.high=24",
-    "engine.env.TUNER_SIM_SPEEDUP=20",
-    # one confirm round (a fresh server per candidate); the confirm tests ask for more
-    "confirm.rounds=1",
-]
 
-
-def tuner(
-    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 240
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tuner", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def storage(cwd: Path) -> str:
-    return f"sqlite:///{cwd / 'outputs' / 'state' / 'optuna.db'}"
-
-
-def mlflow_client(cwd: Path) -> Any:
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}")
-
-
-def mlflow_runs(cwd: Path, experiment: str) -> list:
-    client = mlflow_client(cwd)
-    exp = client.get_experiment_by_name(experiment)
-    assert exp is not None
-    return client.search_runs([exp.experiment_id], max_results=1000)
-
-
-def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
-    # two picks: the export is what is checked here (tests/integration/test_results.py: confirm)
-    args = [
-        "+workload=chat",
-        "engine=sim",
-        "study.n_trials=3",
-        *FAST,
-        "confirm.picks=[goodput,baseline]",
-    ]
-    p = tuner(tmp_path, *args)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "Pareto-best trials" in p.stdout
-    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
-    assert len(counted(study.trials)) == 3  # configs refused before launch do not count
+@pytest.mark.fast
+def test_a_study_records_everything(reference_study: Reference, tmp_path: Path) -> None:
+    cwd = reference_study.cwd
+    assert "Pareto-best trials" in reference_study.stdout
+    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
+    assert len(counted(study.trials)) == 4  # configs refused before launch do not count
     first = study.trials[0]
     assert first.user_attrs["baseline"] is True
     assert first.user_attrs["failure_reason"] is None
@@ -91,7 +55,7 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
     assert all(v <= 0 for v in constraints.values()), constraints
     assert {"slo_ttft", "slo_tpot"} <= set(constraints)  # the chat profile's SLOs
 
-    runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
+    runs = mlflow_runs(cwd, reference.STUDY)
     parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
     assert len(parents) == 1 and len(children) == len(study.trials)
@@ -113,45 +77,31 @@ def test_study_records_everything_and_resumes(tmp_path: Path) -> None:
         "startup_s",
     ):
         assert key in m, key
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = mlflow_client(cwd)
     names = {a.path for a in client.list_artifacts(ok[0].info.run_id)}
     assert {"server.log", "requests.jsonl", "result.json", "metrics.jsonl"} <= names
     parent_files = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"pareto.html", "pareto.json", "best-goodput.yaml", "latency_cdf.html"} <= parent_files
     # the run folder's pages load plotly.min.js beside them; MLflow's copies carry it inline
-    run_dir = next((tmp_path / "outputs" / "runs").glob("*/pareto.html")).parent
+    run_dir = next((cwd / "outputs" / "runs").glob("*/pareto.html")).parent
     assert 'src="plotly.min.js"' in (run_dir / "pareto.html").read_text()
     assert (run_dir / "plotly.min.js").stat().st_size > 1_000_000
     assert "plotly.min.js" not in parent_files
     logged = Path(client.download_artifacts(parents[0].info.run_id, "pareto.html", str(tmp_path)))
     assert "plotly.min.js" not in logged.read_text() and logged.stat().st_size > 1_000_000
-    pareto = json.loads(next((tmp_path / "outputs" / "runs").glob("*/pareto.json")).read_text())
+    pareto = json.loads(next((cwd / "outputs" / "runs").glob("*/pareto.json")).read_text())
     assert pareto and all("output_throughput_vs_baseline_pct" in row for row in pareto)
 
-    p2 = tuner(tmp_path, *args)  # the same command continues the same study
-    assert p2.returncode == 0, p2.stderr[-3000:]
-    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
-    assert len(counted(study.trials)) == 6
-    assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
-    assert (
-        len(
-            [
-                r
-                for r in mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
-                if r.data.tags.get("tuner.role") == "study"
-            ]
-        )
-        == 2
-    )
 
-
-def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
+def test_infeasible_trials_are_recorded_not_crashed(
+    tmp_path: Path,
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # Qwen3-8B at gmu 0.10/0.11 (other flags at vLLM's defaults): weights + activations leave no
     # room for KV blocks. Enqueued, so the sampler's own choices cannot mix in other failures.
-    p = tuner(
-        tmp_path,
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=2",
         "study.name=tiny",
@@ -163,8 +113,8 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
         "confirm.enabled=false",
         *FAST,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="tiny", storage=storage(tmp_path))
+    out = run_study(cfg, capsys, caplog)
+    study = optuna.load_study(study_name="tiny", storage=storage_url(cfg))
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert [t.params["gpu_memory_utilization"] for t in study.trials] == [0.10, 0.11]
     for t in study.trials:
@@ -179,13 +129,12 @@ def test_infeasible_trials_are_recorded_not_crashed(tmp_path: Path) -> None:
     ]
     assert {c.data.tags["failure_reason"] for c in children} == {"no_kv_memory"}
     assert {c.info.status for c in children} == {"FAILED"}
-    assert "No feasible trial yet" in p.stdout
+    assert "No feasible trial yet" in out
 
 
 @pytest.mark.parametrize("workload", ["long_docs", "image_heavy"])
-def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
-    p = tuner(
-        tmp_path,
+def test_other_workloads_complete(make_cfg: Callable[..., TunerConfig], workload: str) -> None:
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         f"+workload={workload}",
         "study.n_trials=1",
         "tracking=none",
@@ -196,14 +145,12 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         "engine.env.TUNER_SIM_SPEEDUP=20",
         "confirm.enabled=false",
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name=f"{workload}-qwen3-8b-sim", storage=storage(tmp_path))
+    study_mod.run(cfg)
+    study = optuna.load_study(study_name=f"{workload}-qwen3-8b-sim", storage=storage_url(cfg))
     t = study.trials[0]
     assert t.user_attrs["failure_reason"] is None, t.user_attrs["failure_detail"]
     assert t.user_attrs["metrics"]["completed"] == 4
-    result = json.loads(
-        next((tmp_path / "outputs" / "runs").glob("*/trial_0000/result.json")).read_text()
-    )
+    result = json.loads((Path(cfg.paths.output_dir) / "trial_0000" / "result.json").read_text())
     assert result["metrics"]["prompt_tokens_mean"] > 0
 
 
@@ -220,22 +167,51 @@ def test_other_workloads_complete(tmp_path: Path, workload: str) -> None:
         (["+workload=chat", "study.ntrials=5"], "key study.ntrials; the closest known key is"),
     ],
 )
-def test_bad_input_fails_fast_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
-    p = tuner(tmp_path, *args, timeout=60)
-    assert p.returncode == 2
-    err = p.stderr.strip()
+@pytest.mark.fast
+def test_bad_input_fails_fast_with_one_line(
+    tmp_path: Path,
+    args: list[str],
+    needle: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the CLI's main() in this process; test_bad_input_exits_2_from_the_cli runs the command
+    code, _, err = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2
+    err = err.strip()
     assert needle in err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
 
 
-def test_a_bad_trace_row_is_found_before_anything_is_stored(tmp_path: Path) -> None:
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["+workload=nope"], "allowed: chat, image_heavy, long_docs"),  # before Hydra composes
+        (["+workload=chat", "study.repeats=0"], "allowed: 1 to 20"),  # after, in the app
+    ],
+)
+def test_bad_input_exits_2_from_the_cli(tmp_path: Path, args: list[str], needle: str) -> None:
+    p = tuner(tmp_path, *args, timeout=60)
+    assert p.returncode == 2
+    err = p.stderr.strip()
+    assert needle in err
+    assert "Traceback" not in p.stdout + p.stderr and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
+
+
+@pytest.mark.fast
+def test_a_bad_trace_row_is_found_before_anything_is_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # it was once reported after the study had been created, and left an empty run folder
     trace = tmp_path / "trace.csv"
     trace.write_text("timestamp,input_length,output_length\n0.0,100,20\n0.5,many,20\n")
-    p = tuner(tmp_path, "+workload=trace", f"workload.trace.path={trace}", timeout=60)
-    assert p.returncode == 2
-    assert p.stderr.strip() == (
+    args = ["+workload=trace", f"workload.trace.path={trace}"]
+    code, _, err = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2
+    assert err.strip() == (
         f"error: row 2 of {trace}: input_tokens 'many' (column input_length) is not an integer"
     )
     assert not (tmp_path / "outputs").exists(), "no run folder, no storage"
@@ -269,13 +245,15 @@ def test_the_same_seed_draws_the_same_start_up_configs(tmp_path: Path) -> None:
     assert params[0] == params[1]
 
 
-def test_a_missing_engine_command_stores_nothing(tmp_path: Path) -> None:
+@pytest.mark.fast
+def test_a_missing_engine_command_stores_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # it once created the study, then failed its first trial with no reason stored
-    p = tuner(
-        tmp_path, "+workload=chat", "engine=vllm", "engine.command=[tuner-no-such-vllm,serve]"
-    )
-    assert p.returncode == 2
-    assert p.stderr.strip() == (
+    args = ["+workload=chat", "engine=vllm", "engine.command=[tuner-no-such-vllm,serve]"]
+    code, _, err = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2
+    assert err.strip() == (
         "error: engine.command 'tuner-no-such-vllm' is not found on PATH: install vLLM "
         "(pip install -e '.[vllm]') or set engine.command"
     )
@@ -340,45 +318,42 @@ def test_interrupt_leaves_no_process_and_records_the_trial(
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_secrets_never_reach_what_the_tuner_writes(tmp_path: Path) -> None:
-    """HF_TOKEN by environment and an --api-key flag: the server gets both, nothing written shows
-    them, not even the debug log of the launch line (``hydra.verbose=tuner``)."""
-    hf, key = "hf_SECRETtoken123456", "sk-SECRETkey987654"
-    p = tuner(
-        tmp_path,
-        "+workload=chat",
-        "study.n_trials=1",
-        f"engine.extra_args=[--api-key,{key}]",
-        "hydra.verbose=tuner",
-        *FAST,
-        env={"HF_TOKEN": hf},
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
+@pytest.mark.fast
+def test_secrets_never_reach_what_the_tuner_writes(reference_study: Reference) -> None:
+    """HF_TOKEN by environment and an --api-key flag (the reference study has both): the server
+    gets both, nothing written shows them, not even the debug log of the launch line
+    (``hydra.verbose=tuner``), nor the confirm stage's servers and exports."""
+    hf, key = reference.HF_TOKEN, reference.API_KEY
+    cwd = reference_study.cwd
+    study = optuna.load_study(study_name=reference.STUDY, storage=storage(cwd))
     trial = study.trials[0]
     assert trial.user_attrs["failure_reason"] is None  # the replay authenticated with the key
     assert trial.user_attrs["metrics"]["success_rate"] == 1.0
-    server_log = next(tmp_path.glob("outputs/runs/*/trial_0000/server.log")).read_text()
+    server_log = next(cwd.glob("outputs/runs/*/trial_0000/server.log")).read_text()
     # the simulator logs its non-default args, as vLLM does: the key is not among them (it
     # travels as VLLM_API_KEY), so no kill -9 of the tuner can leave it in the log
     assert "non-default args" in server_log and "api_key" not in server_log
-    job_log = next(tmp_path.glob("outputs/runs/*/__main__.log")).read_text()
+    job_log = next(cwd.glob("outputs/runs/*/__main__.log")).read_text()
     assert "started pid" in job_log  # the launch line, logged at DEBUG
-    written = [f for f in tmp_path.rglob("*") if f.is_file() and "vllm_cache" not in f.parts]
+    written = [f for f in cwd.rglob("*") if f.is_file() and "vllm_cache" not in f.parts]
     assert len(written) > 5
     for f in written:  # run dir, artifacts, Hydra's log, Optuna and MLflow databases
         data = f.read_bytes()
         assert hf.encode() not in data and key.encode() not in data, f
-    assert hf not in p.stdout + p.stderr and key not in p.stdout + p.stderr
-    runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
+    out = reference_study.stdout + reference_study.stderr
+    assert hf not in out and key not in out
+    runs = mlflow_runs(cwd, reference.STUDY)
     for r in runs:
         blob = json.dumps([r.data.params, r.data.tags])
         assert hf not in blob and key not in blob
 
 
-def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> None:
-    p = tuner(
-        tmp_path,
+def test_precheck_skips_certain_failures_and_counts_gpu_time(
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=3",
         "study.name=pre",
@@ -387,8 +362,8 @@ def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> 
         "confirm.enabled=false",
         *FAST,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="pre", storage=storage(tmp_path))
+    out = run_study(cfg, capsys, caplog)
+    study = optuna.load_study(study_name="pre", storage=storage_url(cfg))
     base, low, chunk = study.trials[:3]
     assert base.user_attrs["launched"] is True and base.user_attrs["failure_reason"] is None
     assert low.user_attrs["launched"] is False
@@ -396,31 +371,34 @@ def test_precheck_skips_certain_failures_and_counts_gpu_time(tmp_path: Path) -> 
     assert low.user_attrs["failure_detail"].startswith("predicted before launch: No available")
     assert chunk.user_attrs["failure_reason"] == "invalid_config"
     assert chunk.user_attrs["launched"] is False
-    assert not list(tmp_path.glob("outputs/runs/*/trial_0001/server.log"))
+    assert not (Path(cfg.paths.output_dir) / "trial_0001" / "server.log").exists()
     # the rejected configs cost no GPU time and do not count: 3 trials were launched
     rejected = [t for t in study.trials if t.user_attrs["launched"] is False]
     assert len(study.trials) - len(rejected) == 3
-    assert f"{len(rejected)} trial(s) rejected before launch" in p.stdout
-    assert "[not counted] trial 1: FAILED no_kv_memory" in p.stdout
-    assert "[not counted] trial 2: FAILED invalid_config" in p.stdout
-    assert "(0.0%) on launches that failed" in p.stdout
+    assert f"{len(rejected)} trial(s) rejected before launch" in out
+    assert "[not counted] trial 1: FAILED no_kv_memory" in out
+    assert "[not counted] trial 2: FAILED invalid_config" in out
+    assert "(0.0%) on launches that failed" in out
     # Optuna's own tools see the refused configs as infeasible, not as trials at the penalty
     # values: its Pareto plot, and optuna-dashboard (which reads only the constraints list)
     assert stored_trial.feasible(base)
     kinds = pareto_front_kinds(study)
     assert kinds[low.number] == kinds[chunk.number] == "Infeasible"
     assert kinds[base.number] in ("Best", "Feasible")
-    shown = dashboard_constraints(storage(tmp_path), "pre")
+    shown = dashboard_constraints(storage_url(cfg), "pre")
     for refused in (low, chunk):  # an empty list would show as feasible there
         assert shown[refused.number] and max(shown[refused.number]) > 0, shown
     assert shown[base.number] and max(shown[base.number]) <= 0
     assert len(shown[base.number]) == len(stored_trial.constraints(base))
 
 
-def test_rejections_count_past_max_rejected(tmp_path: Path) -> None:
+def test_rejections_count_past_max_rejected(
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # every config of this space is refused before launch (gmu <= 0.11 does not hold the weights)
-    p = tuner(
-        tmp_path,
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=2",
         "study.max_rejected=3",
@@ -430,19 +408,20 @@ def test_rejections_count_past_max_rejected(tmp_path: Path) -> None:
         "space.params.gpu_memory_utilization.high=0.11",
         *FAST,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="norej", storage=storage(tmp_path))
+    out = run_study(cfg, capsys, caplog)
+    study = optuna.load_study(study_name="norej", storage=storage_url(cfg))
     assert len(study.trials) == 3 + 2  # 3 free rejections, then 2 that count
     assert all(t.user_attrs["launched"] is False for t in study.trials)
     assert all(stored_trial.violated(t) for t in study.trials)
-    assert p.stdout.count("[not counted]") == 3
-    assert "[1/2]" in p.stdout and "[2/2]" in p.stdout
-    assert "the precheck has rejected 3 configs in this run (study.max_rejected)" in p.stdout
+    assert out.count("[not counted]") == 3
+    assert "[1/2]" in out and "[2/2]" in out
+    assert "the precheck has rejected 3 configs in this run (study.max_rejected)" in out
 
 
-def test_replay_is_pruned_once_the_slo_is_lost(tmp_path: Path) -> None:
-    p = tuner(
-        tmp_path,
+def test_replay_is_pruned_once_the_slo_is_lost(
+    tmp_path: Path, make_cfg: Callable[..., TunerConfig]
+) -> None:
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=1",
         "study.name=prune",
@@ -450,8 +429,8 @@ def test_replay_is_pruned_once_the_slo_is_lost(tmp_path: Path) -> None:
         "workload.num_requests=60",
         *FAST[1:],
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    t = optuna.load_study(study_name="prune", storage=storage(tmp_path)).trials[0]
+    study_mod.run(cfg)
+    t = optuna.load_study(study_name="prune", storage=storage_url(cfg)).trials[0]
     assert t.state == optuna.trial.TrialState.PRUNED
     assert "TTFT SLO" in t.user_attrs["pruned"]
     assert stored_trial.constraints(t)["slo_ttft"] > 0
@@ -464,9 +443,12 @@ def test_replay_is_pruned_once_the_slo_is_lost(tmp_path: Path) -> None:
     assert children[0].info.status == "KILLED"
 
 
-def test_repeats_replay_other_streams_on_one_server_and_average(tmp_path: Path) -> None:
-    p = tuner(
-        tmp_path,
+def test_repeats_replay_other_streams_on_one_server_and_average(
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
         "study.n_trials=1",
         "study.name=rep",
@@ -475,8 +457,8 @@ def test_repeats_replay_other_streams_on_one_server_and_average(tmp_path: Path) 
         "tracking=none",
         *FAST,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    t = optuna.load_study(study_name="rep", storage=storage(tmp_path)).trials[0]
+    out = run_study(cfg, capsys, caplog)
+    t = optuna.load_study(study_name="rep", storage=storage_url(cfg)).trials[0]
     m = t.user_attrs["metrics"]
     tdir = Path(t.user_attrs["trial_dir"])
     each = json.loads((tdir / "repeats.json").read_text())
@@ -489,7 +471,7 @@ def test_repeats_replay_other_streams_on_one_server_and_average(tmp_path: Path) 
     assert t.values[0] == pytest.approx(m["output_throughput"])  # the objective is the mean
     assert all(e.get("caches_reset") == 1.0 for e in each[1:])  # cold caches for each repeat
     # one server, three different request streams
-    assert p.stdout.count("launching on GPU") + p.stderr.count("launching on GPU") == 1
+    assert out.count("launching on GPU") == 1
     streams = [
         [json.loads(line)["output_tokens"] for line in (tdir / sub / "requests.jsonl").open()]
         for sub in ("", "repeat_2", "repeat_3")
@@ -498,25 +480,29 @@ def test_repeats_replay_other_streams_on_one_server_and_average(tmp_path: Path) 
     assert json.loads((tdir / "result.json").read_text())["metrics"]["repeats"] == 3
 
 
-def test_timeout_stops_asking_but_finishes_and_confirms(tmp_path: Path) -> None:
+def test_timeout_stops_asking_but_finishes_and_confirms(
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # a budget shorter than one trial: the first trial runs to its end, no second one starts,
-    # the confirm stage still runs, and the same command continues the study
+    # the confirm stage still runs, and the same command continues the study (in this process:
+    # the CLI is not what is tested)
     args = ["+workload=chat", "study.name=budget", "study.n_trials=4", "study.timeout_s=0.5"]
     args += ["tracking=none", "confirm.picks=[goodput]", "confirm.seeds=[1]", *FAST]
-    p = tuner(tmp_path, *args)
-    assert p.returncode == 0, p.stderr[-3000:]
-    study = optuna.load_study(study_name="budget", storage=storage(tmp_path))
+    cfg = make_cfg(*args)
+    out = run_study(cfg, capsys, caplog)
+    study = optuna.load_study(study_name="budget", storage=storage_url(cfg))
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE]
-    assert "study.timeout_s (0.5 s) has passed: no new trial after 1 of 4" in p.stdout
+    assert "study.timeout_s (0.5 s) has passed: no new trial after 1 of 4" in out
     assert ConfirmRecord.from_study(study) is not None
-    p = tuner(tmp_path, *args)  # continues (a trial the precheck rejects takes no time)
-    assert p.returncode == 0, p.stderr[-3000:]
+    out = run_study(make_cfg(*args), capsys, caplog)  # continues (a rejected config takes no time)
     # the log counts as study.n_trials does: configs refused before launch are not counted
-    stored = optuna.load_study(study_name="budget", storage=storage(tmp_path)).trials
+    stored = optuna.load_study(study_name="budget", storage=storage_url(cfg)).trials
     new = len(counted(stored)) - 1
     assert new >= 1
     if new < 4:
-        assert f"no new trial after {new} of 4" in p.stdout, p.stdout[-2000:]
+        assert f"no new trial after {new} of 4" in out, out[-2000:]
 
 
 def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Path) -> None:
@@ -525,7 +511,7 @@ def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Pat
     proc = subprocess.Popen(
         [sys.executable, "-m", "tuner", "+workload=chat", "study.n_trials=1", "study.repeats=2"]
         + ["tracking=none", "workload.num_requests=120", "workload.arrival.concurrency=8"]
-        + ["engine.env.TUNER_SIM_SPEEDUP=1"],
+        + ["engine.env.TUNER_SIM_SPEEDUP=3"],  # each replay still takes seconds
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -556,66 +542,58 @@ def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Pat
     assert state.state == optuna.trial.TrialState.FAIL  # the trial itself did not finish
 
 
-def test_a_study_of_the_full_space_continues_in_the_default_space(tmp_path: Path) -> None:
+def test_a_study_of_the_full_space_continues_in_the_default_space(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
     """The default space stopped searching enforce_eager (space=full still does): a study whose
-    stored trials have it, eager ones included, must continue there with TPE past its start-up."""
+    stored trials have it, eager ones included, must continue there with TPE past its start-up.
+    In this process: the CLI is not what is tested."""
     common = ["+workload=chat", "study.name=s", "tracking=none", "study.n_startup_trials=1", *FAST]
     common.append("confirm.enabled=false")
-    first = tuner(
-        tmp_path, *common, "space=full", "study.n_trials=2", "study.enqueue=[{enforce_eager: true}]"
+    cfg = make_cfg(
+        *common, "space=full", "study.n_trials=2", "study.enqueue=[{enforce_eager: true}]"
     )
-    assert first.returncode == 0, first.stderr[-3000:]
-    stored = optuna.load_study(study_name="s", storage=storage(tmp_path)).trials
+    study_mod.run(cfg)
+    stored = optuna.load_study(study_name="s", storage=storage_url(cfg)).trials
     assert [t.params.get("enforce_eager") for t in stored] == [False, True]  # baseline, enqueued
-    p = tuner(tmp_path, *common, "study.n_trials=3")
-    assert p.returncode == 0, p.stderr[-3000:]
-    trials = optuna.load_study(study_name="s", storage=storage(tmp_path)).trials
+    study_mod.run(make_cfg(*common, "study.n_trials=3"))
+    trials = optuna.load_study(study_name="s", storage=storage_url(cfg)).trials
     assert len(counted(trials)) == 5
     assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     assert all("enforce_eager" not in t.params for t in trials[2:])
     assert all("cudagraph_mode" in t.params for t in trials[2:])  # graphs are searched instead
 
 
-def test_warm_start_and_grid_sampler(tmp_path: Path) -> None:
-    first = tuner(
-        tmp_path,
-        "+workload=chat",
-        "study.n_trials=3",
-        "study.name=src",
-        "tracking=none",
-        "confirm.enabled=false",
-        *FAST,
-    )
-    assert first.returncode == 0, first.stderr[-3000:]
-    src = optuna.load_study(study_name="src", storage=storage(tmp_path))
+def test_warm_start_and_grid_sampler(
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # in this process: the CLI is not what is tested
+    common = ["+workload=chat", "tracking=none", "confirm.enabled=false", *FAST]
+    cfg = make_cfg(*common, "study.n_trials=3", "study.name=src")
+    run_study(cfg, capsys, caplog)
+    src = optuna.load_study(study_name="src", storage=storage_url(cfg))
     best = {t.number for t in src.best_trials}
     assert best
-    p = tuner(
-        tmp_path,
-        "+workload=chat",
-        "study=grid",
-        "study.n_trials=2",
-        "study.name=dst",
-        "study.warm_start=src",
-        "study.baseline_first=false",
-        "tracking=none",
-        "confirm.enabled=false",
-        *FAST,
+    out = run_study(
+        make_cfg(
+            *common,
+            "study=grid",
+            "study.n_trials=2",
+            "study.name=dst",
+            "study.warm_start=src",
+            "study.baseline_first=false",
+        ),
+        capsys,
+        caplog,
     )
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "warm start: enqueued" in p.stderr + p.stdout
-    dst = optuna.load_study(study_name="dst", storage=storage(tmp_path))
+    assert "warm start: enqueued" in out
+    dst = optuna.load_study(study_name="dst", storage=storage_url(cfg))
     assert dst.trials[0].params == src.trials[min(best)].params
-    bad = tuner(
-        tmp_path,
-        "+workload=chat",
-        "study.warm_start=nope",
-        "study.name=x",
-        "tracking=none",
-        timeout=60,
-    )
-    assert bad.returncode == 2 and "study.warm_start 'nope'" in bad.stderr
-    assert "x" not in optuna.get_all_study_names(storage(tmp_path))  # refused before it was made
+    with pytest.raises(ConfigError, match="study.warm_start 'nope'"):  # exit 2 from the CLI
+        study_mod.run(make_cfg(*common, "study.warm_start=nope", "study.name=x"))
+    assert "x" not in optuna.get_all_study_names(storage_url(cfg))  # refused before it was made
 
 
 def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
@@ -731,7 +709,9 @@ def test_parallel_workers_lease_disjoint_gpus(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
-def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(tmp_path: Path) -> None:
+def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     cores = sorted(os.sched_getaffinity(0))
     p = tuner(
         tmp_path,
@@ -749,12 +729,19 @@ def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(tmp_path: Path) -> No
     out = " ".join((p.stdout + p.stderr).split())
     assert f"engine.cpu_pinning: the tuner and its replay client on {cores[0]};" in out
     assert "workload.client_processes=2 shares engine.cpu_reserve=1 cores" in out
-    plan = tuner(tmp_path, "+workload=chat", "dry_run=true", "engine.cpu_pinning=true",
-                 "engine.cpu_reserve=1", timeout=60)  # fmt: skip
+    _, plan, _ = main_in_process(
+        tmp_path,
+        "+workload=chat",
+        "dry_run=true",
+        "engine.cpu_pinning=true",
+        "engine.cpu_reserve=1",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     rest = f"{cores[1]}-{cores[-1]}" if len(cores) > 2 else str(cores[1])
     assert (
         f"CPU cores: the tuner and its replay client on {cores[0]}; servers: GPU 0 on {rest}"
-        in " ".join(plan.stdout.split())
+        in " ".join(plan.split())
     )
     results = [
         json.loads(f.read_text())
@@ -767,15 +754,23 @@ def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(tmp_path: Path) -> No
         assert r["metrics"]["client_cpus"] == 1.0
 
 
-def test_more_workers_than_gpus_is_one_line(tmp_path: Path) -> None:
-    p = tuner(tmp_path, "+workload=chat", "study.n_workers=3", "engine.gpus=[0,1]", timeout=60)
-    assert p.returncode == 2 and "study.n_workers is 3; allowed: 1 to 2" in p.stderr
+@pytest.mark.fast
+def test_more_workers_than_gpus_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["+workload=chat", "study.n_workers=3", "engine.gpus=[0,1]"]
+    code, _, err = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and "study.n_workers is 3; allowed: 1 to 2" in err
 
 
-def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
-    p = tuner(tmp_path, "+workload=chat", "engine=vllm", "dry_run=true", timeout=60)
-    assert p.returncode == 0, p.stderr[-2000:]
-    out = " ".join(p.stdout.split())  # rich wraps long lines
+@pytest.mark.fast
+def test_dry_run_prints_the_plan_and_launches_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["+workload=chat", "engine=vllm", "dry_run=true"]
+    code, stdout, stderr = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, stderr[-2000:]
+    out = " ".join(stdout.split())  # rich wraps long lines
     assert "study chat-qwen3-8b-vllm · engine vllm" in out
     # the baseline passes no searched flag; it once printed every flag at vLLM's default
     assert "baseline trial (vLLM's defaults, no searched flag passed): vllm serve " in out
@@ -793,7 +788,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert "prescreen" not in out  # off by default
     assert "do not count toward study.n_trials (at most study.max_rejected=50 per run)" in out
     assert re.search(r"precheck: refuses \d+% of 1000 random configs .*invalid_config", out)
-    assert "study created in memory" not in p.stdout + p.stderr  # its Optuna study is quiet
+    assert "study created in memory" not in stdout + stderr  # its Optuna study is quiet
     # workload.client_processes=auto (tests/unit/test_client_choice.py has the rule's figures)
     assert "replay client on asyncio: " in out and " (auto)" in out
     assert "64 requests in flight" in out
@@ -803,24 +798,37 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert f"CPU cores: not pinned; servers, the tuner and its replay client share {n} cores" in out
 
 
-def test_dry_run_notes_a_client_with_too_many_streams(tmp_path: Path) -> None:
+def test_dry_run_notes_a_client_with_too_many_streams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ["+workload=chat", "dry_run=true", "workload.arrival.concurrency=1000"]
-    out = " ".join(tuner(tmp_path, *args, "workload.client_processes=1", timeout=60).stdout.split())
+
+    def plan(processes: str) -> str:
+        code, stdout, stderr = main_in_process(
+            tmp_path, *args, processes, monkeypatch=monkeypatch, capsys=capsys
+        )
+        assert code == 0, stderr[-2000:]
+        return " ".join(stdout.split())
+
+    out = plan("workload.client_processes=1")
     assert (  # 1,000 slots, but only the 300 requests of the workload to fill them
         "replay client on asyncio: 1 process, the tuner's own (workload.client_processes=1), "
         "300 requests in flight" in out
     )
     assert "note: 300 streams in the tuner's own process: the client adds latency" in out
     assert "auto would take 19 processes given the cores" in out
-    out = " ".join(tuner(tmp_path, *args, "workload.client_processes=2", timeout=60).stdout.split())
+    out = plan("workload.client_processes=2")
     assert (
         "2 processes (workload.client_processes=2), 300 requests in flight (150 per process)" in out
     )
 
 
-def test_dry_run_names_the_prescreen(tmp_path: Path) -> None:
-    p = tuner(tmp_path, "+workload=chat", "dry_run=true", "study.prescreen.trials=50", timeout=60)
-    assert p.returncode == 0, p.stderr[-2000:]
-    out = " ".join(p.stdout.split())
+def test_dry_run_names_the_prescreen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["+workload=chat", "dry_run=true", "study.prescreen.trials=50"]
+    code, stdout, stderr = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0, stderr[-2000:]
+    out = " ".join(stdout.split())
     assert "first: prescreen 50 configs on the simulator's landscape, then launch its best 3" in out
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()

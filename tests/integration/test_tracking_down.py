@@ -14,8 +14,7 @@ from typing import Any
 
 import optuna
 import pytest
-
-from .test_study import FAST, storage, tuner
+from helpers.cli import FAST, storage, tuner
 
 pytestmark = pytest.mark.integration
 

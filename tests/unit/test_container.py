@@ -1,6 +1,6 @@
 """``engine=docker``: a trial's argv as a foreground ``docker run`` (tuner.engine.container), the
 checks before the study, and the dry run's line. The servers themselves:
-tests/integration/test_docker_engine.py, with the fake CLI of tests/fake_docker.py."""
+tests/integration/test_docker_engine.py, with the fake CLI of tests/helpers/fake_docker.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tuner.engine.container import check_image, wrap
 from tuner.errors import ConfigError
 from tuner.plan import print_plan
 
-FAKE = Path(__file__).resolve().parents[1] / "fake_docker.py"
+FAKE = Path(__file__).resolve().parents[1] / "helpers" / "fake_docker.py"
 
 
 def option(argv: list[str], flag: str) -> list[str]:
@@ -96,7 +96,7 @@ def test_sim_and_vllm_keep_their_argv(make_cfg) -> None:
 
 @pytest.fixture
 def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``docker`` on PATH: tests/fake_docker.py; returns its state folder."""
+    """``docker`` on PATH: tests/helpers/fake_docker.py; returns its state folder."""
     bin_dir, state = tmp_path / "bin", tmp_path / "docker-state"
     bin_dir.mkdir()
     state.mkdir()

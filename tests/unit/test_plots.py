@@ -10,12 +10,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import chromium
 import numpy as np
 import optuna
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
+from helpers import chromium
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 from plotly.offline import get_plotlyjs

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_replay import FakeVLLM, run, spec
+from helpers.fake_vllm import FakeVLLM, run, spec
 
 from tuner.config import ArrivalConfig, TunerConfig
 from tuner.errors import ConfigError

@@ -1,4 +1,4 @@
-"""``replay(processes=P)`` (tuner.replay_procs) against the fake vLLM server of test_replay."""
+"""``replay(processes=P)`` (tuner.replay_procs) against the fake vLLM server of tests/helpers/fake_vllm.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_replay import FakeVLLM, run, spec
+from helpers.fake_vllm import FakeVLLM, run, spec
 
 from tuner.config import ArrivalConfig
 from tuner.errors import ReplayClientError
