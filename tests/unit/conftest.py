@@ -11,10 +11,12 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from helpers.fake_engine import trial_factory
 from helpers.fake_vllm import FakeVLLM
 
 # module -> its slow tests ("*": all of them); seconds measured on 2 cores beside other jobs
@@ -84,3 +86,10 @@ async def server() -> AsyncIterator[tuple[str, FakeVLLM]]:
     app.router.add_post("/v1/chat/completions", fake.handle)
     async with _serve(app) as base:
         yield base, fake
+
+
+@pytest.fixture
+def trial(make_cfg: Callable[..., Any], tmp_path: Path, serve_app: Any) -> Any:
+    """``async with trial(fake, *overrides, **launcher) as (ctx, launcher)``: a trial context
+    whose servers are ``fake``, served in this process (``tests/helpers/fake_engine.py``)."""
+    return trial_factory(make_cfg, tmp_path, serve_app)

@@ -10,8 +10,7 @@ import logging
 from typing import Any
 
 import pytest
-from test_run_server import Launcher, Loaded, folder, serve
-from test_run_server import trial as trial  # the fixture (each test's argument)
+from helpers.fake_engine import Launcher, Loaded, folder, serve
 
 import tuner.capacity_probe as capacity_probe
 from tuner.capacity import Step

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.models import DEFAULTS, SHAPE
 from rich.console import Console
-from test_precheck import DEFAULTS, SHAPE
 
 from tuner.config import TunerConfig
 from tuner.console import print_confirm

@@ -5,9 +5,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.models import DEFAULTS, SHAPE
 
 from tuner.errors import FailureReason, TrialFailed
-from tuner.memory import GPU_PROFILES, ModelShape, estimate
+from tuner.memory import GPU_PROFILES, estimate
 from tuner.precheck import precheck
 from tuner.records import RequestSpec
 from tuner.sim.cli import parse_args
@@ -15,19 +16,6 @@ from tuner.sim.startup import Refusal, engine_check, resolve
 from tuner.space import resolved
 
 ROOT = Path(__file__).resolve().parents[2]
-SHAPE = ModelShape.from_dir(ROOT / "models" / "qwen3-8b-dummy")  # 32 attention heads
-DEFAULTS = {
-    "gpu_memory_utilization": 0.92,
-    "max_model_len": 40960,
-    "block_size": 16,
-    "max_num_seqs": 1024,
-    "max_num_batched_tokens": 8192,
-    "enable_chunked_prefill": True,
-    "enable_prefix_caching": True,
-    "enforce_eager": False,
-    "cudagraph_mode": "FULL_AND_PIECEWISE",
-    "kv_cache_dtype": "auto",
-}
 
 
 def spec(n: int) -> RequestSpec:
