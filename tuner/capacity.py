@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from tuner.config import CapacityConfig
 
@@ -50,6 +50,7 @@ __all__ = [
     "CAPACITY_METRICS",
     "MAX_JUMP",
     "Capacity",
+    "Start",
     "Step",
     "from_steps",
     "search",
@@ -93,6 +94,15 @@ class Step:
         }
 
 
+class Start(NamedTuple):
+    """Where a search goes right after the workload's own replay: an incumbent's capacity (the
+    study's best, or a confirm pick's own) as a load ``factor``, and in requests/s (``rps``):
+    a trial that loses at that load cannot beat it, so its capacity is capped at ``rps``."""
+
+    factor: float
+    rps: float | None = None
+
+
 @dataclass(frozen=True)
 class Capacity:
     """The search's answer: ``low`` ≤ ``rps`` ≤ ``high`` requests/s, with every step."""
@@ -120,11 +130,15 @@ class Capacity:
         return {k: float(v) for k, v in zip(CAPACITY_METRICS, values, strict=True)}
 
 
-def shown(rps: float, censored: float | None) -> str:
-    """A capacity as the tables show it: ``< 19.4`` censored above, ``>= 69.7`` below."""
-    sign = "< " if censored is not None and censored < 0 else ""
-    sign = ">= " if censored is not None and censored > 0 else sign
-    return f"{sign}{rps:,.1f}"
+def shown(rps: float, censored: float | None, high: float | None = None) -> str:
+    """A capacity as the tables show it: ``>= 69.7`` censored below (held everywhere tried);
+    censored above (the incumbent probe lost), ``< 58.2 (~20.5)``: the bound ``high`` that was
+    established, then the estimate the sampler is told (``< 20.5`` without ``high``)."""
+    if censored is not None and censored > 0:
+        return f">= {rps:,.1f}"
+    if censored is not None and censored < 0:
+        return f"< {high:,.1f} (~{rps:,.1f})" if high is not None else f"< {rps:,.1f}"
+    return f"{rps:,.1f}"
 
 
 CAPACITY_METRICS = (
@@ -151,15 +165,15 @@ async def search(
     first: Step | None = None,
     loads: Callable[[float], float] | None = None,
     *,
-    start: float | None = None,
+    start: Start | None = None,
     stop_on_loss: bool = False,
 ) -> Capacity:
     """Bracket and narrow the load at which the SLOs stop holding (module docstring).
     ``first``: the workload's own replay at factor 1, if it ran already. ``loads``: the factor a
     replay asked for at ``f`` really runs at (a closed loop's concurrency is whole); the search
-    ends when no load is left strictly inside the bracket. ``start``: the load factor to try
-    next (the incumbent's capacity); ``stop_on_loss``: a loss at or below it ends the search,
-    censored above."""
+    ends when no load is left strictly inside the bracket. ``start``: the load to try next (the
+    incumbent's capacity); ``stop_on_loss``: a loss at or below it ends the search, censored
+    above and never above the incumbent's requests/s."""
     real = loads or (lambda f: f)
     steps: list[Step] = []
 
@@ -173,18 +187,19 @@ async def search(
         steps.append(first)
     lo: Step | None = s if s.held else None
     hi: Step | None = None if s.held else s
-    if start is not None and start > 0:
-        f = min(max(start, settings.min_factor), settings.max_factor)
+    ceiling = start.rps if start is not None else None
+    if start is not None and start.factor > 0:
+        f = min(max(start.factor, settings.min_factor), settings.max_factor)
         if hi is not None and real(f) >= hi.factor:  # lost below the incumbent's load already
             if stop_on_loss:
-                return _capped(lo, hi, steps)
+                return _capped(lo, hi, steps, ceiling)
         elif not (lo is not None and real(f) <= lo.factor) and len(steps) < settings.max_steps:
             s = await at(f)
             if s.held:
                 lo = s if lo is None or s.factor > lo.factor else lo
             else:
                 if stop_on_loss:
-                    return _capped(lo, s, steps)
+                    return _capped(lo, s, steps, ceiling)
                 hi = s if hi is None or s.factor < hi.factor else hi
                 if lo is not None and lo.factor > s.factor:
                     lo = None
@@ -253,16 +268,24 @@ def _jump(margin: float) -> float:
     return min(MAX_JUMP, max(2.0, 1.0 / (1.0 - margin)))
 
 
-def _capped(lo: Step | None, hi: Step, steps: Sequence[Step]) -> Capacity:
-    """The incumbent probe lost at ``hi``: capacity below its rate. The estimate: on the margin
-    line between a step that held and ``hi`` (as :func:`_answer`), else ``hi``'s margin
-    extrapolated down (``1 − margin`` as the overshoot), at most ×4 below."""
+def _capped(
+    lo: Step | None, hi: Step, steps: Sequence[Step], ceiling: float | None = None
+) -> Capacity:
+    """The incumbent probe lost at ``hi``: capacity below its rate, and below ``ceiling`` (the
+    incumbent's requests/s: the trial lost where the incumbent held, so it cannot beat it; a
+    failed step's own served rate, e.g. a closed loop past its SLOs, can be far above it). The
+    estimate: on the margin line between a step that held and ``hi`` (as :func:`_answer`), else
+    ``hi``'s margin extrapolated down (``1 − margin`` as the overshoot), at most ×4 below."""
     if lo is not None and lo.factor < hi.factor:
-        a = _answer(lo, hi, steps)
-        return replace(a, capped=True)
-    over = 1.0 - min(hi.margin, 0.0)  # > 1: how far past the SLOs the failed load was
-    share = max(1.0 / over, 0.25)
-    return Capacity(hi.rps * share, 0.0, hi.rps, hi.factor * share, tuple(steps), capped=True)
+        a = replace(_answer(lo, hi, steps), capped=True)
+    else:
+        over = 1.0 - min(hi.margin, 0.0)  # > 1: how far past the SLOs the failed load was
+        share = max(1.0 / over, 0.25)
+        a = Capacity(hi.rps * share, 0.0, hi.rps, hi.factor * share, tuple(steps), capped=True)
+    if ceiling is None or a.high <= ceiling:
+        return a
+    top = max(ceiling, a.low)
+    return replace(a, rps=min(a.rps, top), high=top)
 
 
 def _next_factor(lo: Step, hi: Step) -> float:

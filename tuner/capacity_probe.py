@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tuner.artifacts import TrialFolder, write_json, write_requests
-from tuner.capacity import Capacity, Step, search
+from tuner.capacity import Capacity, Start, Step, search
 from tuner.config import ObjectiveConfig, SLOConfig
 from tuner.measure import Measured, Replay, reset_caches
 from tuner.replay import is_closed_loop
@@ -72,7 +72,7 @@ async def probe_capacity(
     api_key: str | None,
     measure: Measure,
     check: Callable[[], Awaitable[None]],
-    start: float | None = None,
+    start: Start | None = None,
     stop_on_loss: bool = False,
 ) -> Capacity:
     """The SLO capacity of trial ``number``'s server, from ``base`` (the workload's own replay,
@@ -119,7 +119,9 @@ async def probe_capacity(
 
     first_step = step_of(1.0, base, first, judged)
     if start is not None:
-        log.info("trial %d: capacity probe at %.3gx the workload's load first", number, start)
+        log.info(
+            "trial %d: capacity probe at %.3gx the workload's load first", number, start.factor
+        )
     cap = await search(
         probe,
         objective.capacity,

@@ -23,6 +23,7 @@ from typing import Any
 import optuna
 
 from tuner import stored_trial
+from tuner.capacity import Start
 from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, TunerConfig, WorkloadConfig
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.score import KEY_METRICS
@@ -138,14 +139,15 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
     return out
 
 
-def capacity_start(candidate: Candidate, cfg: TunerConfig) -> float | None:
+def capacity_start(candidate: Candidate, cfg: TunerConfig) -> Start | None:
     """Where a confirm server's capacity search starts: the candidate's search capacity as a
     load factor on the stressed workload (``confirm.load_factor`` × the workload's load), or
     None without one (it doubles from the stressed load, as a search trial's first did)."""
     factor = candidate.search_metrics.get("capacity_factor")
     if factor is None or factor <= 0:
         return None
-    return float(factor) / cfg.confirm.load_factor
+    rps = candidate.search_metrics.get("capacity_rps")
+    return Start(float(factor) / cfg.confirm.load_factor, rps)
 
 
 def stressed(w: WorkloadConfig, cc: ConfirmConfig, seed: int) -> WorkloadConfig:

@@ -7,8 +7,9 @@ verdicts with the recommended config (:func:`print_confirm`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import optuna
 from rich.console import Console
@@ -43,15 +44,17 @@ CENSORED = "capacity_censored"
 _UNITS = {"output_throughput": "tok/s", "goodput": "req/s", "request_throughput": "req/s"}
 
 
-def fmt_metric(name: str, v: float | None, censored: float | None = None) -> str:
-    """``v`` with its unit; a ``capacity_rps`` with its ``capacity_censored`` as ``< X`` (the
-    incumbent probe lost: below X) or ``>= X`` (held at every load tried)."""
+def fmt_metric(name: str, v: float | None, metrics: Mapping[str, Any] | None = None) -> str:
+    """``v`` with its unit; a ``capacity_rps`` as :func:`tuner.capacity.shown` with ``metrics``'
+    ``capacity_censored`` and ``capacity_rps_high``: ``< X (~v)`` (the incumbent probe lost:
+    below X) or ``>= v`` (held at every load tried)."""
     if v is None:
         return "-"
     if name.endswith("_ms"):
         return f"{v:,.0f} ms"
     if name == "capacity_rps":
-        return f"{shown(v, censored)} req/s"
+        m = metrics or {}
+        return f"{shown(v, m.get(CENSORED), m.get('capacity_rps_high'))} req/s"
     return f"{v:,.1f} {_UNITS.get(name, '')}".strip()
 
 
@@ -66,7 +69,7 @@ def progress_line(r: TrialResult, i: int | None, n: int, cfg: TunerConfig) -> st
     if not r.ok:
         return f"{head}: FAILED {r.failure_reason}: {r.failure_detail} | {params}"
     objs = ", ".join(
-        f"{o.metric} {fmt_metric(o.metric, r.metrics.get(o.metric), r.metrics.get(CENSORED))}"
+        f"{o.metric} {fmt_metric(o.metric, r.metrics.get(o.metric), r.metrics)}"
         for o in cfg.objective.objectives
     )
     launch = r.launch
@@ -82,11 +85,15 @@ def live_best(study: optuna.Study, cfg: TunerConfig) -> str:
     feasible = [t for t in study.trials if stored_trial.feasible(t)]
     if not feasible:
         return "best: no feasible trial yet"
+    # a capacity censored above (its incumbent probe lost) is an estimate under a bound: never
+    # the best capacity
+    bounded = [t for t in feasible if (stored_trial.metric(t, CENSORED) or 0.0) >= 0] or feasible
     parts = []
     for i, o in enumerate(objs):
         sign = 1.0 if o.direction == "maximize" else -1.0
-        t = max(feasible, key=lambda t: sign * float(t.values[i]))  # noqa: B023 - used at once
-        shown_value = fmt_metric(o.metric, t.values[i], stored_trial.metric(t, CENSORED))
+        pool = bounded if o.metric == "capacity_rps" else feasible
+        t = max(pool, key=lambda t: sign * float(t.values[i]))  # noqa: B023 - used at once
+        shown_value = fmt_metric(o.metric, t.values[i], stored_trial.metrics(t))
         parts.append(f"{o.metric} {shown_value} (trial {t.number})")
     front = f", Pareto front {len(study.best_trials)} trial(s)" if len(objs) > 1 else ""
     return "best: " + ", ".join(parts) + front
@@ -151,9 +158,7 @@ def print_summary(
             str(r.number),
             _result_text(r),
             *(
-                fmt_metric(m, r.metrics.get(m), r.metrics.get(CENSORED))
-                if r.ok and not r.pruned
-                else "-"
+                fmt_metric(m, r.metrics.get(m), r.metrics) if r.ok and not r.pruned else "-"
                 for m in objs
             ),
             f"{launch.startup_s:.1f}" if launch else "-",
@@ -204,7 +209,7 @@ def print_pareto(study: optuna.Study, cfg: TunerConfig, console: Console) -> Non
         gains = [row.get(f"{m}_vs_baseline_pct") for m in objs]
         b.add_row(
             str(row["trial"]),
-            *(fmt_metric(m, row[m], row.get(CENSORED)) for m in objs),
+            *(fmt_metric(m, row[m], row) for m in objs),
             *(f"{x:+.1f} %" if x is not None else "-" for x in gains),
             changed_params(row["params"], cfg.space),
         )

@@ -59,7 +59,7 @@ def _export_header(
         + (" (vLLM defaults)" if c.baseline else ""),
         "searched: "
         + ", ".join(
-            f"{m} {fmt_metric(m, v, c.search_metrics.get('capacity_censored'))}"
+            f"{m} {fmt_metric(m, v, c.search_metrics)}"
             for m, v in c.search_metrics.items()
             if v == v and m not in ("capacity_factor", "capacity_censored")
         ),

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import optuna
 
 from tuner import stored_trial
+from tuner.capacity import Start
 from tuner.config import ConfirmConfig, TunerConfig
 from tuner.records import Candidate, ConfirmResult, to_jsonable
 from tuner.verdict import Verdict
@@ -217,7 +218,7 @@ def recommended_trial(study: optuna.Study) -> int | None:
 # --- the study's trials -------------------------------------------------------------------------
 
 
-def incumbent_capacity(study: optuna.Study) -> float | None:
+def incumbent_capacity(study: optuna.Study) -> Start | None:
     """The best SLO capacity measured so far as a load factor on the workload's (the
     ``capacity_factor`` of the feasible trial with the highest ``capacity_rps``, not one censored
     above), or None before one: where a new trial's capacity search probes first."""
@@ -233,7 +234,7 @@ def incumbent_capacity(study: optuna.Study) -> float | None:
             continue
         if best is None or rps > best[0]:
             best = (rps, factor)
-    return None if best is None else best[1]
+    return None if best is None else Start(best[1], best[0])
 
 
 BaselineFilter = Literal["any", "live", "measured", "feasible"]
@@ -278,6 +279,7 @@ def pareto_rows(study: optuna.Study, cfg: TunerConfig) -> list[dict[str, Any]]:
         censored = stored_trial.metric(tr, "capacity_censored")
         if censored:  # the capacity is a bound: -1 below it ("< X"), 1 at least it (">= X")
             row["capacity_censored"] = censored
+            row["capacity_rps_high"] = stored_trial.metric(tr, "capacity_rps_high")
         for i, (m, v) in enumerate(zip(objs, tr.values or [], strict=False)):
             row[m] = v
             if base is not None and base.values:

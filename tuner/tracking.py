@@ -159,7 +159,10 @@ class Tracker:
             trial_tags["compile_hash"] = startup.compile_hash or startup.aot_hash or ""
         cap = result.metrics.get("capacity_rps")
         if cap is not None:  # "< 19.4" when the incumbent probe lost: the value is a bound
-            trial_tags["capacity"] = shown(cap, result.metrics.get("capacity_censored")) + " req/s"
+            m = result.metrics
+            trial_tags["capacity"] = (
+                shown(cap, m.get("capacity_censored"), m.get("capacity_rps_high")) + " req/s"
+            )
         if result.pruned:
             trial_tags["pruned_reason"] = result.pruned
         if result.failure_reason:

@@ -36,6 +36,7 @@ from tuner.artifacts import (
     write_artifacts,
     write_repeats,
 )
+from tuner.capacity import Start
 from tuner.capacity_probe import probe_capacity
 from tuner.compile_cache import record
 from tuner.config import EngineConfig, ObjectiveConfig, TunerConfig
@@ -101,7 +102,7 @@ async def run_trial(
     number: int,
     params: dict[str, Any],
     baseline: bool,
-    incumbent: float | None = None,
+    incumbent: Start | None = None,
 ) -> TrialResult:
     """The trial's server, with ``study.repeats`` replays on it; one result (their mean).
     ``incumbent``: the study's best capacity as a load factor, probed first (:mod:`capacity`)."""
@@ -157,7 +158,7 @@ class ServerRun:
     written: set[int] = field(default_factory=set)
     """Replays whose ``requests.jsonl`` is on disk already."""
     failure: TrialFailed | None = None
-    capacity_start: float | None = None
+    capacity_start: Start | None = None
     """The load factor the capacity search tries after the first replay (None: it doubles); a
     loss there ends a search trial's search (``prune``: the incumbent probe)."""
 
@@ -224,7 +225,7 @@ async def run_server(
     replays: list[Replay],
     *,
     prune: bool,
-    capacity_start: float | None = None,
+    capacity_start: Start | None = None,
 ) -> list[TrialResult]:
     """Precheck, launch one server with ``params``, run each replay on it, stop it: a result per
     replay. A failure ends the server's replays: the one it hit and those after it carry it.

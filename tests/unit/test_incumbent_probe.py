@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from tuner import stored_trial
-from tuner.capacity import MAX_JUMP, Step, search, shown
+from tuner.capacity import MAX_JUMP, Start, Step, search, shown
 from tuner.config import CapacityConfig, ConfirmConfig, TunerConfig
 from tuner.confirm import capacity_start, pick
 from tuner.console import fmt_metric
@@ -49,7 +49,7 @@ async def test_a_loss_at_the_incumbents_load_ends_the_search_after_that_one_step
         return 1 - f / 1.94
 
     probe, tried = probe_of(margin)
-    cap = await search(probe, SETTINGS, first_at_one(margin), start=6.97, stop_on_loss=True)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=Start(6.97), stop_on_loss=True)
     assert tried == [6.97]  # one replay, at the incumbent's load
     assert cap.capped and not cap.censored
     assert cap.metrics()["capacity_censored"] == -1.0
@@ -60,12 +60,36 @@ async def test_a_loss_at_the_incumbents_load_ends_the_search_after_that_one_step
     assert cap.rps == pytest.approx(19.4, rel=0.01)
 
 
+async def test_a_loss_at_the_incumbents_load_is_never_above_the_incumbent() -> None:
+    # a closed loop past its SLOs can serve more requests/s than the incumbent did at its
+    # crossing (here 4x the rate per load, and no step held): the trial lost where the incumbent
+    # held, so its capacity is capped at the incumbent's requests/s, bound and estimate alike
+    def margin(f: float) -> float:
+        return 1 - f / 0.5
+
+    probe, tried = probe_of(margin, rps_per_factor=40.0)
+    first = Step(1.0, 40.0, margin(1.0), False)
+    cap = await search(probe, SETTINGS, first, start=Start(3.0, 30.0), stop_on_loss=True)
+    assert tried == [] and cap.capped
+    assert cap.high == 30.0 and cap.rps <= 30.0
+    probe, tried = probe_of(lambda f: 1 - f / 2.0, rps_per_factor=40.0)
+    first = Step(1.0, 10.0, 0.5, True)  # held at its own load, 10 req/s
+    cap = await search(probe, SETTINGS, first, start=Start(3.0, 30.0), stop_on_loss=True)
+    assert tried == [3.0] and cap.capped and cap.high == 30.0 and 10.0 <= cap.rps <= 30.0
+    # never below a rate that held within the SLOs
+    cap = await search(probe, SETTINGS, first, start=Start(3.0, 5.0), stop_on_loss=True)
+    assert cap.high == 10.0 and cap.rps == 10.0
+    # without the incumbent's rate: the failed step's own rate bounds it, as before
+    cap = await search(probe, SETTINGS, first, start=Start(3.0), stop_on_loss=True)
+    assert cap.high == 120.0
+
+
 async def test_without_stop_on_loss_a_failed_start_is_bracketed() -> None:
     def margin(f: float) -> float:
         return 1 - f / 1.94
 
     probe, tried = probe_of(margin)
-    cap = await search(probe, SETTINGS, first_at_one(margin), start=6.97)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=Start(6.97))
     assert tried[0] == 6.97 and len(tried) > 1  # narrowed between 1 and 6.97
     assert not cap.capped and cap.rps == pytest.approx(19.4, rel=0.01)
 
@@ -75,7 +99,7 @@ async def test_a_loss_at_the_workloads_own_load_below_the_incumbent_needs_no_ste
         return 1 - f / 0.5  # fails at factor 1 already (margin -1: twice the SLO)
 
     probe, tried = probe_of(margin)
-    cap = await search(probe, SETTINGS, first_at_one(margin), start=3.0, stop_on_loss=True)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=Start(3.0), stop_on_loss=True)
     assert tried == []
     assert cap.capped and cap.high == 10.0
     assert cap.rps == pytest.approx(5.0)  # the failed load over its overshoot (1 - margin)
@@ -86,7 +110,7 @@ async def test_a_hold_at_the_incumbent_climbs_from_there() -> None:
         return 1 - f / 9.0
 
     probe, tried = probe_of(margin)
-    cap = await search(probe, SETTINGS, first_at_one(margin), start=5.0, stop_on_loss=True)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=Start(5.0), stop_on_loss=True)
     assert tried[0] == 5.0
     assert tried[1] == pytest.approx(10.0)  # margin 0.44 at 5: the jump is the floor, x2
     assert not cap.capped and cap.rps == pytest.approx(90.0, rel=0.02)
@@ -97,12 +121,12 @@ async def test_a_wide_margin_jumps_further_than_doubling() -> None:
         return 1 - f / 40.0  # at the incumbent's load 2: margin 0.95
 
     probe, tried = probe_of(margin)
-    cap = await search(probe, SETTINGS, first_at_one(margin), start=2.0, stop_on_loss=True)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=Start(2.0), stop_on_loss=True)
     assert tried[:3] == [2.0, 2.0 * MAX_JUMP, 2.0 * MAX_JUMP**2]  # bounded at MAX_JUMP a step
     assert cap.rps == pytest.approx(400.0, rel=0.02)
     # a margin of 0.6 extrapolates to 1 / 0.4 = x2.5: between the bounds
     probe, tried = probe_of(lambda f: 1 - f / 2.0 if f > 2 else 0.6)
-    await search(probe, SETTINGS, Step(1.0, 10.0, 0.6, True), start=2.0, stop_on_loss=True)
+    await search(probe, SETTINGS, Step(1.0, 10.0, 0.6, True), start=Start(2.0), stop_on_loss=True)
     assert tried[1] == pytest.approx(5.0)
 
 
@@ -143,17 +167,20 @@ def test_the_incumbent_is_the_best_feasible_measured_capacity() -> None:
     _capacity_trial(study, 90.0, 9.0, ok=False)  # infeasible: errors over the budget
     _capacity_trial(study, 50.0, 5.0, censored=-1.0)  # an estimate under a loss, not a measure
     _capacity_trial(study, 20.0, 2.0)
-    assert incumbent_capacity(study) == 3.0
+    assert incumbent_capacity(study) == Start(3.0, 30.0)
     _capacity_trial(study, 40.0, 4.0, censored=1.0)  # held everywhere tried: at least 40
-    assert incumbent_capacity(study) == 4.0
+    assert incumbent_capacity(study) == Start(4.0, 40.0)
 
 
 def test_a_capacity_censored_above_is_shown_as_less_than(
     make_cfg: Callable[..., TunerConfig],
 ) -> None:
     assert shown(19.4, -1.0) == "< 19.4" and shown(69.7, 1.0) == ">= 69.7"
-    assert fmt_metric("capacity_rps", 19.4, -1.0) == "< 19.4 req/s"
-    assert fmt_metric("capacity_rps", 69.7, 0.0) == "69.7 req/s"
+    # the bound established (the load that failed) first, then the estimate under it
+    assert shown(19.4, -1.0, 58.2) == "< 58.2 (~19.4)"
+    capped = {"capacity_censored": -1.0, "capacity_rps_high": 58.2}
+    assert fmt_metric("capacity_rps", 19.4, capped) == "< 58.2 (~19.4) req/s"
+    assert fmt_metric("capacity_rps", 69.7, {"capacity_censored": 0.0}) == "69.7 req/s"
     study = _study()
     _capacity_trial(study, 19.4, 1.94, censored=-1.0)
     cfg = make_cfg("+workload=chat", "objective=capacity", "workload.slo.ttft_ms=500")
@@ -179,7 +206,8 @@ def test_confirm_picks_the_best_capacity_first_under_a_capacity_objective(
     # its confirm servers start at its search capacity, on the stressed workload's scale
     cc = ConfirmConfig(load_factor=2.0)
     start = capacity_start(best, TunerConfig(confirm=cc))
-    assert start == pytest.approx(6.97 / 2.0)
+    assert start is not None and start.factor == pytest.approx(6.97 / 2.0)
+    assert start.rps == 69.7
 
 
 def test_mlflow_shows_a_capacity_censored_above_as_less_than(tmp_path: Path) -> None:
@@ -187,7 +215,8 @@ def test_mlflow_shows_a_capacity_censored_above_as_less_than(tmp_path: Path) -> 
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = open_tracker(True, uri, "e", "run", {}, lambda s: s)
-    metrics = {"capacity_rps": 19.4, "capacity_censored": -1.0, "error_rate": 0.0}
+    metrics = {"capacity_rps": 19.4, "capacity_censored": -1.0, "capacity_rps_high": 58.2}
+    metrics["error_rate"] = 0.0
     result = TrialResult(0, {}, (), (19.4, 50.0), {}, metrics)
     tracker.log_trial(result, tmp_path / "trial_0000", {})
     tracker.finish("FINISHED")
@@ -195,5 +224,17 @@ def test_mlflow_shows_a_capacity_censored_above_as_less_than(tmp_path: Path) -> 
     exp = client.get_experiment_by_name("e")
     assert exp is not None
     (child,) = client.search_runs([exp.experiment_id], "tags.`trial.number` = '0'")
-    assert child.data.tags["capacity"] == "< 19.4 req/s"
+    assert child.data.tags["capacity"] == "< 58.2 (~19.4) req/s"
     assert child.data.metrics["capacity_censored"] == -1.0
+
+
+def test_the_live_best_capacity_is_never_one_censored_above(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    from tuner.console import live_best
+
+    cfg = make_cfg("+workload=chat", "objective=capacity", "workload.slo.ttft_ms=500")
+    study = _study()
+    _capacity_trial(study, 30.0, 3.0)
+    _capacity_trial(study, 99.0, 9.9, censored=-1.0)  # an estimate under a bound (an old study)
+    assert "capacity_rps 30.0 req/s (trial 0)" in live_best(study, cfg)

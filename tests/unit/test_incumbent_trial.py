@@ -13,7 +13,7 @@ import pytest
 from helpers.fake_engine import Launcher, Loaded, folder, serve
 
 import tuner.capacity_probe as capacity_probe
-from tuner.capacity import Step
+from tuner.capacity import Start, Step
 from tuner.engine.process import Server
 from tuner.records import LaunchInfo, StartupFacts
 from tuner.trial import run_trial
@@ -38,7 +38,7 @@ def short_steps(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_a_loss_at_the_incumbent_ends_the_trial_after_one_step(trial: Any) -> None:
     async with trial(Loaded(per_request_s=0.05), *CURVE) as (ctx, _):
-        result = await run_trial(ctx, 0, {}, True, incumbent=8.0)
+        result = await run_trial(ctx, 0, {}, True, incumbent=Start(8.0))
     assert steps_of(ctx) == [(1.0, True), (8.0, False)]  # the workload's own, then the probe
     m = result.metrics
     assert m["capacity_censored"] == -1.0 and m["capacity_steps"] == 2.0
@@ -48,7 +48,7 @@ async def test_a_loss_at_the_incumbent_ends_the_trial_after_one_step(trial: Any)
 
 async def test_a_hold_at_the_incumbent_climbs_from_there(trial: Any) -> None:
     async with trial(Loaded(per_request_s=0.05), *CURVE) as (ctx, _):
-        result = await run_trial(ctx, 0, {}, True, incumbent=3.0)
+        result = await run_trial(ctx, 0, {}, True, incumbent=Start(3.0))
     # 3 in flight: 150 ms of 260 (margin ~0.4, the x2 floor); 6 in flight fail; then narrowed
     got = steps_of(ctx)
     assert got[:3] == [(1.0, True), (3.0, True), (6.0, False)]
