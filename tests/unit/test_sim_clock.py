@@ -67,7 +67,7 @@ async def serve(
     async def hog() -> None:
         while not stop.is_set():
             await asyncio.sleep(0.05)
-            time.sleep(hog_s)  # blocks the whole loop, as a starved process would be
+            time.sleep(hog_s)  # noqa: ASYNC251 - blocks the loop, as a starved process would
 
     async def one(p: list[int]) -> list[tuple[int, float]]:
         chunks = []
