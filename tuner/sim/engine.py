@@ -480,7 +480,9 @@ class Scheduler:
         caching = self.prefix_caching
         for req, new in scheduled:
             req.num_computed += new
-            if caching and req.num_computed // bs > req.hashed_blocks:
+            # a block to register: a full prompt block past those registered (the hashes cover
+            # the prompt's full blocks only)
+            if caching and req.hashed_blocks < min(req.num_computed, len(req.tokens)) // bs:
                 self._register_full_blocks(req)
             if req.num_computed >= len(req.tokens) + req.num_output:
                 req.num_output += 1

@@ -637,7 +637,12 @@ async def _run(args: SimArgs, s: Settings, env: Mapping[str, str], log: SimLog) 
         await tokenizer
         log.api("Supported tasks: ['generate']", "api_server.py:577")
         log.api(f"Starting vLLM server on http://{host}:{args.port}", "api_server.py:581")
-        runner = web.AppRunner(srv.make_app(), access_log=None, handle_signals=False)
+        # a client that disconnects cancels its handler, which aborts its request in the engine
+        # (vLLM's routes do the same, ``with_cancellation``): a replay stopped early leaves no
+        # queue of orphans behind
+        runner = web.AppRunner(
+            srv.make_app(), access_log=None, handle_signals=False, handler_cancellation=True
+        )
         await runner.setup()
         await web.SockSite(runner, sock).start()
         log.api(f"Started server process [{os.getpid()}]", "server.py:83")
