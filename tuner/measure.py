@@ -38,6 +38,7 @@ __all__ = [
     "note_client_cores",
     "reset_caches",
     "warn_client_lag",
+    "warn_sim_lag",
 ]
 
 log = logging.getLogger("tuner")
@@ -127,7 +128,9 @@ async def measure(
     write_jsonl(folder.gpu, gpu.samples)
     own = {**client.summary(), "client_processes": float(choice.processes)}
     warn_client_lag(own, choice, w.client_loop)
-    return Measured(records, {**prom.summary(), **gpu.summary(), **own}, pruned)
+    server = prom.summary()
+    warn_sim_lag(server)
+    return Measured(records, {**server, **gpu.summary(), **own}, pruned)
 
 
 def note_client_cores(
@@ -180,6 +183,21 @@ def warn_client_lag(own: dict[str, float], choice: ClientChoice, client_loop: st
         own.get("client_lag_max_ms", lag),
         100 * own.get("client_cpu_max", 0.0),
         hint,
+    )
+
+
+def warn_sim_lag(server: dict[str, float]) -> None:
+    """Warn when the simulated engine's stream chunks left later than its model said (its
+    ``tuner_sim:stream_lag_seconds``): the host's CPU, not the modelled GPU, then shows in the
+    latencies measured. The threshold is the client's (:data:`tuner.replay.CLIENT_LAG_WARN_MS`)."""
+    lag = server.get("sim_lag_mean_ms")
+    if lag is None or lag <= replay_mod.CLIENT_LAG_WARN_MS:
+        return
+    log.warning(
+        "  the simulated engine fell behind its model: its tokens left %.1f ms late on average "
+        "(its server.log has the p99), so the latencies measured include that much of the host's "
+        "CPU; lower engine.env.TUNER_SIM_SPEEDUP or give it a core",
+        lag,
     )
 
 

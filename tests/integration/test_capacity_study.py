@@ -14,8 +14,8 @@ from helpers.cli import mlflow_runs, storage, tuner
 pytestmark = pytest.mark.integration
 
 # Short requests; the simulated engine at half speed and a TPOT SLO it meets up to ~18 in flight,
-# so the SLOs bind at a few requests/s: on 2 busy cores the replay client's own delay stays small
-# against the SLOs (at hundreds of requests/s it decides the answer, not the engine).
+# so the SLOs bind at a few requests/s: on 2 busy cores the replay client's own delay and the
+# simulator's lag stay small against the SLOs.
 SMALL = [
     "+workload=chat",
     "engine=sim",
@@ -60,15 +60,16 @@ def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
         held = [s["factor"] for s in steps if s["held"]]
         failed = [s["factor"] for s in steps if not s["held"]]
         assert held and failed and max(h for h in held if h < min(failed)) < min(failed)
-    # (max - min) / mean: 2.3-2.4 % in two runs on an idle 2-core machine; 2.9-5.7 % in four runs
-    # beside another test suite and three other jobs; 11.7 % once in CI. The simulator runs in
-    # wall-clock time on the same two cores as the tuner and its client, so a busy machine moves
-    # its latencies and its served rate (the same 25 slots served 37.6 and 41.1 requests/s in two
-    # trials of one run), and one slot of the ~18 in flight at the crossing is 5.5 %. 15 % still
+    # (max - min) / mean. Since the simulator keeps its modelled clock (issue 34, its lag is
+    # reported, benchmarks/sim_repeatability.py): 3.0 and 3.6 % idle, 5.2 % with one of the two
+    # cores busy (2026-12-02), its lag under 25 ms at p99 at these loads. What is left is the
+    # replays' own sampling: the step at 17 in flight (4.25x) held by +0.02 in two trials and
+    # failed by 0.001 in the third, which moves the bracket one slot (~3 %). Before the clock was
+    # fixed: 2.3-2.4 % idle, 2.9-5.7 % beside another test suite, 11.7 % once in CI. 8 % still
     # fails a search that brackets or interpolates wrongly (tests/unit/test_capacity.py checks
     # the arithmetic). The 5 % target held on the H200 (3.7 %, docs/gpu-runs/2026-12-01-capacity.md).
     caps = [t.user_attrs["metrics"]["capacity_rps"] for t in study.trials]
-    assert (max(caps) - min(caps)) / statistics.fmean(caps) <= 0.15, caps
+    assert (max(caps) - min(caps)) / statistics.fmean(caps) <= 0.08, caps
 
     from mlflow import MlflowClient
 

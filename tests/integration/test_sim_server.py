@@ -225,6 +225,17 @@ async def test_stream_interval_bundles_tokens(make_sim: Any, http: aiohttp.Clien
     assert len(events) - 1 == 3  # first token alone, then 4, then the last 4
 
 
+async def test_stream_ms_bundles_tokens_by_time(make_sim: Any, http: aiohttp.ClientSession) -> None:
+    # TUNER_SIM_STREAM_MS longer than the whole request: the first token alone, then the rest
+    sim = make_sim(env={"TUNER_SIM_STREAM_MS": "1000"})
+    body = {"model": "m", "prompt": "hello", "max_tokens": 9, "stream": True}
+    async with http.post(sim.url + "/v1/completions", json=body) as r:
+        events = await sse(r)
+    assert events[-1] == "[DONE]"
+    texts = [e["choices"][0]["text"] for e in events[:-1]]
+    assert [t.count(" ") for t in texts] == [1, 8]
+
+
 async def test_streaming_chat_with_usage(make_sim: Any, http: aiohttp.ClientSession) -> None:
     sim = make_sim()
     messages = [{"role": "system", "content": "You are terse."},
@@ -371,8 +382,10 @@ async def test_metrics_and_preemptions(make_sim: Any, http: aiohttp.ClientSessio
         "vllm:time_to_first_token_seconds",
         "vllm:e2e_request_latency_seconds",
         "vllm:cache_config_info",
+        "tuner_sim:stream_lag_seconds",
     ]:
         assert name in names, name
+    assert samples["tuner_sim:stream_lag_seconds_count"] == 16  # one chunk each (not streamed)
     assert samples["vllm:num_preemptions_total"] > 0
     assert samples["vllm:generation_tokens_total"] == 1600
     assert samples["vllm:prompt_tokens_total"] == 3200

@@ -169,6 +169,36 @@ async def test_scraper_time_series_and_summary(
     assert summ["scrape_errors"] == 1.0
 
 
+async def test_scraper_summary_has_the_simulators_lag(
+    serve_app: Callable[[web.Application], AbstractAsyncContextManager[str]],
+) -> None:
+    # tuner_sim:stream_lag_seconds (tuner/sim/runtime.py): 2 s over 400 chunks between the
+    # first and last scrape: 5 ms late on average
+    calls = 0
+
+    async def handle(_: web.Request) -> web.Response:
+        nonlocal calls
+        k = min(calls, 1)
+        calls += 1
+        lag = (
+            "# TYPE tuner_sim:stream_lag_seconds histogram\n"
+            f'tuner_sim:stream_lag_seconds_bucket{{engine="0",le="+Inf"}} {100 + 400 * k}.0\n'
+            f'tuner_sim:stream_lag_seconds_count{{engine="0"}} {100 + 400 * k}.0\n'
+            f'tuner_sim:stream_lag_seconds_sum{{engine="0"}} {0.5 + 2.0 * k}\n'
+        )
+        return web.Response(text=METRICS + lag, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    async with serve_app(app) as base, MetricsScraper(base, interval_s=10.0) as s:
+        pass
+    assert s.summary()["sim_lag_mean_ms"] == pytest.approx(5.0)
+    calls = 0  # the vLLM series only (vLLM has no such histogram): no key
+    async with serve_app(app) as base, MetricsScraper(base, 10.0, names=DEFAULT_NAMES) as s:
+        pass
+    assert "sim_lag_mean_ms" not in s.summary()
+
+
 async def test_scraper_with_session(metrics_server: tuple[str, MetricsServer]) -> None:
     base, ms = metrics_server
     async with aiohttp.ClientSession(base_url=base) as session:

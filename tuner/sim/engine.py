@@ -22,6 +22,7 @@ priorities, speculative decoding, async-scheduling overlap, encoder caches, LoRA
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import hashlib
@@ -275,9 +276,11 @@ def block_hashes(tokens: Sequence[int], block_size: int, salt: bytes = b"") -> l
     """Chained hashes of the full blocks of ``tokens`` (like vLLM's ``hash_block_tokens``)."""
     out: list[bytes] = []
     prev = salt
-    for i in range(len(tokens) // block_size):
-        chunk = tokens[i * block_size : (i + 1) * block_size]
-        prev = hashlib.blake2b(prev + repr(tuple(chunk)).encode(), digest_size=16).digest()
+    n = len(tokens) // block_size
+    raw = array.array("q", tokens[: n * block_size]).tobytes()  # 8 bytes a token id
+    width = 8 * block_size
+    for i in range(n):
+        prev = hashlib.blake2b(prev + raw[i * width : (i + 1) * width], digest_size=16).digest()
         out.append(prev)
     return out
 
@@ -412,20 +415,23 @@ class Scheduler:
         scheduled: list[tuple[Request, int]] = []
         preempted = False
         i = 0
+        bs = self.block_size
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            remaining = req.num_tokens - req.num_computed
+            remaining = len(req.tokens) + req.num_output - req.num_computed
             new = min(remaining, budget) if self.chunked_prefill else remaining
             if new > budget:
                 i += 1
                 continue
-            while not self._ensure_blocks(req, req.num_computed + new):
+            upto = req.num_computed + new
+            lost = False  # a preemption here may have taken req itself (the newest) out
+            while upto > len(req.blocks) * bs and not self._ensure_blocks(req, upto):
                 victim = self._preempt_newest()
-                preempted = True
+                preempted = lost = True
                 if victim is req:
                     new = 0
                     break
-            if new == 0 or req not in self.running:
+            if new == 0 or (lost and req not in self.running):
                 break
             scheduled.append((req, new))
             budget -= new
@@ -454,7 +460,7 @@ class Scheduler:
 
         prefill = decode_seqs = decode_ctx = prefill_pairs = 0
         for req, new in scheduled:
-            if req.num_computed >= req.num_prompt and new == 1 and req.num_output > 0:
+            if new == 1 and req.num_output > 0 and req.num_computed >= len(req.tokens):
                 decode_seqs += 1
                 decode_ctx += req.num_computed
             else:
@@ -471,10 +477,14 @@ class Scheduler:
 
         emitted: list[Request] = []
         finished: list[Request] = []
+        caching = self.prefix_caching
         for req, new in scheduled:
             req.num_computed += new
-            self._register_full_blocks(req)
-            if req.num_computed >= req.num_tokens:
+            # a block to register: a full prompt block past those registered (the hashes cover
+            # the prompt's full blocks only)
+            if caching and req.hashed_blocks < min(req.num_computed, len(req.tokens)) // bs:
+                self._register_full_blocks(req)
+            if req.num_computed >= len(req.tokens) + req.num_output:
                 req.num_output += 1
                 if req.num_output == 1:
                     self.stats.prompt_tokens += req.num_prompt

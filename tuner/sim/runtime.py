@@ -1,17 +1,40 @@
-"""The asyncio side of the simulated engine: runs :class:`~tuner.sim.engine.Scheduler` steps in
-(scaled) real time, streams tokens to per-request queues, and keeps vLLM's Prometheus metrics.
+"""The asyncio side of the simulated engine: runs :class:`~tuner.sim.engine.Scheduler` steps on
+a modelled clock, streams tokens to per-request queues, and keeps vLLM's Prometheus metrics.
 
-Step durations are simulated seconds divided by ``TUNER_SIM_SPEEDUP``; the loop sleeps with
-``asyncio.sleep`` against a running deadline (so scheduling jitter does not accumulate) and costs
-almost no CPU when idle. Metrics use a private ``CollectorRegistry`` with vLLM 0.24's names.
+**The clock.** The engine keeps its own modelled time ``t`` (simulated seconds since start-up): a
+step that starts at ``t`` and lasts ``d`` (the speed model's) ends at ``t + d``, the next step
+starts there, and its tokens are due at the wall time ``t0 + (t + d) / TUNER_SIM_SPEEDUP``. The
+loop computes a step, then sleeps until that absolute deadline: the host's overhead (Python,
+HTTP, other processes) is not added to the model's time, and a loop that woke late runs the next
+steps at once until it is back on time, instead of losing the time it was late. An idle engine
+jumps its clock to the next request's arrival (stamped with the wall clock at arrival, in
+modelled seconds). Admission (the front-end delay) is judged on the modelled clock too.
+
+**When the host cannot keep up** the tokens leave late: every stream chunk's lateness (wall time
+of its write minus its modelled time) goes to the ``tuner_sim:stream_lag_seconds`` histogram on
+``/metrics``, and a WARNING line in the log says so when its p99 over the last
+:data:`LAG_WINDOW_S` exceeds :data:`LAG_WARN_MS` (as the replay client's lag check does). The
+latencies a client measures then include that lag; the model's own times do not move.
+
+**Fewer events.** ``TUNER_SIM_STREAM_MS`` (wall milliseconds, default 0: off) holds a stream's
+tokens until that long has passed (in modelled time, scaled) since its previous chunk, then sends
+them in one chunk at the time of the last one, as vLLM's ``--stream-interval`` bundles tokens:
+the first token and the last still leave at their own times, so TTFT, end-to-end latency and TPOT
+((e2e − TTFT) / (tokens − 1)) are unchanged; only the gaps between chunks (ITL) are coarser. It
+bounds the chunks per second a busy host must write and read to about running / interval.
+
+The loop costs almost no CPU when idle. Metrics use a private ``CollectorRegistry`` with vLLM
+0.24's names, plus the ``tuner_sim:`` lag histogram.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import itertools
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -21,7 +44,14 @@ from tuner.sim.engine import Request, build_scheduler
 from tuner.sim.logs import SimLog
 from tuner.sim.startup import Settings
 
-__all__ = ["AsyncEngine", "EngineDeadError", "Metrics"]
+__all__ = ["LAG_WARN_MS", "LAG_WINDOW_S", "AsyncEngine", "EngineDeadError", "LagMeter", "Metrics"]
+
+LAG_WARN_MS = 5.0
+"""A stream chunk's p99 lateness (ms, wall) over :data:`LAG_WINDOW_S` above which the log warns,
+the replay client's threshold (``tuner.replay.CLIENT_LAG_WARN_MS``)."""
+LAG_WINDOW_S = 5.0
+"""How often (wall seconds) the lag check looks at the chunks written since its last look."""
+LAG_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
 
 TTFT_BUCKETS = [
     0.001,
@@ -153,6 +183,14 @@ class Metrics:
             "kv_cache_max_concurrency": f"{s.memory.max_concurrency:.2f}",
             "engine": "0",
         }
+        self.lag = Histogram(
+            "tuner_sim:stream_lag_seconds",
+            "Simulator only: how late each stream chunk was written, wall seconds after the "
+            "modelled time of its last token (0 when the host keeps up).",
+            names,
+            buckets=LAG_BUCKETS,
+            registry=reg,
+        ).labels(**lv)
         Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -161,50 +199,106 @@ class Metrics:
         ).labels(**info).set(1)
 
 
+class LagMeter:
+    """Stream chunks' lateness: each one into the histogram, and a window for the log's warning."""
+
+    def __init__(self, metrics: Metrics, log: SimLog, warn_ms: float = LAG_WARN_MS) -> None:
+        self.metrics = metrics
+        self.log = log
+        self.warn_ms = warn_ms
+        self.window: collections.deque[float] = collections.deque(maxlen=200_000)
+        self.warnings = 0
+
+    def record(self, due_wall: float, now: float | None = None) -> float:
+        """A chunk due at ``due_wall`` (monotonic seconds) was written at ``now``; its lag."""
+        lag = max(0.0, (time.monotonic() if now is None else now) - due_wall)
+        self.metrics.lag.observe(lag)
+        self.window.append(lag)
+        return lag
+
+    def check(self, window_s: float) -> str | None:
+        """The warning for the chunks since the last check, if their p99 lag is over the
+        threshold (then also logged); empties the window."""
+        if not self.window:
+            return None
+        lags = sorted(self.window)
+        self.window.clear()
+        p99 = lags[min(len(lags) - 1, math.ceil(0.99 * len(lags)) - 1)] * 1e3
+        if p99 <= self.warn_ms:
+            return None
+        self.warnings += 1
+        msg = (
+            f"Simulator behind its model: stream chunks left {p99:.1f} ms late at p99 "
+            f"(max {lags[-1] * 1e3:.1f} ms, {len(lags)} chunks in the last {window_s:.0f} s); "
+            "the latencies clients measure include that delay: the host's CPU is busy (give the "
+            "simulator a core, lower TUNER_SIM_SPEEDUP or raise TUNER_SIM_STREAM_MS)"
+        )
+        self.log.api(msg, "sim_clock.py:1", "WARNING")
+        return msg
+
+
 @dataclasses.dataclass(eq=False)
 class _Stream:
     req: Request
-    queue: asyncio.Queue[int | None | BaseException]
+    queue: asyncio.Queue[tuple[int, float] | None | BaseException]
     arrival_wall: float
     sent: int = 0
-    first_wall: float | None = None
+    last_chunk_t: float = -math.inf
+    """Modelled time of the stream's previous chunk."""
 
 
 class AsyncEngine:
-    """Owns the scheduler and the step loop; :meth:`generate` yields token counts per chunk."""
+    """Owns the scheduler and the step loop on the modelled clock (module docstring);
+    :meth:`generate` yields each stream chunk's token count and its due wall time."""
 
     def __init__(
-        self, s: Settings, *, speedup: float, stream_interval: int, log: SimLog, log_stats: bool
+        self,
+        s: Settings,
+        *,
+        speedup: float,
+        stream_interval: int,
+        log: SimLog,
+        log_stats: bool,
+        stream_ms: float = 0.0,
     ) -> None:
         self.sched = build_scheduler(s.shape, s.resolved, s.memory)
         self.speedup = max(speedup, 1e-9)
         self.stream_interval = max(1, stream_interval)
+        self.hold_s = max(0.0, stream_ms) / 1e3 * self.speedup
+        """Modelled seconds a stream holds its tokens (``TUNER_SIM_STREAM_MS``, scaled)."""
         self.metrics = Metrics(s)
+        self.lag = LagMeter(self.metrics, log)
         self.log = log
         self.log_stats = log_stats
         self.dead = False
+        self.t = 0.0
+        """The modelled clock: where the next step starts (simulated seconds since start)."""
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
         self._wake = asyncio.Event()
         self._t0 = time.monotonic()
-        self._task: asyncio.Task[None] | None = None
-        self._stats_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._last = dataclasses.replace(self.sched.stats)
 
     def sim_now(self) -> float:
+        """The wall clock in modelled seconds since start."""
         return (time.monotonic() - self._t0) * self.speedup
 
+    def wall_at(self, t: float) -> float:
+        """The monotonic wall time of modelled time ``t``."""
+        return self._t0 + t / self.speedup
+
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
+        self._tasks.append(asyncio.create_task(self._loop()))
+        self._tasks.append(asyncio.create_task(self._lag_loop()))
         if self.log_stats:
-            self._stats_task = asyncio.create_task(self._stats_loop())
+            self._tasks.append(asyncio.create_task(self._stats_loop()))
 
     async def stop(self) -> None:
-        for task in (self._task, self._stats_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     def kill(self) -> None:
         """The engine died: fail every stream, refuse new work."""
@@ -212,11 +306,14 @@ class AsyncEngine:
         for st in list(self._streams.values()):
             st.queue.put_nowait(EngineDeadError())
         self._streams.clear()
-        if self._task is not None:
-            self._task.cancel()
+        if self._tasks:
+            self._tasks[0].cancel()
 
-    async def generate(self, tokens: Sequence[int], max_tokens: int) -> AsyncIterator[int]:
-        """Yield the number of new tokens in each stream chunk until ``max_tokens`` were made."""
+    async def generate(
+        self, tokens: Sequence[int], max_tokens: int
+    ) -> AsyncIterator[tuple[int, float]]:
+        """Yield ``(new tokens, due wall time)`` per stream chunk until ``max_tokens`` were made;
+        the caller reports when it wrote the chunk to :attr:`lag`."""
         if self.dead:
             raise EngineDeadError()
         rid = f"req-{next(self._ids)}"
@@ -238,29 +335,50 @@ class AsyncEngine:
                 self.sched.abort(req)
             self._streams.pop(rid, None)
 
+    async def _until(self, t: float) -> bool:
+        """Sleep until modelled time ``t`` is due on the wall clock, or a request arrives;
+        True if it is due."""
+        delay = self.wall_at(t) - time.monotonic()
+        if delay <= 0:
+            return True
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), delay)
+        except TimeoutError:
+            return True
+        return False
+
     async def _loop(self) -> None:
-        deadline = time.monotonic()
+        sched = self.sched
         while True:
-            if not self.sched.has_work:
+            if not sched.has_work:
                 self._update_gauges()
                 self._wake.clear()
                 await self._wake.wait()
-                deadline = time.monotonic()
-            res = self.sched.step(self.sim_now())
-            now = time.monotonic()
-            deadline = max(deadline, now - 0.05) + res.duration_s / self.speedup
-            if res.idle:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(0.0, deadline - now))
-                deadline = time.monotonic()
+                continue
+            if not sched.running:  # an idle clock jumps to the first arrival it has not seen
+                self.t = max(self.t, min(r.arrival_s for r in sched.waiting))
+            res = sched.step(self.t)
+            if res.idle:  # waiting requests not past the front end yet: until the first is
+                target = self.t + res.duration_s
+                if await self._until(target):
+                    self.t = target
+                else:  # a request arrived meanwhile
+                    self.t = max(self.t, min(target, self.sim_now()))
                 self._update_gauges()
                 continue
-            await asyncio.sleep(max(0.0, deadline - now))
-            self._deliver(res.emitted)
+            end = self.t + res.duration_s
+            due = self.wall_at(end)
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.t = end
+            self._deliver(res.emitted, end, due)
             self._update_gauges()
 
-    def _deliver(self, emitted: Sequence[Request]) -> None:
+    def _deliver(self, emitted: Sequence[Request], t: float, due: float) -> None:
+        """Hand the tokens of the step that ended at modelled ``t`` (wall ``due``) to their
+        streams: one chunk each where :attr:`stream_interval` / :attr:`hold_s` allow."""
         now = time.monotonic()
         m = self.metrics
         for req in emitted:
@@ -269,12 +387,16 @@ class AsyncEngine:
                 continue
             done = req.num_output >= req.max_tokens
             if req.num_output == 1:
-                st.first_wall = now
                 m.ttft.observe(now - st.arrival_wall)
             pending = req.num_output - st.sent
-            if req.num_output == 1 or done or pending >= self.stream_interval:
-                st.queue.put_nowait(pending)
+            if (
+                req.num_output == 1
+                or done
+                or (pending >= self.stream_interval and t - st.last_chunk_t >= self.hold_s)
+            ):
+                st.queue.put_nowait((pending, due))
                 st.sent = req.num_output
+                st.last_chunk_t = t
             if done:
                 m.e2e.observe(now - st.arrival_wall)
                 m.success.labels(**m.success_lv, finished_reason="length").inc()
@@ -291,6 +413,11 @@ class AsyncEngine:
         m.prompt_tokens.inc(st.prompt_tokens - last.prompt_tokens)
         m.generation_tokens.inc(st.generation_tokens - last.generation_tokens)
         self._last = dataclasses.replace(st)
+
+    async def _lag_loop(self, interval: float = LAG_WINDOW_S) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.lag.check(interval)
 
     async def _stats_loop(self, interval: float = 10.0) -> None:
         prev = dataclasses.replace(self.sched.stats)

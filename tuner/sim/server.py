@@ -101,6 +101,7 @@ class _Server:
         self.engine: AsyncEngine | None = None
         self.exit_code = 0
         self._tokenizer: Any = None
+        self._segments: Any = None
         self._template: Any = None
         self.image_grid = model_image_grid(s.model_dir)
 
@@ -247,10 +248,11 @@ class _Server:
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
             # the tokenizer vLLM would count with, and the model's chat template it renders
-            from tuner.workload.prompts import ChatTemplate, load_tokenizer
+            from tuner.workload.prompts import ChatTemplate, load_tokenizer, segment_encoder
 
             self._template = ChatTemplate(self.s.model_dir)
             self._tokenizer = load_tokenizer(self.s.model_dir)
+            self._segments = segment_encoder(self._tokenizer)
         return self._tokenizer
 
     def encode(self, text: str, special: bool) -> list[int]:
@@ -316,7 +318,8 @@ class _Server:
         self.tokenizer()
         # as vLLM: the model's chat template with the generation prompt, encoded without adding
         # special tokens (the template writes its own); each image's tokens after the text
-        return self.encode(self._template.render(rendered), special=False) + images
+        assert self._segments is not None
+        return self._segments.encode(self._template.render(rendered)) + images
 
     def check_length(self, n_prompt: int, max_tokens: int) -> None:
         mml = self.s.max_model_len
@@ -379,11 +382,13 @@ class _Server:
         if stream:
             return await self._stream(request, engine, meta, tokens, max_tokens, chat, usage_on)
         produced = 0
+        due = 0.0
         try:
-            async for n in engine.generate(tokens, max_tokens):
-                produced += n
+            async for n, when in engine.generate(tokens, max_tokens):
+                produced, due = produced + n, when
         except EngineDeadError as exc:
             return ApiError(500, str(exc), "InternalServerError").response()
+        engine.lag.record(due)
         text = "".join(WORDS[i % len(WORDS)] for i in range(produced))
         usage = _usage(len(tokens), produced)
         if chat:
@@ -430,16 +435,23 @@ class _Server:
         )
         await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
+        # every chunk is {**meta, "object": obj, "choices": [choice], "usage": ...}: the parts
+        # that do not change are encoded once
+        head = json.dumps({**meta, "object": obj}, separators=(",", ":"))[:-1] + ',"choices":'
+        tail = ',"usage":null}' if usage_on else "}"
 
         async def send(choice: dict[str, Any] | None, usage: Any = None) -> None:
-            chunk: dict[str, Any] = {**meta, "object": obj, "choices": [choice] if choice else []}
-            if usage_on:
-                chunk["usage"] = usage
-            await resp.write(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
+            body = json.dumps([choice] if choice else [], separators=(",", ":"))
+            end = (
+                "," + json.dumps({"usage": usage}, separators=(",", ":"))[1:]
+                if usage is not None
+                else tail
+            )
+            await resp.write(f"data: {head}{body}{end}\n\n".encode())
 
         produced = 0
         try:
-            async for n in engine.generate(tokens, max_tokens):
+            async for n, due in engine.generate(tokens, max_tokens):
                 if chat and produced == 0:
                     await send(
                         {
@@ -470,6 +482,7 @@ class _Server:
                 if finish:
                     choice["stop_reason"] = None
                 await send(choice)
+                engine.lag.record(due)
             if usage_on:
                 await send(None, _usage(len(tokens), produced))
         except EngineDeadError as exc:
@@ -616,6 +629,7 @@ async def _run(args: SimArgs, s: Settings, env: Mapping[str, str], log: SimLog) 
             s,
             speedup=env_float(env, "TUNER_SIM_SPEEDUP", 1.0),
             stream_interval=args.stream_interval,
+            stream_ms=env_float(env, "TUNER_SIM_STREAM_MS", 0.0),
             log=log,
             log_stats=not args.disable_log_stats,
         )
@@ -623,7 +637,12 @@ async def _run(args: SimArgs, s: Settings, env: Mapping[str, str], log: SimLog) 
         await tokenizer
         log.api("Supported tasks: ['generate']", "api_server.py:577")
         log.api(f"Starting vLLM server on http://{host}:{args.port}", "api_server.py:581")
-        runner = web.AppRunner(srv.make_app(), access_log=None, handle_signals=False)
+        # a client that disconnects cancels its handler, which aborts its request in the engine
+        # (vLLM's routes do the same, ``with_cancellation``): a replay stopped early leaves no
+        # queue of orphans behind
+        runner = web.AppRunner(
+            srv.make_app(), access_log=None, handle_signals=False, handler_cancellation=True
+        )
         await runner.setup()
         await web.SockSite(runner, sock).start()
         log.api(f"Started server process [{os.getpid()}]", "server.py:83")

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.aio import cancel_and_wait
 
-__all__ = ["DEFAULT_NAMES", "MetricsScraper", "parse_metrics", "wait_idle"]
+__all__ = ["DEFAULT_NAMES", "SIM_NAMES", "MetricsScraper", "parse_metrics", "wait_idle"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,12 @@ DEFAULT_NAMES: tuple[str, ...] = (
     "vllm:generation_tokens_total",
 )
 """The vLLM 0.24 series the scraper keeps (gauges, and counters by their ``_total`` name)."""
+SIM_NAMES: tuple[str, ...] = (
+    "tuner_sim:stream_lag_seconds_sum",
+    "tuner_sim:stream_lag_seconds_count",
+)
+"""The simulator's lag histogram (``tuner/sim/runtime.py``), kept too where present (not on
+vLLM)."""
 
 _SKIP_SUFFIXES = ("_bucket", "_created", "_gsum", "_gcount")
 
@@ -71,7 +77,7 @@ class MetricsScraper:
         self,
         session_or_base_url: aiohttp.ClientSession | str,
         interval_s: float = 1.0,
-        names: Sequence[str] = DEFAULT_NAMES,
+        names: Sequence[str] = DEFAULT_NAMES + SIM_NAMES,
         *,
         base_url: str | None = None,
         timeout_s: float = 5.0,
@@ -161,7 +167,8 @@ class MetricsScraper:
         ``kv_cache_usage_max``/``_mean`` (0..1), ``running_max``, ``waiting_max``,
         ``preemptions`` (delta), ``prompt_tokens``/``generation_tokens`` (deltas),
         ``prefix_cache_hit_rate`` (delta hits / delta queries, when queries grew),
-        ``scrape_errors``.
+        ``sim_lag_mean_ms`` (the simulator only: how late its stream chunks left on average,
+        wall ms after their modelled times), ``scrape_errors``.
         """
         out: dict[str, float] = {"scrape_errors": float(self.errors)}
         kv = self.series("vllm:kv_cache_usage_perc")
@@ -187,6 +194,10 @@ class MetricsScraper:
         queries = self._delta("vllm:prefix_cache_queries_total")
         if hits is not None and queries is not None and queries > 0:
             out["prefix_cache_hit_rate"] = hits / queries
+        lag = self._delta("tuner_sim:stream_lag_seconds_sum")
+        chunks = self._delta("tuner_sim:stream_lag_seconds_count")
+        if lag is not None and chunks:
+            out["sim_lag_mean_ms"] = 1e3 * lag / chunks
         return out
 
     def _delta(self, name: str) -> float | None:

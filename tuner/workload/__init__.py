@@ -28,7 +28,13 @@ from tuner.workload.images import (
     model_image_limit,
 )
 from tuner.workload.lengths import sample_lengths
-from tuner.workload.prompts import ChatTemplate, TokenCorpus, load_tokenizer, token_corpus
+from tuner.workload.prompts import (
+    ChatTemplate,
+    TokenCorpus,
+    load_tokenizer,
+    segment_encoder,
+    token_corpus,
+)
 from tuner.workload.trace import Trace, load_trace
 
 __all__ = [
@@ -232,9 +238,16 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
         if not last_in_conv:
             history.append((content, user_text, img_tokens, corpus.text(max_tokens, r_text)))
 
-    # count the server's tokens in one parallel batch (chat templates add their own specials)
-    encoded = tokenizer.encode_batch(to_count, add_special_tokens=template is None)
+    # count the server's tokens: a chat prompt (its template adds its own specials) piece by
+    # piece between the specials, each piece once (turns repeat the system prompt and earlier
+    # turns); completions prompts in one parallel batch
+    if template is not None:
+        seg = segment_encoder(tokenizer)
+        counts = [len(seg.encode(text)) for text in to_count]
+    else:
+        encoded = tokenizer.encode_batch(to_count, add_special_tokens=True)
+        counts = [len(e.ids) for e in encoded]
     return [
-        dataclasses.replace(s, prompt_tokens=s.prompt_tokens + len(e.ids))
-        for s, e in zip(specs, encoded, strict=True)
+        dataclasses.replace(s, prompt_tokens=s.prompt_tokens + n)
+        for s, n in zip(specs, counts, strict=True)
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,8 +18,10 @@ from tuner.errors import ConfigError
 
 __all__ = [
     "ChatTemplate",
+    "SegmentEncoder",
     "TokenCorpus",
     "load_tokenizer",
+    "segment_encoder",
     "token_corpus",
 ]
 
@@ -62,6 +65,50 @@ def load_tokenizer(model_dir: Path | str) -> Tokenizer:
         raise ConfigError(f"model directory {model_dir} has no tokenizer.json")
     with _lock:
         return _load_tokenizer(str(Path(model_dir).resolve()))
+
+
+class SegmentEncoder:
+    """``tokenizer.encode(text, add_special_tokens=False)`` as the concatenation of the text's
+    pieces between added tokens, each piece encoded once and cached: a tokenizer splits its added
+    tokens out before anything else (when none strips whitespace or is normalised), so the ids are
+    the same. A chat prompt repeats its system prompt and earlier turns, so most of its encoding
+    (~1 ms for 900 tokens) is a cache hit: the simulated server's chat requests and
+    :func:`~tuner.workload.build_requests`' counts use it. Without such added tokens (or with one
+    that strips or is normalised) it encodes the whole text."""
+
+    def __init__(self, tokenizer: Tokenizer, max_entries: int = 8192) -> None:
+        self.tokenizer = tokenizer
+        self.max_entries = max_entries
+        self.cache: dict[str, list[int]] = {}
+        added = list(tokenizer.get_added_tokens_decoder().values())
+        plain = all(not (a.lstrip or a.rstrip or a.single_word or a.normalized) for a in added)
+        names = sorted({a.content for a in added}, key=len, reverse=True)
+        self.split = (
+            re.compile("(" + "|".join(map(re.escape, names)) + ")") if plain and names else None
+        )
+
+    def encode(self, text: str) -> list[int]:
+        if self.split is None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        out: list[int] = []
+        for piece in self.split.split(text):
+            if not piece:
+                continue
+            ids = self.cache.get(piece)
+            if ids is None:
+                ids = list(self.tokenizer.encode(piece, add_special_tokens=False).ids)
+                if len(self.cache) >= self.max_entries:
+                    self.cache.clear()
+                self.cache[piece] = ids
+            out.extend(ids)
+        return out
+
+
+@functools.lru_cache(maxsize=8)
+def segment_encoder(tokenizer: Tokenizer) -> SegmentEncoder:
+    """The :class:`SegmentEncoder` of ``tokenizer`` (one cache per tokenizer, e.g. per
+    :func:`load_tokenizer` directory)."""
+    return SegmentEncoder(tokenizer)
 
 
 class TokenCorpus:
