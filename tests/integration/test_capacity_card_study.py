@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.capacity import BINDING_SLOS
 
 import tuner.study as study_mod
 from tuner.config import TunerConfig
@@ -21,18 +22,9 @@ pytestmark = pytest.mark.integration
 
 # as tests/integration/test_capacity_study.py: the SLOs bind at a few requests/s
 SMALL = [
-    "+workload=chat",
-    "engine=sim",
-    "objective=capacity",
+    *BINDING_SLOS,
     "space=none",
     "workload.num_requests=60",
-    "workload.warmup_requests=1",
-    "workload.arrival.concurrency=4",
-    "workload.output_tokens.low=16",
-    "workload.output_tokens.high=32",
-    "workload.slo.tpot_ms=20",
-    "workload.slo.ttft_ms=4000",
-    "engine.env.TUNER_SIM_SPEEDUP=0.5",
     "objective.capacity.max_steps=5",
     "study.n_trials=1",
     "confirm.picks=[baseline]",

@@ -9,26 +9,16 @@ from pathlib import Path
 
 import optuna
 import pytest
+from helpers.capacity import BINDING_SLOS
 from helpers.cli import mlflow_runs, storage, tuner
 
 pytestmark = pytest.mark.integration
 
-# Short requests; the simulated engine at half speed and a TPOT SLO it meets up to ~18 in flight,
-# so the SLOs bind at a few requests/s: on 2 busy cores the replay client's own delay and the
-# simulator's lag stay small against the SLOs.
+# the SLOs bind at a few requests/s (helpers.capacity)
 SMALL = [
-    "+workload=chat",
-    "engine=sim",
-    "objective=capacity",
+    *BINDING_SLOS,
     "confirm.enabled=false",
     "workload.num_requests=100",
-    "workload.warmup_requests=1",
-    "workload.arrival.concurrency=4",
-    "workload.output_tokens.low=16",
-    "workload.output_tokens.high=32",
-    "workload.slo.tpot_ms=20",
-    "workload.slo.ttft_ms=4000",
-    "engine.env.TUNER_SIM_SPEEDUP=0.5",
     "objective.capacity.max_steps=7",
 ]
 

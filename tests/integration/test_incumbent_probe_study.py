@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers.capacity import BINDING_SLOS
 
 from tuner import study as study_mod
 from tuner.config import TunerConfig
@@ -17,21 +18,12 @@ from tuner.config import TunerConfig
 pytestmark = pytest.mark.integration
 
 SMALL = [
-    "+workload=chat",
-    "engine=sim",
-    "objective=capacity",
+    *BINDING_SLOS,
     "confirm.enabled=false",
     "tracking=none",
     "space=none",
     "study.n_trials=2",
     "workload.num_requests=100",
-    "workload.warmup_requests=1",
-    "workload.arrival.concurrency=4",
-    "workload.output_tokens.low=16",
-    "workload.output_tokens.high=32",
-    "workload.slo.tpot_ms=20",
-    "workload.slo.ttft_ms=4000",
-    "engine.env.TUNER_SIM_SPEEDUP=0.5",
     "objective.capacity.max_steps=4",
 ]
 

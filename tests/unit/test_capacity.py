@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import pytest
+from helpers.capacity import probe_of
 
 from tuner.capacity import Step, from_steps, search
 from tuner.config import CapacityConfig
-
-
-def probe_of(margin_at: Callable[[float], float], rps_per_factor: float = 10.0):
-    tried: list[float] = []
-
-    async def probe(f: float) -> Step:
-        tried.append(f)
-        m = margin_at(f)
-        return Step(factor=f, rps=rps_per_factor * f, margin=m, held=m >= 0)
-
-    return probe, tried
 
 
 async def test_monotone_margin_is_bracketed_within_the_width() -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import optuna
 import pytest
+from helpers.capacity import probe_of
 
 from tuner import stored_trial
 from tuner.capacity import MAX_JUMP, Start, Step, search, shown
@@ -21,17 +21,6 @@ from tuner.stored_study import incumbent_capacity, pareto_rows
 from tuner.tracking import open_tracker
 
 SETTINGS = CapacityConfig(rel_width=0.05, max_steps=8)
-
-
-def probe_of(margin_at: Callable[[float], float], rps_per_factor: float = 10.0) -> Any:
-    tried: list[float] = []
-
-    async def probe(f: float) -> Step:
-        tried.append(f)
-        m = margin_at(f)
-        return Step(factor=f, rps=rps_per_factor * f, margin=m, held=m >= 0)
-
-    return probe, tried
 
 
 def first_at_one(margin_at: Callable[[float], float]) -> Step:
