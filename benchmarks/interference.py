@@ -82,6 +82,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
     sys.path.insert(0, str(ROOT))
 
+from _cli import split_overrides  # noqa: E402
+
 from tuner.checks import load_config  # noqa: E402
 from tuner.config import TunerConfig  # noqa: E402
 from tuner.engine.argv import (  # noqa: E402
@@ -517,11 +519,7 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args_in = sys.argv[1:] if argv is None else argv
-    overrides: list[str] = []
-    if "--" in args_in:
-        i = args_in.index("--")
-        args_in, overrides = args_in[:i], args_in[i + 1 :]
+    args_in, overrides = split_overrides(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--reps", type=int, default=2, help="repetitions of both modes (default 2)")
     ap.add_argument(

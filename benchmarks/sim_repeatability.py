@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _cli import split_overrides
+
 ROOT = Path(__file__).resolve().parents[1]
 
 COMMAND = [
@@ -148,11 +150,7 @@ def run_mode(mode: str, trials: int, overrides: list[str], timeout_s: float) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args_in = sys.argv[1:] if argv is None else argv
-    overrides: list[str] = []
-    if "--" in args_in:
-        i = args_in.index("--")
-        args_in, overrides = args_in[:i], args_in[i + 1 :]
+    args_in, overrides = split_overrides(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--modes", default="idle,busy", help="idle, busy or both, in that order")
     ap.add_argument("--trials", type=int, default=3, help="fresh servers (trials) per mode")

@@ -44,6 +44,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _cli import split_overrides  # noqa: E402
+
 from tuner.checks import load_config  # noqa: E402
 from tuner.compile_cache import record, warm_first  # noqa: E402
 from tuner.config import TunerConfig  # noqa: E402
@@ -160,11 +162,7 @@ async def run(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args_in = sys.argv[1:] if argv is None else argv
-    overrides: list[str] = []
-    if "--" in args_in:
-        i = args_in.index("--")
-        args_in, overrides = args_in[:i], args_in[i + 1 :]
+    args_in, overrides = split_overrides(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     ap.add_argument(
