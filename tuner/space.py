@@ -15,7 +15,7 @@ import optuna.distributions as od
 
 from tuner.config import PARAM_TYPES, ModelConfig, ParamSpec, SpaceConfig, TunerConfig
 from tuner.errors import ConfigError
-from tuner.vllm_rules import RANGES
+from tuner.vllm_rules import NUMERICS, RANGES, numerics_changes
 
 __all__ = [
     "CUDAGRAPH_MODES",
@@ -27,6 +27,8 @@ __all__ = [
     "grid",
     "distributions",
     "flag_name",
+    "numerics_flags",
+    "numerics_params",
     "validate_space",
 ]
 
@@ -190,3 +192,29 @@ def changed_params(params: Mapping[str, Any], space: SpaceConfig) -> str:
         if spec is not None and v != spec.default:
             parts.append(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}")
     return " ".join(parts) or "(vLLM defaults)"
+
+
+def _dest(name: str, spec: ParamSpec) -> str:
+    return flag_name(name, spec).lstrip("-").replace("-", "_")
+
+
+def numerics_flags(space: SpaceConfig) -> list[str]:
+    """The enabled params that can change the model's numerics (:data:`vllm_rules.NUMERICS`):
+    a choice, or the range, reaches a value other than vLLM's default behaviour."""
+    out = []
+    for name, spec in space.params.items():
+        neutral = NUMERICS.get(_dest(name, spec))
+        if not spec.enabled or neutral is None:
+            continue
+        values = spec.choices if spec.type == "categorical" else [spec.low, spec.high, True]
+        if any(v not in neutral for v in values or []):
+            out.append(name)
+    return out
+
+
+def numerics_params(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The params of ``params`` that change the model's numerics (``name`` → value): set to a
+    value other than vLLM's default behaviour for a flag of :data:`vllm_rules.NUMERICS`."""
+    by_dest = {_dest(n, s): n for n, s in space.params.items() if n in params}
+    changed = numerics_changes({d: params[n] for d, n in by_dest.items()})
+    return {by_dest[d]: v for d, v in changed.items()}
