@@ -75,6 +75,7 @@ def to_config(cfg: DictConfig) -> TunerConfig:
     obj = config.convert(cfg)
     if score.needs_capacity(obj.objective) and tuple(obj.confirm.picks) == config.DEFAULT_PICKS:
         obj.confirm.picks = ["capacity", *config.DEFAULT_PICKS]  # confirm the best capacity
+    space.real_weights_only(obj.space, obj.model)  # e.g. speculative decoding: real weights only
     check(obj)
     return obj
 

@@ -8,6 +8,7 @@ with one clear line instead of in every trial.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,8 @@ import optuna.distributions as od
 from tuner.config import PARAM_TYPES, ModelConfig, ParamSpec, SpaceConfig, TunerConfig
 from tuner.errors import ConfigError
 from tuner.vllm_rules import NUMERICS, RANGES, numerics_changes
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CUDAGRAPH_MODES",
@@ -29,6 +32,7 @@ __all__ = [
     "flag_name",
     "numerics_flags",
     "numerics_params",
+    "real_weights_only",
     "validate_space",
 ]
 
@@ -218,3 +222,21 @@ def numerics_params(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, 
     by_dest = {_dest(n, s): n for n, s in space.params.items() if n in params}
     changed = numerics_changes({d: params[n] for d, n in by_dest.items()})
     return {by_dest[d]: v for d, v in changed.items()}
+
+
+def real_weights_only(space: SpaceConfig, model: ModelConfig) -> list[str]:
+    """On dummy weights, disable the params marked ``real_weights`` (they stay at vLLM's
+    default) and log why; the names disabled."""
+    if not model.dummy_weights:
+        return []
+    names = [n for n, s in space.params.items() if s.enabled and s.real_weights]
+    for name in names:
+        space.params[name].enabled = False
+    if names:
+        log.info(
+            "space.params %s not searched: model %s has dummy weights (load_format dummy), and "
+            "they need real ones",
+            ", ".join(names),
+            model.name,
+        )
+    return names

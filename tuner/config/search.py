@@ -45,6 +45,10 @@ class ParamSpec:
     when: dict[str, Any] | None = None
     """Pass the flag only when the other params have these values (e.g. cudagraph_mode only
     when enforce_eager is false)."""
+    real_weights: bool = False
+    """Searched only when the model's weights are real: on dummy weights (``model.load_format``
+    ``dummy``) the param stays at its default, with a log line (e.g. speculative decoding,
+    whose acceptance depends on what the model writes)."""
 
 
 @dataclass
