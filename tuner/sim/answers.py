@@ -15,8 +15,9 @@ every server (greedy decoding: the same prompt gives the same text):
   69 % for an fp8 KV cache, 75 % for fp8 weights, none for n-gram speculative decoding; 50 % for
   another dtype), from a first differing token drawn by the hash within :data:`SPAN` tokens. A
   changed output keeps its answer (the first difference comes after it: on the H200 the fp8 KV
-  cache moved the answer rate from 0.405 to 0.390) unless ``loss`` (the server's ``TUNER_SIM_ANSWER_LOSS``, default 0)
-  says otherwise: that share of the changed outputs differ before the answer and lose it. The
+  cache moved the answer rate from 0.405 to 0.390) unless ``loss`` (the server's
+  ``TUNER_SIM_ANSWER_LOSS``, default 0) says otherwise: that share of the changed outputs differ
+  before the answer and lose it. The
   same flags give the same outputs on every server (the H200's fp8 weights differed between
   two servers on 12 % of outputs; not modelled).
 - Logprobs: per token a value drawn in [-2, -0.01]; with flags that change numerics, shifted by
