@@ -173,12 +173,19 @@ def defaults(space: SpaceConfig) -> dict[str, Any]:
 
 
 def defaults_outside(space: SpaceConfig) -> list[str]:
-    """Enabled params whose vLLM default lies outside the searched range (no baseline then)."""
+    """Enabled params whose vLLM default lies outside the searched range (no baseline then); a
+    null default is inside only as a categorical's null choice."""
     return [
         n
         for n, s in space.params.items()
-        if s.enabled and (s.default is None or not _contains(s, s.default))
+        if s.enabled and (s.default is None and not _none_choice(s) or not _contains(s, s.default))
     ]
+
+
+def _none_choice(spec: ParamSpec) -> bool:
+    """A categorical whose choices include null: the flag left out (vLLM's default), as
+    ``speculative_config`` in ``conf/space/ngram.yaml``."""
+    return spec.type == "categorical" and None in (spec.choices or [])
 
 
 def resolved(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
