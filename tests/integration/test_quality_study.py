@@ -25,7 +25,6 @@ from tuner.stored_study import ConfirmRecord
 pytestmark = pytest.mark.integration
 
 
-
 def test_a_pick_that_changes_numerics_is_judged_on_the_eval_set(
     tmp_path: Path,
     make_cfg: Callable[..., TunerConfig],
@@ -70,6 +69,9 @@ def test_a_pick_that_changes_numerics_is_judged_on_the_eval_set(
         [f"speculative_config={ngram}"],
     ]
     assert "confirm: quality guard on trial 1 (kv_cache_dtype=fp8), trial 2" in out
+    # the n-gram trial's acceptance from /metrics (the simulator's: the H200's 0.387)
+    accept = [stored_trial.metric(t, "spec_decode_acceptance") for t in study.trials]
+    assert accept[:2] == [None, None] and accept[2] == pytest.approx(0.387, abs=0.01)
     record = ConfirmRecord.from_study(study)
     assert record is not None
     by_trial = {r.trial: r for r in record.results}
@@ -77,6 +79,7 @@ def test_a_pick_that_changes_numerics_is_judged_on_the_eval_set(
     assert by_trial[0].quality is None  # the reference itself
     q = kv.quality or {}
     assert q["status"] == "measured" and q["rounds"][0]["n"] == 40
+    assert q["rounds"][0]["tokens_compared"] > 0  # logprobs came back over HTTP
     assert q["agreement"] < 0.7 and not kv.passed
     assert (kv.reason or "").startswith("quality: exact match")
     assert (ngram.quality or {})["agreement"] == 1.0 and ngram.passed
@@ -87,9 +90,10 @@ def test_a_pick_that_changes_numerics_is_judged_on_the_eval_set(
     run_dir = Path(cfg.paths.output_dir)
     kv_header = (run_dir / "best-throughput.yaml").read_text()
     assert "DEMOTED under" in kv_header and "quality: exact match" in kv_header
-    assert "# quality: exact match 1.00 with vLLM's defaults" in (
-        run_dir / "best-latency.yaml"
-    ).read_text()
+    assert (
+        "# quality: exact match 1.00 with vLLM's defaults"
+        in (run_dir / "best-latency.yaml").read_text()
+    )
     (parent,) = [
         r for r in mlflow_runs(tmp_path, "quality") if r.data.tags.get("tuner.role") != "trial"
     ]

@@ -289,3 +289,22 @@ def test_the_simulated_model_scores_its_tokens() -> None:
     assert all(len(c["top_logprobs"]) == 3 for c in chat)
     short = answers.output("What is 1 + 31? Reply with the number only.", 2, {"dtype": "half"})
     assert len(short.tokens) == 2
+
+
+def test_the_simulated_speculation_counts_drafts_at_the_h200_acceptance() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from tuner.telemetry.prom import parse_metrics
+
+    reg = CollectorRegistry()
+    spec = answers.SpecDecodeMetrics(
+        reg, {"model_name": "m", "engine": "0"}, {"num_speculative_tokens": 4}
+    )
+    spec.update(1000)
+    spec.update(900)  # a total never goes back
+    got = parse_metrics(generate_latest(reg).decode())
+    drafted = got["vllm:spec_decode_num_draft_tokens_total"]
+    assert got["vllm:spec_decode_num_accepted_tokens_total"] / drafted == pytest.approx(0.387)
+    # each step: 1 token of its own plus the accepted drafts
+    steps = got["vllm:spec_decode_num_drafts_total"]
+    assert drafted == pytest.approx(4 * steps) and steps * (1 + 4 * 0.387) == pytest.approx(1000)

@@ -20,6 +20,9 @@ every server (greedy decoding: the same prompt gives the same text):
   before the answer and lose it. The
   same flags give the same outputs on every server (the H200's fp8 weights differed between
   two servers on 12 % of outputs; not modelled).
+- Speculative decoding: vLLM's ``spec_decode`` counters on ``/metrics``
+  (:class:`SpecDecodeMetrics`), a share :data:`ACCEPTANCE` of the draft tokens accepted; its
+  speed is not modelled.
 - Logprobs: per token a value drawn in [-2, -0.01]; with flags that change numerics, shifted by
   up to ±0.1 over the common prefix (the H200's fp8 KV cache: mean |Δ| 0.068). The top
   alternatives: the token itself, then made-up ones below it; at the first differing position,
@@ -36,12 +39,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter
+
 from tuner.quality import DEFAULT_EVALSET, load_evalset
 from tuner.vllm_rules import numerics_changes
 
-__all__ = ["ANSWER_RATE", "DIVERGE", "Output", "diverge_share", "known_answers", "output"]
+__all__ = [
+    "ACCEPTANCE",
+    "ANSWER_RATE",
+    "DIVERGE",
+    "Output",
+    "SpecDecodeMetrics",
+    "diverge_share",
+    "known_answers",
+    "output",
+]
 
 ANSWER_RATE = 0.405
+ACCEPTANCE = 0.387
+"""The share of draft tokens accepted: n-gram speculation on the eval set on the H200 (1,608 of
+4,152)."""
 DIVERGE: Mapping[str, float] = {
     "kv_cache_dtype": 0.69,
     "quantization": 0.75,
@@ -157,3 +174,34 @@ def output(
             alts.setdefault(a, lp - 1.0 - k)
         top.append(alts)
     return Output(tuple(out_tokens), tuple(min(lp, 0.0) for lp in logprobs), tuple(top))
+
+
+class SpecDecodeMetrics:
+    """vLLM 0.24.0's speculative-decoding counters (``vllm/v1/spec_decode/metrics.py``) for a
+    server run with ``--speculative-config``: each decode step drafts ``num_speculative_tokens``
+    tokens, of which a share :data:`ACCEPTANCE` is accepted, so a step yields ``1 + ACCEPTANCE
+    × K`` tokens; :meth:`update` follows the generated tokens."""
+
+    def __init__(
+        self, registry: CollectorRegistry, labels: Mapping[str, str], config: Mapping[str, Any]
+    ) -> None:
+        self.k = max(1, int(config.get("num_speculative_tokens") or 1))
+        names = list(labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, names, registry=registry).labels(**labels)
+
+        self.drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.accepted = counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
+        )
+        self.seen = 0
+
+    def update(self, generated: int) -> None:
+        """The counters after ``generated`` tokens in all (the engine's total so far)."""
+        new, self.seen = max(0, generated - self.seen), max(generated, self.seen)
+        steps = new / (1.0 + ACCEPTANCE * self.k)
+        self.drafts.inc(steps)
+        self.draft_tokens.inc(steps * self.k)
+        self.accepted.inc(steps * self.k * ACCEPTANCE)

@@ -9,7 +9,8 @@ SIGTERM/SIGINT shutdown, engine death (``TUNER_SIM_DIE_AFTER_S``), and the endpo
 counts and timing are meaningful. A response that is not streamed is the simulated model's greedy
 output (:mod:`tuner.sim.answers`: deterministic per prompt, changed by flags that change numerics,
 with ``logprobs`` and ``top_logprobs`` on the chat endpoint), so that the eval replay of the
-confirm stage's quality guard runs here. Not modelled: ``n>1``, streamed logprobs, logprobs of
+confirm stage's quality guard runs here; with ``--speculative-config``, vLLM's ``spec_decode``
+counters (its speed is not modelled). Not modelled: ``n>1``, streamed logprobs, logprobs of
 ``/v1/completions``, echo, stop strings, tools, audio/video.
 """
 
@@ -109,6 +110,7 @@ class _Server:
         self._segments: Any = None
         self._template: Any = None
         self.image_grid = model_image_grid(s.model_dir)
+        self.spec: answers.SpecDecodeMetrics | None = None
         # the flags that change numerics change the greedy outputs (tuner.sim.answers)
         self.numerics = {
             "kv_cache_dtype": args.kv_cache_dtype,
@@ -564,6 +566,8 @@ class _Server:
 
         async def metrics(_: web.Request) -> web.Response:
             assert self.engine is not None
+            if self.spec is not None:
+                self.spec.update(self.engine.sched.stats.generation_tokens)
             body = generate_latest(self.engine.metrics.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -661,6 +665,11 @@ async def _run(args: SimArgs, s: Settings, env: Mapping[str, str], log: SimLog) 
             log_stats=not args.disable_log_stats,
         )
         srv.engine.start()
+        if args.speculative_config:  # its counters on /metrics (tuner.sim.answers)
+            labels = {"model_name": s.served_names[0], "engine": "0"}
+            srv.spec = answers.SpecDecodeMetrics(
+                srv.engine.metrics.registry, labels, args.speculative_config
+            )
         await tokenizer
         log.api("Supported tasks: ['generate']", "api_server.py:577")
         log.api(f"Starting vLLM server on http://{host}:{args.port}", "api_server.py:581")
