@@ -187,9 +187,15 @@ class Guard:
                     concurrency=q.concurrency,
                     api_key=api_key(cfg.engine, cfg.model),
                 )
-            except ConfigError as exc:
-                log.warning("confirm: trial %d's eval replay failed: %s", c.trial, exc)
-                self.replays[(c.trial, rnd)] = str(exc)
+            except (
+                ConfigError,
+                LookupError,
+                TypeError,
+                ValueError,
+            ) as exc:  # never the study's end
+                why = str(exc) if isinstance(exc, ConfigError) else f"a bad answer: {exc!r}"
+                log.warning("confirm: trial %d's eval replay failed: %s", c.trial, why)
+                self.replays[(c.trial, rnd)] = why
 
         return after
 

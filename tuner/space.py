@@ -217,8 +217,8 @@ def numerics_flags(space: SpaceConfig) -> list[str]:
         neutral = NUMERICS.get(_dest(name, spec))
         if not spec.enabled or neutral is None:
             continue
-        values = spec.choices if spec.type == "categorical" else [spec.low, spec.high, True]
-        if any(v not in neutral for v in values or []):
+        choices = spec.choices if spec.type == "categorical" else None  # a range: assume so
+        if choices is None or any(v not in neutral for v in choices):
             out.append(name)
     return out
 

@@ -229,6 +229,24 @@ async def test_the_hook_replays_the_eval_set_on_the_server_with_its_key(
     assert got[0].tokens and len(got[0].top[0]) == 5
 
 
+async def test_a_failed_eval_replay_is_recorded_not_raised(
+    make_cfg: Callable[..., TunerConfig], serve_app: Serve
+) -> None:
+    async def chat(_: web.Request) -> web.Response:
+        return web.json_response({"choices": []})  # not an answer
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    guard = Guard(make_cfg(*REAL, "confirm.quality.limit=2"), candidates())
+    after = guard.hook(candidates()[1], 1)
+    assert after is not None
+    async with serve_app(app) as base:
+        await after(base)
+    assert str(guard.replays[(1, 1)]).startswith("a bad answer: IndexError")
+    await after("http://127.0.0.1:1")  # nothing listens
+    assert "http://127.0.0.1:1" in str(guard.replays[(1, 1)])
+
+
 # --- the config check ---------------------------------------------------------------------------
 
 
