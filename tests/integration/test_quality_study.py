@@ -61,6 +61,7 @@ def test_a_pick_that_changes_numerics_is_judged_on_the_eval_set(
         return out
 
     monkeypatch.setattr(study_mod, "pick", pick)
+    monkeypatch.chdir(tmp_path)  # MLflow's artifacts (./mlruns) stay out of the repository
     out = run_study(cfg, capsys, caplog)
     study = optuna.load_study(study_name="quality", storage=storage_url(cfg))
     assert [stored_trial.changes_numerics(t) for t in study.trials] == [
