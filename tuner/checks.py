@@ -8,7 +8,8 @@ model directory); each stage checks what only it knows, in its own ``check(cfg)`
 cores of ``engine.cpu_pinning``, ``prescreen`` what the simulator's landscape models, ``score``
 the objectives' metrics, ``replay`` the endpoint and event loop of its client, ``workload.trace``
 the trace settings, ``workload.images`` the image sizes against the model, and
-``space`` every searched bound against vLLM's range. This module imports the stages, so
+``space`` every searched bound against vLLM's range, ``quality_guard`` the baseline pick it
+compares with. This module imports the stages, so
 ``tuner.config`` imports none of them.
 """
 
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig
 
-from tuner import config, model_source, prescreen, replay, score, space
+from tuner import config, model_source, prescreen, quality_guard, replay, score, space
 from tuner.config import TunerConfig
 from tuner.engine import argv, pool
 from tuner.workload import images, trace
@@ -45,6 +46,7 @@ CHECKS: tuple[Callable[[TunerConfig], None], ...] = (
     config.check_model,
     images.check,
     space.check,
+    quality_guard.check,
 )
 """In the order they run (the model directory before what reads it: image sizes, the space)."""
 
@@ -73,6 +75,7 @@ def to_config(cfg: DictConfig) -> TunerConfig:
     obj = config.convert(cfg)
     if score.needs_capacity(obj.objective) and tuple(obj.confirm.picks) == config.DEFAULT_PICKS:
         obj.confirm.picks = ["capacity", *config.DEFAULT_PICKS]  # confirm the best capacity
+    space.real_weights_only(obj.space, obj.model)  # e.g. speculative decoding: real weights only
     check(obj)
     return obj
 

@@ -8,7 +8,9 @@ with one stress replay per seed on the workload :func:`stressed` makes (``confir
 concurrency or rate, ``confirm.duration_factor`` × requests and time, other request orders).
 :func:`judge` keeps the worst case of a candidate's runs and demotes it if a run failed, errored
 past the budget or missed an SLO, with the reason; :func:`verdict` asks :mod:`tuner.verdict`
-whether a pick's gain over the defaults beats the spread between rounds, :func:`conclude` makes
+whether a pick's gain over the defaults beats the spread between rounds (with what the quality
+guard found, :mod:`tuner.quality_guard`: a pick that changes numerics and answers worse than the
+defaults is demoted in :mod:`tuner.study`'s confirm loop), :func:`conclude` makes
 the record the study stores (:class:`tuner.stored_study.ConfirmRecord`), :func:`current_verdict`
 reads it back as the study stands now, and :func:`recommended` names the config to deploy.
 """
@@ -25,6 +27,7 @@ import optuna
 from tuner import stored_trial
 from tuner.capacity import Start
 from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, TunerConfig, WorkloadConfig
+from tuner.quality_guard import note
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.score import KEY_METRICS
 from tuner.stored_study import ConfirmRecord, baseline_trial
@@ -286,7 +289,7 @@ def verdict(
         for c in candidates
         if c.trial in by_trial
     ]
-    return decide(arms, first.metric, higher, min_effect, rounds)
+    return replace(decide(arms, first.metric, higher, min_effect, rounds), quality=note(results))
 
 
 def recommended(

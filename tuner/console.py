@@ -295,8 +295,8 @@ def print_confirm(
                 r.reason or "",
             )
         console.print(t)
-    if decided is not None and results:
-        console.print(line(decided))
+    if decided is not None and results:  # not markup: rich would swallow its [notes]
+        console.print(line(decided), markup=False)
     if best is None:
         if candidates:
             console.print("No pick held up under stress: nothing is recommended.")

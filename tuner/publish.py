@@ -21,6 +21,7 @@ from tuner.config import TunerConfig
 from tuner.confirm import current_verdict, recommended
 from tuner.console import fmt_metric, gain_text, print_confirm
 from tuner.export import ExportError, recommended_file, write_export
+from tuner.quality_guard import describe, note
 from tuner.records import Candidate, ConfirmResult
 from tuner.stored_study import (
     ConfirmRecord,
@@ -73,6 +74,8 @@ def _export_header(
         )
     else:
         lines.append(f"DEMOTED under {stress}: {confirmed.reason}")
+    if confirmed is not None and confirmed.quality and confirmed.passed:
+        lines.append(describe(confirmed.quality))
     if decided is not None:
         gain = gain_text(decided.gains.get(c.trial), decided.metric)
         if gain:
@@ -175,11 +178,14 @@ def publish(
     if decided is not None:
         tags["tuner.verdict"] = decided.kind
         tags["tuner.verdict_metric"] = decided.metric
+    tags |= _quality_tags(results)
     try:
         if tags:
             tracker.set_tags(tags)
         if decided is not None:
             tracker.log_metrics(_verdict_metrics(decided))
+        if quality := _quality_metrics(results):
+            tracker.log_metrics(quality)
         if card is not None:
             tracker.log_metrics(card.metrics())
     except Exception as exc:
@@ -228,3 +234,29 @@ def _verdict_metrics(v: Verdict) -> dict[str, float]:
     if g.low is not None and g.high is not None:
         out |= {"gain_ci_low": g.low, "gain_ci_high": g.high}
     return out
+
+
+def _quality_tags(results: Iterable[ConfirmResult]) -> dict[str, str]:
+    """``tuner.quality``: the quality guard's line (:func:`tuner.quality_guard.note`), and
+    ``tuner.quality_demoted``: the trials it demoted (``quality`` among their reasons)."""
+    results = list(results)
+    said = note(results)
+    if said is None:
+        return {}
+    demoted = [
+        str(r.trial)
+        for r in results
+        if r.quality and r.quality.get("status") in ("measured", "unmeasured")
+        and not r.quality.get("passed")
+    ]  # fmt: skip
+    return {"tuner.quality": said[:5000], "tuner.quality_demoted": ",".join(demoted) or "none"}
+
+
+def _quality_metrics(results: Iterable[ConfirmResult]) -> dict[str, float]:
+    """``quality_agreement.trial_N``: each guarded pick's worst-round agreement with vLLM's
+    defaults on ``confirm.quality.measure``."""
+    return {
+        f"quality_agreement.trial_{r.trial}": float(r.quality["agreement"])
+        for r in results
+        if r.quality and r.quality.get("agreement") is not None
+    }

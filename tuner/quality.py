@@ -17,8 +17,8 @@ endpoint, and compares two such replays prompt by prompt (:func:`compare`):
   agree on wrong answers, and an output that names the answer among others counts).
 
 A replay is saved as JSON (:func:`save`) so that each arm runs on its own fresh server, one after
-another, and any two are compared later (``python -m tuner.quality compare A.json B.json``). Not
-wired into the confirm stage yet (docs/quality.md).
+another, and any two are compared later (``python -m tuner.quality compare A.json B.json``). The
+confirm stage's quality guard (:mod:`tuner.quality_guard`) replays and compares with these.
 """
 
 from __future__ import annotations
@@ -153,16 +153,18 @@ async def replay(
     top_logprobs: int = 5,
     concurrency: int = 32,
     timeout_s: float = 120.0,
+    api_key: str | None = None,
 ) -> list[Completion]:
     """Every item on ``base_url`` greedily (temperature 0, ``max_tokens``, ``logprobs``), at most
     ``concurrency`` in flight; in the items' order. ``model``: the served name (default: the first
-    of ``/v1/models``). Raises :class:`ConfigError` when the server cannot be reached or answers
-    a request with an error."""
+    of ``/v1/models``); ``api_key``: sent as a bearer token. Raises :class:`ConfigError` when
+    the server cannot be reached or answers a request with an error."""
     base = base_url.rstrip("/")
     limit = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
             name = model or await _model(session, base)
 
             async def one(item: EvalItem) -> Completion:

@@ -237,3 +237,7 @@ class ConfirmResult:
     """One row per run: ``round`` (absent in verdicts stored before rounds: 1), ``seed``, ``ok``,
     ``failure_reason``, ``violated`` and the metrics (:data:`~tuner.score.KEY_METRICS` and the
     objectives)."""
+    quality: dict[str, Any] | None = None
+    """The quality guard's record for a candidate whose flags change numerics
+    (:mod:`tuner.quality_guard`: ``status``, ``changes``, the worst round's ``agreement``,
+    ``passed``, every round's comparison); None for one that changes none."""

@@ -8,6 +8,7 @@ with one clear line instead of in every trial.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +16,9 @@ import optuna.distributions as od
 
 from tuner.config import PARAM_TYPES, ModelConfig, ParamSpec, SpaceConfig, TunerConfig
 from tuner.errors import ConfigError
-from tuner.vllm_rules import RANGES
+from tuner.vllm_rules import NUMERICS, RANGES, numerics_changes
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CUDAGRAPH_MODES",
@@ -27,6 +30,9 @@ __all__ = [
     "grid",
     "distributions",
     "flag_name",
+    "numerics_flags",
+    "numerics_params",
+    "real_weights_only",
     "validate_space",
 ]
 
@@ -167,12 +173,19 @@ def defaults(space: SpaceConfig) -> dict[str, Any]:
 
 
 def defaults_outside(space: SpaceConfig) -> list[str]:
-    """Enabled params whose vLLM default lies outside the searched range (no baseline then)."""
+    """Enabled params whose vLLM default lies outside the searched range (no baseline then); a
+    null default is inside only as a categorical's null choice."""
     return [
         n
         for n, s in space.params.items()
-        if s.enabled and (s.default is None or not _contains(s, s.default))
+        if s.enabled and (s.default is None and not _none_choice(s) or not _contains(s, s.default))
     ]
+
+
+def _none_choice(spec: ParamSpec) -> bool:
+    """A categorical whose choices include null: the flag left out (vLLM's default), as
+    ``speculative_config`` in ``conf/space/ngram.yaml``."""
+    return spec.type == "categorical" and None in (spec.choices or [])
 
 
 def resolved(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,3 +203,47 @@ def changed_params(params: Mapping[str, Any], space: SpaceConfig) -> str:
         if spec is not None and v != spec.default:
             parts.append(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}")
     return " ".join(parts) or "(vLLM defaults)"
+
+
+def _dest(name: str, spec: ParamSpec) -> str:
+    return flag_name(name, spec).lstrip("-").replace("-", "_")
+
+
+def numerics_flags(space: SpaceConfig) -> list[str]:
+    """The enabled params that can change the model's numerics (:data:`vllm_rules.NUMERICS`):
+    a choice, or the range, reaches a value other than vLLM's default behaviour."""
+    out = []
+    for name, spec in space.params.items():
+        neutral = NUMERICS.get(_dest(name, spec))
+        if not spec.enabled or neutral is None:
+            continue
+        choices = spec.choices if spec.type == "categorical" else None  # a range: assume so
+        if choices is None or any(v not in neutral for v in choices):
+            out.append(name)
+    return out
+
+
+def numerics_params(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The params of ``params`` that change the model's numerics (``name`` → value): set to a
+    value other than vLLM's default behaviour for a flag of :data:`vllm_rules.NUMERICS`."""
+    by_dest = {_dest(n, s): n for n, s in space.params.items() if n in params}
+    changed = numerics_changes({d: params[n] for d, n in by_dest.items()})
+    return {by_dest[d]: v for d, v in changed.items()}
+
+
+def real_weights_only(space: SpaceConfig, model: ModelConfig) -> list[str]:
+    """On dummy weights, disable the params marked ``real_weights`` (they stay at vLLM's
+    default) and log why; the names disabled."""
+    if not model.dummy_weights:
+        return []
+    names = [n for n, s in space.params.items() if s.enabled and s.real_weights]
+    for name in names:
+        space.params[name].enabled = False
+    if names:
+        log.info(
+            "space.params %s not searched: model %s has dummy weights (load_format dummy), and "
+            "they need real ones",
+            ", ".join(names),
+            model.name,
+        )
+    return names

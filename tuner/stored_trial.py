@@ -25,9 +25,10 @@ What a told trial holds:
   and telemetry), ``failure_reason`` / ``failure_detail``, ``predicted_kv_tokens``, ``launched``,
   ``server_s``, ``pruned``, ``gpus``, ``argv`` (masked), ``serve_args`` (argv after the engine
   command), ``trial_dir``, and after a launch ``kv_cache_tokens``, ``startup_s``,
-  ``engine_version``; set when it was asked or enqueued: ``worker`` (``host:pid``), ``baseline``
-  (vLLM's defaults), ``prescreen`` (the simulator's prediction), and ``tuner_error`` on a tuner
-  bug.
+  ``engine_version``, and ``changes_numerics`` (the searched params that can change the model's
+  numerics, :func:`tuner.space.numerics_params`, as ``name=value``; absent when none); set
+  when it was asked or enqueued: ``worker`` (``host:pid``), ``baseline`` (vLLM's defaults),
+  ``prescreen`` (the simulator's prediction), and ``tuner_error`` on a tuner bug.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ from tuner.engine.argv import command_prefix
 from tuner.errors import INTERRUPTED
 from tuner.records import TrialResult
 from tuner.score import failure_values
+from tuner.space import numerics_params
 
 __all__ = [
     "BASELINE",
+    "changes_numerics",
     "CONSTRAINTS",
     "CONSTRAINT_NAMES",
     "LIVE",
@@ -93,6 +96,9 @@ CONSTRAINT_NAMES = "constraint_names"
 Stored = optuna.trial.FrozenTrial | optuna.Trial
 
 
+_NUMERICS = "changes_numerics"
+
+
 # --- writing ------------------------------------------------------------------------------------
 
 
@@ -117,6 +123,9 @@ def tell(
         "serve_args": list(result.argv[len(command_prefix(cfg.engine)) :]),
         "trial_dir": str(tdir.resolve()),
     }
+    numerics = numerics_params(cfg.space, result.params)
+    if numerics and not result.baseline:
+        attrs[_NUMERICS] = [f"{k}={v}" for k, v in numerics.items()]
     if result.launch is not None:
         attrs["kv_cache_tokens"] = result.launch.facts.kv_cache_tokens
         attrs["startup_s"] = result.launch.startup_s
@@ -251,3 +260,9 @@ def trial_dir(t: Stored, *, here: bool = True) -> Path | None:
 
 def worker(t: Stored) -> str:
     return str(t.user_attrs.get("worker", ""))
+
+
+def changes_numerics(t: Stored) -> list[str]:
+    """The trial's searched params that can change the model's numerics, ``name=value`` each
+    (:func:`tell`); empty for one that changes none, or stored before this was kept."""
+    return [str(x) for x in t.user_attrs.get(_NUMERICS) or ()]

@@ -40,6 +40,7 @@ from tuner.engine.pool import GpuPool, cpu_layout, on_cores
 from tuner.measure import Replay, note_client_cores
 from tuner.memory import ModelShape
 from tuner.publish import publish
+from tuner.quality_guard import Guard
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.recovery import close_runs, lease_dir, recover, worker_id
 from tuner.replay_client import loop_factory
@@ -309,8 +310,9 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
     defaults, ...) so a drift of the machine hits them alike, each run on a fresh server with one
     stress replay per seed; one server at a time (no co-running trial biases the numbers that
     decide the recommendation); within a round, candidates whose compile key is warm first. A
-    run's folder, ``confirm/trial_NNNN/round_R/seed_S/``, is written
-    as soon as it ends."""
+    run's folder, ``confirm/trial_NNNN/round_R/seed_S/``, is written as soon as it ends. A
+    candidate that changes numerics, and the defaults, replay the eval set on each server after
+    its stress replays (:mod:`tuner.quality_guard`), and are judged on it too."""
     cfg, root = ctx.cfg, ctx.cache_root
     cc = cfg.confirm
     replays = []
@@ -318,6 +320,7 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
         w = stressed(cfg.workload, cc, seed)
         replays.append(Replay(f"seed_{seed}", build_requests(w, cfg.model.files), w))
     runs: dict[int, list[tuple[int, int, TrialResult]]] = {c.trial: [] for c in candidates}
+    guard = Guard(cfg, candidates)  # the eval replays of picks that change numerics
     log.info(
         "confirm: %d candidate(s) x %d round(s), each on a fresh server: %d server starts at %gx "
         "load, %gx duration, seeds %s",
@@ -328,6 +331,8 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
         cc.duration_factor,
         list(cc.seeds),
     )
+    if (intro := guard.intro()) is not None:
+        log.info(intro)
     step = 0
     for rnd in range(1, cc.rounds + 1):  # within a round the order is free: warm keys first
         for c in warm_first(candidates, lambda c: params_key(cfg, c.params, c.baseline), root):
@@ -342,8 +347,9 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
             )
             tdir = trial_dir(ctx.run_dir / "confirm", c.trial) / f"round_{rnd}"
             start = capacity_start(c, cfg) if needs_capacity(cfg.objective) else None
+            run = (ctx, c.trial, c.params, c.baseline, tdir, replays)
             got = await run_server(
-                ctx, c.trial, c.params, c.baseline, tdir, replays, prune=False, capacity_start=start
+                *run, prune=False, capacity_start=start, after=guard.hook(c, rnd)
             )
             runs[c.trial] += [(rnd, seed, r) for seed, r in zip(cc.seeds, got, strict=True)]
             failed = sorted({r.failure_reason for r in got if r.failure_reason})
@@ -351,7 +357,7 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
                 log.info("confirm: trial %d failed in round %d: %s", c.trial, rnd, failed)
     out = []
     for c in candidates:
-        judged = judge(c, runs[c.trial], cfg.objective)
+        judged = guard.judge(judge(c, runs[c.trial], cfg.objective), c, cc.rounds)
         held = "holds" if judged.passed else f"DEMOTED: {judged.reason}"
         log.info("confirm: trial %d %s", c.trial, held)
         out.append(judged)

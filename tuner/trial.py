@@ -20,7 +20,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -226,10 +226,12 @@ async def run_server(
     *,
     prune: bool,
     capacity_start: Start | None = None,
+    after: Callable[[str], Awaitable[None]] | None = None,
 ) -> list[TrialResult]:
     """Precheck, launch one server with ``params``, run each replay on it, stop it: a result per
     replay. A failure ends the server's replays: the one it hit and those after it carry it.
-    ``capacity_start``: the capacity search's first load after the first replay (ServerRun)."""
+    ``capacity_start``: the capacity search's first load after the first replay (ServerRun);
+    ``after``: awaited with the server's URL before it stops (the confirm's quality replay)."""
     cfg = ctx.cfg
     make_dir(tdir)
     port = free_port(cfg.engine.host)
@@ -258,6 +260,8 @@ async def run_server(
                     await _replay_all(run, server)
                     if needs_capacity(cfg.objective):
                         await _capacity(run, server)
+                    if after is not None:
+                        await after(server.base_url)
             except TrialFailed as exc:
                 run.failure = exc
             # the server stopped: its memory released before the GPUs go back to the pool
@@ -332,11 +336,8 @@ async def _launch(run: ServerRun, stack: contextlib.AsyncExitStack) -> Server:
         run.port = free_port(cfg.engine.host)
         log.warning(
             "trial %d: a port the server binds was taken while it started (see "
-            "server-attempt%d.log); launching again on port %d",
-            run.number,
-            attempt,
-            run.port,
-        )
+            "server-attempt%d.log); launching again on port %d", run.number, attempt, run.port
+        )  # fmt: skip
         run.argv = trial_argv(cfg, run.params, port=run.port, baseline=run.baseline)
     assert run.launch is not None  # the loop launched or raised
     # the shared cache's index: this config's key is warm from now on (orders later launches)
@@ -393,8 +394,7 @@ async def _replay_all(run: ServerRun, server: Server) -> None:
         cache = launch.startup.compile_cache if launch.startup else None
         sim = "simulated " if cfg.engine.kind == "sim" else ""  # no kernel is compiled
         cache = f" ({sim}compile cache {cache})" if cache else ""
-        ready = f"ready in {launch.startup_s:.1f} s{cache}, "
-        ready = ready if not i else ""
+        ready = f"ready in {launch.startup_s:.1f} s{cache}, " if not i else ""
         log.info(
             "trial %d: %sKV cache %s tokens (predicted %s); replaying %d requests (%d warm-up)%s",
             run.number,

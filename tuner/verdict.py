@@ -158,6 +158,9 @@ class Verdict:
     """Each pick's gain over the defaults, by trial (the defaults' own trial has none)."""
     note: str | None = None
     """What else the reader must know: the defaults demoted under stress, why no interval."""
+    quality: str | None = None
+    """What the confirm stage's quality guard found (:func:`tuner.quality_guard.note`): shown
+    with every kind of verdict; None when no candidate changes numerics."""
 
     @property
     def gain(self) -> Gain | None:
@@ -259,6 +262,10 @@ def _rounds(g: Gain) -> str:
 def line(v: Verdict) -> str:
     """The verdict in one line, e.g. ``Verdict: +8.1 % capacity_rps (95 % CI +4.2 … +12.3 %, 3
     rounds each) → gain: trial 6``."""
+    return _line(v) + (f" [{v.quality}]" if v.quality else "")
+
+
+def _line(v: Verdict) -> str:
     g = v.gain
     measured = ""
     if g is not None and g.value is not None:

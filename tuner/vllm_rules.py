@@ -42,6 +42,7 @@ from tuner.memory import GpuProfile, ModelShape, ResolvedParams, resolve_params
 __all__ = [
     "BLOCK_SIZE_NOT_SUPPORTED",
     "KV_CACHE_DTYPE_NOT_SUPPORTED",
+    "NUMERICS",
     "PYDANTIC_URL",
     "RANGES",
     "SUPPORTED_KV_CACHE_DTYPES",
@@ -52,6 +53,7 @@ __all__ = [
     "argument_refusal",
     "backend_refusal",
     "block_size_supported",
+    "numerics_changes",
     "refusal",
     "scheduler_refusal",
 ]
@@ -377,3 +379,33 @@ def refusal(
     if found is None and Rule.ATTENTION_BACKEND not in skip:
         found = backend_refusal(shape, r)
     return found
+
+
+NUMERICS: Mapping[str, tuple[Any, ...]] = {
+    "kv_cache_dtype": ("auto",),
+    "quantization": (None,),
+    "dtype": ("auto",),
+    "speculative_config": (None,),
+}
+"""The ``vllm serve`` options (by their argparse ``dest``) that can change the numbers the model
+computes, each with the values that leave them as vLLM's default does: the KV cache's dtype
+(``CacheConfig.cache_dtype``), weight quantization and the model's dtype (``ModelConfig``), and
+speculative decoding (``SpeculativeConfig``; lossless in exact arithmetic, but the verification
+runs batched kernels). The confirm stage's quality guard checks a pick that sets one of these
+(:mod:`tuner.quality_guard`); the simulated server changes its greedy outputs on them."""
+
+
+def numerics_changes(args: Mapping[str, Any]) -> dict[str, Any]:
+    """Of ``args`` (``dest`` → value, or flag → value: dashes and leading ``--`` are
+    normalised), those of :data:`NUMERICS` set to a value other than vLLM's default behaviour."""
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        dest = key.lstrip("-").replace("-", "_")
+        neutral = NUMERICS.get(dest)
+        if neutral is not None and value not in neutral and not _empty(value):
+            out[dest] = value
+    return out
+
+
+def _empty(value: Any) -> bool:
+    return isinstance(value, str | Mapping) and not value

@@ -47,6 +47,15 @@ vllm:prompt_tokens_total{engine="0",model_name="m"} 51200.0
 # HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
 vllm:generation_tokens_total{engine="0",model_name="m"} 6400.0
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 100.0
+# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 400.0
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 150.0
 # HELP vllm:request_success_total Count of successfully processed requests.
 # TYPE vllm:request_success_total counter
 vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 10.0
@@ -102,6 +111,15 @@ def metrics_text(k: int) -> str:
         .replace(
             'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 3200.0',
             f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {3200 + 25 * k}.0',
+        )
+        .replace(  # speculative decoding: 4 draft tokens a scrape, 1.5 of them accepted
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 400.0',
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {400 + 4 * k}.0',
+        )
+        .replace(
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 150.0',
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} '
+            f"{150 + 1.5 * k}",
         )
         .replace(
             'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.4375',
@@ -161,6 +179,12 @@ async def test_scraper_time_series_and_summary(
     assert summ["preemptions"] == last["vllm:num_preemptions_total"] - 3.0
     assert summ["preemptions"] >= 2 * 4  # at least scrapes 0..5 minus one: counters grew
     assert summ["prefix_cache_hit_rate"] == pytest.approx(0.25)
+    assert summ["spec_decode_acceptance"] == pytest.approx(1.5 / 4)  # the deltas', not totals
+    assert (
+        summ["spec_decode_draft_tokens"]
+        == last["vllm:spec_decode_num_draft_tokens_total"]
+        - (first["vllm:spec_decode_num_draft_tokens_total"])
+    )
     kv = [x["vllm:kv_cache_usage_perc"] for x in s.samples]
     assert summ["kv_cache_usage_max"] == max(kv) == 0.75
     assert summ["kv_cache_usage_mean"] == pytest.approx(sum(kv) / len(kv))

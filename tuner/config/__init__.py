@@ -34,6 +34,7 @@ from tuner.config.compose import (
 from tuner.config.engine import ContainerConfig, EngineConfig, ModelConfig
 from tuner.config.search import (
     DEFAULT_PICKS,
+    QUALITY_MEASURES,
     CapacityConfig,
     ConfirmConfig,
     ObjectiveConfig,
@@ -41,6 +42,7 @@ from tuner.config.search import (
     ParamSpec,
     PlanConfig,
     PrescreenConfig,
+    QualityConfig,
     SpaceConfig,
     StudyConfig,
 )
@@ -82,6 +84,7 @@ __all__ = [
     "ENDPOINTS",
     "ENGINE_KINDS",
     "PARAM_TYPES",
+    "QUALITY_MEASURES",
     "ROOT",
     "SAMPLERS",
     "TIMESTAMP_FORMATS",
@@ -101,6 +104,7 @@ __all__ = [
     "PathsConfig",
     "PlanConfig",
     "PrescreenConfig",
+    "QualityConfig",
     "SLOConfig",
     "SpaceConfig",
     "StudyConfig",

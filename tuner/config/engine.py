@@ -101,3 +101,10 @@ class ModelConfig:
     def files(self) -> Path:
         """The local directory with the model's ``config.json`` and tokenizer files."""
         return Path(self.local_dir or self.path)
+
+    @property
+    def dummy_weights(self) -> bool:
+        """The server builds random weights (``load_format`` or a fixed ``--load-format``
+        ``dummy``): what it answers says nothing of the model's quality."""
+        fixed = {k.lstrip("-").replace("-", "_"): v for k, v in self.fixed_args.items()}
+        return "dummy" in (self.load_format, fixed.get("load_format"))

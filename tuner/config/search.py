@@ -14,6 +14,8 @@ __all__ = [
     "ParamSpec",
     "PlanConfig",
     "PrescreenConfig",
+    "QUALITY_MEASURES",
+    "QualityConfig",
     "SpaceConfig",
     "StudyConfig",
 ]
@@ -43,6 +45,10 @@ class ParamSpec:
     when: dict[str, Any] | None = None
     """Pass the flag only when the other params have these values (e.g. cudagraph_mode only
     when enforce_eager is false)."""
+    real_weights: bool = False
+    """Searched only when the model's weights are real: on dummy weights (``model.load_format``
+    ``dummy``) the param stays at its default, with a log line (e.g. speculative decoding,
+    whose acceptance depends on what the model writes)."""
 
 
 @dataclass
@@ -163,6 +169,34 @@ DEFAULT_PICKS = ("goodput", "latency", "knee", "baseline")
 (:func:`tuner.checks.to_config`)."""
 
 
+QUALITY_MEASURES = ("answer_rate", "exact_match")
+"""What ``confirm.quality.min_agreement`` bounds (:mod:`tuner.quality_guard`)."""
+
+
+@dataclass
+class QualityConfig:
+    """The confirm stage's quality guard (:mod:`tuner.quality_guard`, docs/quality.md): a pick
+    whose flags change numerics answers the eval set as vLLM's defaults do, or it is demoted."""
+
+    enabled: bool = True
+    """false: no eval replay; a pick that changes numerics is recommended unchecked, and the
+    verdict says so."""
+    measure: str = "answer_rate"
+    """``answer_rate``: the candidate's share of the eval items it answers (the stated answer in
+    its output) over the defaults' share, in the same round; ``exact_match``: the share of its
+    outputs identical to the defaults'."""
+    min_agreement: float = 0.9
+    """A pick whose worst round is below this is demoted (reason ``quality``)."""
+    evalset: str | None = None
+    """A JSON-lines eval set (tuner.quality); null: ``workloads/quality/eval-v1.jsonl``."""
+    limit: int | None = None
+    """Replay only the eval set's first N items (null: all)."""
+    max_tokens: int = 64
+    """Output tokens per eval item (greedy, a fixed length)."""
+    concurrency: int = 32
+    """Eval requests in flight."""
+
+
 @dataclass
 class ConfirmConfig:
     """After the search: re-run the best configs longer and harder, then export them."""
@@ -198,6 +232,8 @@ class ConfirmConfig:
         default_factory=lambda: ["host", "port", "served-model-name", "api-key"]
     )
     """Flags of the tuner's own launches left out of ``best-*.yaml``."""
+    quality: QualityConfig = field(default_factory=QualityConfig)
+    """The quality guard of picks whose flags change numerics."""
 
 
 @dataclass

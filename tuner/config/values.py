@@ -5,6 +5,7 @@ ranges, counts, the model directory. Each stage checks what only it knows (its o
 import math
 
 from tuner.config.compose import TunerConfig
+from tuner.config.search import QUALITY_MEASURES
 from tuner.errors import ConfigError
 
 __all__ = [
@@ -99,6 +100,19 @@ def check_confirm(c: TunerConfig) -> None:
         )
     if not 0.0 <= cc.min_effect < 1.0:
         raise ConfigError(f"confirm.min_effect is {cc.min_effect}; allowed: 0.0 to below 1.0")
+    q = cc.quality
+    one_of("confirm.quality.measure", q.measure, QUALITY_MEASURES)
+    if not 0.0 <= q.min_agreement <= 1.0:
+        raise ConfigError(
+            f"confirm.quality.min_agreement is {q.min_agreement}; allowed: 0.0 to 1.0"
+        )
+    for key, n in (
+        ("limit", q.limit),
+        ("max_tokens", q.max_tokens),
+        ("concurrency", q.concurrency),
+    ):
+        if n is not None and n < 1:
+            raise ConfigError(f"confirm.quality.{key} is {n}; allowed: an integer >= 1")
 
 
 def check_plan(c: TunerConfig) -> None:

@@ -4,7 +4,9 @@ Modelled: the flags the tuner uses, with vLLM's parsing rules (dashes or undersc
 ``BooleanOptionalAction`` pairs, human-readable ints, JSON or dotted ``-cc.key=value`` config
 arguments, ``-O3``), argparse's exit 2 on unknown flags, and the config-time refusals of
 ``create_engine_config`` (exit 1 after a traceback) with vLLM's exact texts. Flags vLLM has but the
-simulator ignores (``--seed``, ``--dtype``, ...) are accepted and have no effect.
+simulator ignores (``--seed``, ...) are accepted and have no effect; ``--dtype``,
+``--quantization`` and ``--speculative-config`` change only its greedy outputs
+(:mod:`tuner.sim.answers`), not its speed or memory.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None)
     p.add_argument("--load-format", default="auto")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", "-q", default=None)
+    p.add_argument("--speculative-config", "-sc", type=_json_dict, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trust-remote-code", action=bool_flag, default=False)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.92)

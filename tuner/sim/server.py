@@ -5,8 +5,13 @@ child process that is not a daemon and survives a SIGKILL of this process (so a 
 kill the process group), a port that only accepts connections once the engine is ready, clean
 SIGTERM/SIGINT shutdown, engine death (``TUNER_SIM_DIE_AFTER_S``), and the endpoints
 ``/health``, ``/v1/models``, ``/version``, ``/metrics``, ``/v1/completions`` and
-``/v1/chat/completions`` (streaming and not). Token *texts* are filler words: only counts and
-timing are meaningful. Not modelled: ``n>1``, logprobs, echo, stop strings, tools, audio/video.
+``/v1/chat/completions`` (streaming and not). A streamed token's *text* is a filler word: only
+counts and timing are meaningful. A response that is not streamed is the simulated model's greedy
+output (:mod:`tuner.sim.answers`: deterministic per prompt, changed by flags that change numerics,
+with ``logprobs`` and ``top_logprobs`` on the chat endpoint), so that the eval replay of the
+confirm stage's quality guard runs here; with ``--speculative-config``, vLLM's ``spec_decode``
+counters (its speed is not modelled). Not modelled: ``n>1``, streamed logprobs, logprobs of
+``/v1/completions``, echo, stop strings, tools, audio/video.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tuner.memory import format_gib
+from tuner.sim import answers
 from tuner.sim.cli import SimArgs
 from tuner.sim.logs import SimLog
 from tuner.sim.runtime import AsyncEngine, EngineDeadError
@@ -104,6 +110,14 @@ class _Server:
         self._segments: Any = None
         self._template: Any = None
         self.image_grid = model_image_grid(s.model_dir)
+        self.spec: answers.SpecDecodeMetrics | None = None
+        # the flags that change numerics change the greedy outputs (tuner.sim.answers)
+        self.numerics = {
+            "kv_cache_dtype": args.kv_cache_dtype,
+            "quantization": args.quantization,
+            "dtype": args.dtype,
+            "speculative_config": args.speculative_config,
+        }
 
     # ---------------------------------------------------------------- start-up
 
@@ -389,7 +403,17 @@ class _Server:
         except EngineDeadError as exc:
             return ApiError(500, str(exc), "InternalServerError").response()
         engine.lag.record(due)
-        text = "".join(WORDS[i % len(WORDS)] for i in range(produced))
+        said = answers.output(
+            answers.prompt_text(body.get("messages") if chat else body.get("prompt")),
+            produced,
+            self.numerics,
+            loss=env_float(self.env, "TUNER_SIM_ANSWER_LOSS", 0.0),
+            alternatives=_top_logprobs(body),
+        )
+        text = said.text
+        logprobs = (
+            said.chat_logprobs(_top_logprobs(body)) if chat and body.get("logprobs") else None
+        )
         usage = _usage(len(tokens), produced)
         if chat:
             choice: dict[str, Any] = {
@@ -400,7 +424,7 @@ class _Server:
                     "reasoning_content": None,
                     "tool_calls": [],
                 },
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": "length",
                 "stop_reason": None,
             }
@@ -542,6 +566,8 @@ class _Server:
 
         async def metrics(_: web.Request) -> web.Response:
             assert self.engine is not None
+            if self.spec is not None:
+                self.spec.update(self.engine.sched.stats.generation_tokens)
             body = generate_latest(self.engine.metrics.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -589,6 +615,11 @@ class _Server:
         self.stop.set()
 
 
+def _top_logprobs(body: Mapping[str, Any]) -> int:
+    n = body.get("top_logprobs")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
+
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
@@ -634,6 +665,11 @@ async def _run(args: SimArgs, s: Settings, env: Mapping[str, str], log: SimLog) 
             log_stats=not args.disable_log_stats,
         )
         srv.engine.start()
+        if args.speculative_config:  # its counters on /metrics (tuner.sim.answers)
+            labels = {"model_name": s.served_names[0], "engine": "0"}
+            srv.spec = answers.SpecDecodeMetrics(
+                srv.engine.metrics.registry, labels, args.speculative_config
+            )
         await tokenizer
         log.api("Supported tasks: ['generate']", "api_server.py:577")
         log.api(f"Starting vLLM server on http://{host}:{args.port}", "api_server.py:581")

@@ -28,8 +28,14 @@ DEFAULT_NAMES: tuple[str, ...] = (
     "vllm:prefix_cache_hits_total",
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
 )
-"""The vLLM 0.24 series the scraper keeps (gauges, and counters by their ``_total`` name)."""
+"""The vLLM 0.24 series the scraper keeps (gauges, and counters by their ``_total`` name). The
+``spec_decode`` counters exist only with speculative decoding on (vLLM 0.24.0
+``vllm/v1/spec_decode/metrics.py``: ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``,
+``..._num_accepted_tokens``)."""
 SIM_NAMES: tuple[str, ...] = (
     "tuner_sim:stream_lag_seconds_sum",
     "tuner_sim:stream_lag_seconds_count",
@@ -167,6 +173,8 @@ class MetricsScraper:
         ``kv_cache_usage_max``/``_mean`` (0..1), ``running_max``, ``waiting_max``,
         ``preemptions`` (delta), ``prompt_tokens``/``generation_tokens`` (deltas),
         ``prefix_cache_hit_rate`` (delta hits / delta queries, when queries grew),
+        ``spec_decode_draft_tokens`` / ``spec_decode_accepted_tokens`` (deltas) and
+        ``spec_decode_acceptance`` (accepted / drafted, when drafts grew: speculative decoding),
         ``sim_lag_mean_ms`` (the simulator only: how late its stream chunks left on average,
         wall ms after their modelled times), ``scrape_errors``.
         """
@@ -194,6 +202,13 @@ class MetricsScraper:
         queries = self._delta("vllm:prefix_cache_queries_total")
         if hits is not None and queries is not None and queries > 0:
             out["prefix_cache_hit_rate"] = hits / queries
+        drafted = self._delta("vllm:spec_decode_num_draft_tokens_total")
+        accepted = self._delta("vllm:spec_decode_num_accepted_tokens_total")
+        if drafted is not None and accepted is not None:
+            out["spec_decode_draft_tokens"] = drafted
+            out["spec_decode_accepted_tokens"] = accepted
+            if drafted > 0:
+                out["spec_decode_acceptance"] = accepted / drafted
         lag = self._delta("tuner_sim:stream_lag_seconds_sum")
         chunks = self._delta("tuner_sim:stream_lag_seconds_count")
         if lag is not None and chunks:
