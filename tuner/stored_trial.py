@@ -26,8 +26,10 @@ What a told trial holds:
   ``server_s``, ``pruned``, ``gpus``, ``argv`` (masked), ``serve_args`` (argv after the engine
   command), ``trial_dir``, and after a launch ``kv_cache_tokens``, ``startup_s``,
   ``engine_version``; set when it was asked or enqueued: ``worker`` (``host:pid``), ``baseline``
-  (vLLM's defaults), ``prescreen`` (the simulator's prediction), and ``tuner_error`` on a tuner
-  bug.
+  (vLLM's defaults), ``prescreen`` (the simulator's prediction), ``screen_arm`` (the lever
+  screen's arm: a lever's name, or ``defaults``), and ``tuner_error`` on a tuner bug; when the
+  trial passes a value its space marks as changing numerics (``space.params.NAME.numerics``: fp8
+  weights or KV), ``numerics_changed`` (``["kv_cache_dtype=fp8"]``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import optuna
 
 from tuner import records
 from tuner.config import TunerConfig
-from tuner.engine.argv import command_prefix
+from tuner.engine.argv import command_prefix, passed
 from tuner.errors import INTERRUPTED
 from tuner.records import TrialResult
 from tuner.score import failure_values
@@ -60,6 +62,9 @@ __all__ = [
     "mark_tuner_error",
     "mark_worker",
     "measured",
+    "numerics_changed",
+    "screen_arm",
+    "screen_attrs",
     "metric",
     "metrics",
     "prescreen_attrs",
@@ -117,6 +122,9 @@ def tell(
         "serve_args": list(result.argv[len(command_prefix(cfg.engine)) :]),
         "trial_dir": str(tdir.resolve()),
     }
+    changed = _numerics(cfg, trial.params, is_baseline(trial))
+    if changed:
+        attrs[_NUMERICS] = changed
     if result.launch is not None:
         attrs["kv_cache_tokens"] = result.launch.facts.kv_cache_tokens
         attrs["startup_s"] = result.launch.startup_s
@@ -128,6 +136,28 @@ def tell(
         return
     values = result.values if result.values is not None else failure_values(cfg.objective)
     study.tell(trial, list(values))
+
+
+_NUMERICS = "numerics_changed"
+_SCREEN_ARM = "screen_arm"
+
+
+def _numerics(cfg: TunerConfig, params: Mapping[str, Any], baseline: bool) -> list[str]:
+    """The passed params whose value the space marks as changing numerics, as ``name=value``."""
+    if baseline:
+        return []
+    out = []
+    for name, value in passed(cfg.space, params).items():
+        spec = cfg.space.params.get(name)
+        if spec is not None and spec.numerics and value in spec.numerics:
+            out.append(f"{name}={value}")
+    return out
+
+
+def screen_attrs(arm: str, baseline: bool) -> dict[str, Any]:
+    """The user attributes of an enqueued screen trial: its arm (and :data:`BASELINE` for the
+    defaults)."""
+    return {_SCREEN_ARM: arm, **(BASELINE if baseline else {})}
 
 
 def constraint_attrs(values: Mapping[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -172,6 +202,18 @@ def prescreen_attrs(predicted: dict[str, Any]) -> dict[str, Any]:
 def is_baseline(t: Stored) -> bool:
     """The trial runs vLLM's defaults (no searched flag passed)."""
     return bool(t.user_attrs.get("baseline", False))
+
+
+def screen_arm(t: Stored) -> str | None:
+    """The lever screen's arm this trial measured (a lever's name, or ``defaults``); None outside
+    a screen."""
+    arm = t.user_attrs.get(_SCREEN_ARM)
+    return None if arm is None else str(arm)
+
+
+def numerics_changed(t: Stored) -> list[str]:
+    """The values this trial passed that change numerics (``["kv_cache_dtype=fp8"]``)."""
+    return [str(x) for x in t.user_attrs.get(_NUMERICS) or []]
 
 
 def failure_reason(t: Stored) -> str | None:

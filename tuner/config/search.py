@@ -43,6 +43,9 @@ class ParamSpec:
     when: dict[str, Any] | None = None
     """Pass the flag only when the other params have these values (e.g. cudagraph_mode only
     when enforce_eager is false)."""
+    numerics: list[Any] | None = None
+    """The values that change the model's numerics (``kv_cache_dtype: [fp8]``): searchable, and a
+    trial that passes one records it (:func:`tuner.stored_trial.numerics_changed`)."""
 
 
 @dataclass
