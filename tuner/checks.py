@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig
 
-from tuner import config, model_source, prescreen, replay, score, space
+from tuner import config, model_source, prescreen, replay, score, screen, space
 from tuner.config import TunerConfig
 from tuner.engine import argv, pool
 from tuner.workload import images, trace
@@ -45,6 +45,7 @@ CHECKS: tuple[Callable[[TunerConfig], None], ...] = (
     config.check_model,
     images.check,
     space.check,
+    screen.check,
 )
 """In the order they run (the model directory before what reads it: image sizes, the space)."""
 
@@ -71,6 +72,8 @@ def to_config(cfg: DictConfig) -> TunerConfig:
     cfg.model.local_dir = model.local_dir
     _fit_lengths(cfg, model.max_model_len)
     obj = config.convert(cfg)
+    if obj.mode == "screen":  # the screen's trials are asked from its levers' space
+        obj.space = config.screen_space(obj.screen)
     if score.needs_capacity(obj.objective) and tuple(obj.confirm.picks) == config.DEFAULT_PICKS:
         obj.confirm.picks = ["capacity", *config.DEFAULT_PICKS]  # confirm the best capacity
     check(obj)

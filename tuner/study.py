@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import optuna
 
-from tuner import __version__, stored_trial
+from tuner import __version__, screen, stored_trial
 from tuner.artifacts import trial_dir
 from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
@@ -113,7 +113,10 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     recovered = recover(study, lease_dir(cfg), secrets)
     for note in recovered.notes:
         log.warning("recovered: %s", note)
-    fill_queue(study, cfg, dists, shape, requests, n_stored)
+    if cfg.mode == "screen":  # the lever screen: its fixed trials only, no sampled one
+        cfg = screen.prepare(study, cfg)
+    else:
+        fill_queue(study, cfg, dists, shape, requests, n_stored)
     cache_dir = cache_root(cfg)
     tracker = retry_schema_race(
         lambda: open_tracker(
