@@ -81,6 +81,11 @@ def _export_header(
             lines.append(f"vs vLLM's defaults, re-measured in the same rounds: {gain}")
         if decided.recommended == c.trial:
             lines.append(f"recommended ({line(decided).removeprefix('Verdict: ')})")
+    numerics = stored_trial.numerics_changed(study.trials[c.trial])
+    if numerics:
+        lines.append(
+            f"changes numerics ({', '.join(numerics)}): check its output quality (docs/quality.md)"
+        )
     lines.append(f"use: vllm serve --config best-{name}.yaml")
     return [x.translate(_ASCII) for x in lines]
 

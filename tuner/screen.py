@@ -184,9 +184,10 @@ def _capacity(t: optuna.trial.FrozenTrial) -> float | None:
 
 def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
     """The screen's table from the stored trials: one row per lever the study has enqueued
-    (:func:`tuner.stored_study.screen_levers`), in the order of ``screen.levers``. The floor of the one-server interval is the capacity search's
-    resolution: a capacity is known within its bracket (``objective.capacity.rel_width``), a
-    uniform error of sd ``log(1 + rel_width) / √12``."""
+    (:func:`tuner.stored_study.screen_levers`), in the order of ``screen.levers``. The floor of
+    the one-server interval is the capacity search's resolution: a capacity is known within its
+    bracket (``objective.capacity.rel_width``), a uniform error of sd
+    ``log(1 + rel_width) / √12``."""
     described = screen_levers(study) or {
         name: _described(lever) for name, lever in chosen_levers(cfg.screen).items()
     }

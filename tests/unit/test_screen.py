@@ -14,14 +14,25 @@ from scipy import stats
 
 from tuner import screen, screen_report
 from tuner.config import TunerConfig
+from tuner.engine.argv import command_prefix, flag_args, passed
 from tuner.errors import ConfigError
 from tuner.plots import screen_data, screen_figure
+from tuner.publish import publish
 from tuner.records import TrialResult
 from tuner.space import distributions
 from tuner.stored_trial import mark_interrupted, numerics_changed, screen_arm, tell
 from tuner.verdict import gain, gain_of_one
 
 D = screen.DEFAULTS
+
+
+def trial_argv_words(cfg: TunerConfig, params: dict[str, object]) -> list[str]:
+    """The flags a trial with ``params`` passes (as :func:`tuner.engine.argv.build_argv`)."""
+    words: list[str] = []
+    for name, value in passed(cfg.space, params).items():
+        spec = cfg.space.params[name]
+        words += flag_args(spec.flag or "--" + name.replace("_", "-"), value)
+    return words
 
 
 # --- the order of the servers -------------------------------------------------------------------
@@ -95,12 +106,13 @@ def _told(
 ) -> None:
     trial = study.ask(distributions(cfg.space))
     metrics = {} if capacity is None else {"capacity_rps": capacity, "ttft_p95_ms": 100.0}
+    argv = (*command_prefix(cfg.engine), "m", *trial_argv_words(cfg, dict(trial.params)))
     result = TrialResult(
         trial.number,
         dict(trial.params),
-        ("vllm", "serve", "m"),
+        argv,
         None if capacity is None else (capacity, 100.0),
-        {},
+        {} if capacity is None else {"error_rate": -0.05},
         metrics,
         failure_reason=failure,
     )
@@ -245,3 +257,28 @@ def test_a_search_trial_that_passes_fp8_kv_records_it(
     _told(study, cfg, 10.0)
     assert numerics_changed(study.trials[0]) == ["kv_cache_dtype=fp8"]
     assert numerics_changed(study.trials[1]) == []
+
+
+def test_an_export_of_a_config_that_changes_numerics_says_so(
+    make_cfg: Callable[..., TunerConfig], tmp_path: Path
+) -> None:
+    from tuner.space import defaults
+    from tuner.tracking import NullTracker
+
+    cfg = make_cfg("+workload=chat", "tracking=none", "confirm.picks=[latency,baseline]")
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.enqueue_trial(defaults(cfg.space), user_attrs={"baseline": True})
+    study.enqueue_trial({**defaults(cfg.space), "kv_cache_dtype": "fp8"})
+    _told(study, cfg, 10.0)
+    trial = study.ask(distributions(cfg.space))  # fp8 KV: the lowest TTFT, the latency pick
+    argv = (*command_prefix(cfg.engine), "m", *trial_argv_words(cfg, dict(trial.params)))
+    metrics = {"output_throughput": 10.0, "ttft_p95_ms": 50.0}
+    result = TrialResult(
+        trial.number, trial.params, argv, (10.0, 50.0), {"error_rate": -1}, metrics
+    )
+    tell(study, trial, result, cfg, tmp_path)
+    publish(study, cfg, tmp_path, NullTracker(), Console(width=160, record=True))
+    latency = (tmp_path / "best-latency.yaml").read_text()
+    assert any(ln.startswith("kv-cache-dtype") and "fp8" in ln for ln in latency.splitlines())
+    assert "changes numerics (kv_cache_dtype=fp8)" in latency
+    assert "changes numerics" not in (tmp_path / "best-baseline.yaml").read_text()
