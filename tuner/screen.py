@@ -159,15 +159,16 @@ def change(values: Sequence[float], base: Sequence[float], floor: float) -> Gain
     return gain(values, base, higher=True)
 
 
-def word(g: Gain, failed: bool = False) -> str:
-    """``gain`` (the interval above 0), ``loss`` (below 0, or a capacity of 0),
-    ``no significant change`` (the interval holds 0), ``no interval``, ``failed``. (A lever with
-    no server run yet is ``not run yet``: :func:`rows`.)"""
+def word(g: Gain, failed: bool = False, zero: bool = False) -> str:
+    """``gain`` (the interval above 0), ``loss`` (below 0, or ``zero``: the lever held the SLOs
+    at no load tried), ``no significant change`` (the interval holds 0), ``no interval``,
+    ``failed`` (no server measured it). (A lever with no server run yet is ``not run yet``:
+    :func:`rows`.)"""
     if failed:
         return "failed"
+    if zero:
+        return "loss"
     if g.low is None or g.high is None:
-        if g.value is None and g.why and "0" in g.why:
-            return "loss"
         return "no interval"
     if g.low > 0:
         return "gain"
@@ -226,7 +227,11 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
                 caps,
                 base,
                 g,
-                word(g, failed=not caps and bool(failures)) if trials else "not run yet",
+                (
+                    word(g, failed=not caps and bool(failures), zero=bool(caps) and max(caps) <= 0)
+                    if trials
+                    else "not run yet"
+                ),
                 failures,
                 censored,
                 g.value is not None and g.value >= cfg.screen.follow_up,

@@ -63,6 +63,7 @@ __all__ = [
     "mark_worker",
     "measured",
     "numerics_changed",
+    "numerics_of",
     "screen_arm",
     "screen_attrs",
     "metric",
@@ -122,7 +123,7 @@ def tell(
         "serve_args": list(result.argv[len(command_prefix(cfg.engine)) :]),
         "trial_dir": str(tdir.resolve()),
     }
-    changed = _numerics(cfg, trial.params, is_baseline(trial))
+    changed = numerics_of(cfg, trial.params, is_baseline(trial))
     if changed:
         attrs[_NUMERICS] = changed
     if result.launch is not None:
@@ -142,8 +143,9 @@ _NUMERICS = "numerics_changed"
 _SCREEN_ARM = "screen_arm"
 
 
-def _numerics(cfg: TunerConfig, params: Mapping[str, Any], baseline: bool) -> list[str]:
-    """The passed params whose value the space marks as changing numerics, as ``name=value``."""
+def numerics_of(cfg: TunerConfig, params: Mapping[str, Any], baseline: bool) -> list[str]:
+    """The passed params whose value the space marks as changing numerics, as ``name=value``
+    (what :func:`tell` stores as ``numerics_changed``)."""
     if baseline:
         return []
     out = []

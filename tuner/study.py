@@ -414,6 +414,9 @@ def _run_on_loop(cfg: TunerConfig, coro: Coroutine[Any, Any, T]) -> T:
 
 def _record(tracker: Tracker | NullTracker, result: TrialResult, ctx: TrialContext) -> None:
     tags = {"vllm.version": ctx.engine_version or "unknown"}
+    changed = stored_trial.numerics_of(ctx.cfg, result.params, result.baseline)
+    if changed:  # fp8 weights or KV: the quality gate's business
+        tags["numerics_changed"] = ",".join(changed)
     try:
         tracker.log_trial(result, trial_dir(ctx.run_dir, result.number), tags)
     except Exception as exc:  # tracking must never lose the study: log and go on

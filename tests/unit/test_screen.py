@@ -96,6 +96,8 @@ def test_the_verdict_word_follows_the_interval(low: float, high: float, word: st
 
     assert screen.word(Gain((low + high) / 2, low, high, 1, 3)) == word
     assert screen.word(Gain(None, why="no server measured it"), failed=True) == "failed"
+    zero = screen.change([0.0], [10.0, 10.5], floor=0.01)
+    assert zero.value is None and screen.word(zero, zero=True) == "loss"
 
 
 # --- the stored study ----------------------------------------------------------------------------
