@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig
 
-from tuner import config, model_source, prescreen, quality_guard, replay, score, space
+from tuner import config, model_source, prescreen, quality_guard, replay, score, screen, space
 from tuner.config import TunerConfig
 from tuner.engine import argv, pool
 from tuner.workload import images, trace
@@ -47,6 +47,7 @@ CHECKS: tuple[Callable[[TunerConfig], None], ...] = (
     images.check,
     space.check,
     quality_guard.check,
+    screen.check,
 )
 """In the order they run (the model directory before what reads it: image sizes, the space)."""
 
@@ -73,6 +74,8 @@ def to_config(cfg: DictConfig) -> TunerConfig:
     cfg.model.local_dir = model.local_dir
     _fit_lengths(cfg, model.max_model_len)
     obj = config.convert(cfg)
+    if obj.mode == "screen":  # the screen's trials are asked from its levers' space
+        obj.space = config.screen_space(obj.screen)
     if score.needs_capacity(obj.objective) and tuple(obj.confirm.picks) == config.DEFAULT_PICKS:
         obj.confirm.picks = ["capacity", *config.DEFAULT_PICKS]  # confirm the best capacity
     space.real_weights_only(obj.space, obj.model)  # e.g. speculative decoding: real weights only

@@ -8,11 +8,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tuner.config import TunerConfig, WorkloadConfig
+from tuner.config import TunerConfig, WorkloadConfig, chosen_levers
 from tuner.engine.argv import (
     build_env,
     cache_root,
     command_missing,
+    flag_args,
     mask_argv,
     secret_values,
     trial_argv,
@@ -23,6 +24,7 @@ from tuner.records import RequestSpec
 from tuner.recovery import LEASE_ENV
 from tuner.replay import IN_PROCESS_STREAMS, STREAMS_PER_PROCESS, choose_client
 from tuner.space import defaults, defaults_outside, distributions, flag_name
+from tuner.vllm_rules import numerics_changes
 from tuner.workload import load_trace
 
 __all__ = ["print_plan"]
@@ -46,9 +48,12 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
         )
     else:
         console.print(f"workload {w.name}: {w.num_requests} requests")
-    for name, dist in distributions(cfg.space).items():
-        console.print(f"  {name}: {dist}")
-    _print_argv(cfg, console)
+    if cfg.mode == "screen":
+        _print_screen(cfg, console)
+    else:
+        for name, dist in distributions(cfg.space).items():
+            console.print(f"  {name}: {dist}")
+        _print_argv(cfg, console)
     if cfg.engine.container is not None:
         console.print(f"each server in a container: {_container_line(cfg)}", markup=False)
     missing = command_missing(cfg.engine)
@@ -58,7 +63,8 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
             markup=False,
         )
     requests = build_requests(cfg.workload, cfg.model.files)
-    _print_refusals(cfg, requests, console)
+    if cfg.mode != "screen":
+        _print_refusals(cfg, requests, console)
     _print_client(cfg, requests, console)
     _print_cores(cfg, console)
     ps = cfg.study.prescreen
@@ -68,7 +74,9 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
             f"best {ps.top} (once per study)"
         )
     cc = cfg.confirm
-    if cc.enabled and cc.picks:
+    if cfg.mode == "screen":
+        console.print("then the screen's table, screen.json, screen.csv and screen.html")
+    elif cc.enabled and cc.picks:
         console.print(
             f"then confirm {', '.join(cc.picks)} at {cc.load_factor:g}x load, "
             f"{cc.duration_factor:g}x duration, seeds {list(cc.seeds)}, {cc.rounds} round(s) "
@@ -102,6 +110,32 @@ def _print_model(cfg: TunerConfig, console: Console) -> None:
     console.print(f"memory model GPU: {gpu.source}", markup=False)
     if gpu.note:
         console.print(f"note: {gpu.note}", markup=False)
+
+
+def _print_screen(cfg: TunerConfig, console: Console) -> None:
+    """The lever screen's servers in order (a new screen's; a resumed one runs what is left)
+    and the flag each lever adds to the defaults' command line."""
+    from tuner.screen import DEFAULTS
+    from tuner.screen import plan as order_of
+
+    sc = cfg.screen
+    levers = chosen_levers(sc)
+    order = order_of(list(levers), {n: sc.servers for n in levers}, sc.defaults_every)
+    argv = trial_argv(cfg, defaults(cfg.space), port=0, baseline=True)
+    argv[argv.index("--port") + 1] = "<free port>"
+    shown = " ".join(mask_argv(argv, secret_values(cfg.engine, model=cfg.model)))
+    console.print(
+        f"lever screen: {len(levers)} lever(s) x {sc.servers} fresh server(s), vLLM's defaults "
+        f"{order.count(DEFAULTS)} times: {len(order)} server starts for a new screen, each "
+        "measuring its SLO capacity (the incumbent probe off)",
+        markup=False,
+    )
+    console.print(f"order: {' '.join(order)}", markup=False)
+    console.print(f"the defaults: {shown}", markup=False)
+    for name, lever in levers.items():
+        words = flag_args(flag_name(lever.param, cfg.space.params[lever.param]), lever.value)
+        numerics = " (changes numerics)" if numerics_changes({lever.param: lever.value}) else ""
+        console.print(f"  {name}: the same plus {' '.join(words)}{numerics}", markup=False)
 
 
 def _print_argv(cfg: TunerConfig, console: Console) -> None:

@@ -1,7 +1,8 @@
 """Publishing a study's results: ``pareto.json``, ``confirm.json``, the ``best-<pick>.yaml`` /
 ``.sh`` exports, the figures, the MLflow artifacts and tags of the parent run, and the confirm
-table (:func:`publish`). It reads only storage and the trial folders, so the study loop runs it
-after the search and ``python -m tuner report`` again from storage.
+table (:func:`publish`); for a lever screen (:mod:`tuner.screen`) its table, ``screen.json``
+and figure instead of the picks and exports. It reads only storage and the trial folders, so
+the study loop runs it after the search and ``python -m tuner report`` again from storage.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import optuna
 from rich.console import Console
 
-from tuner import stored_trial, study_card
+from tuner import screen, screen_report, stored_trial, study_card
 from tuner.config import TunerConfig
 from tuner.confirm import current_verdict, recommended
 from tuner.console import fmt_metric, gain_text, print_confirm
@@ -27,6 +28,7 @@ from tuner.stored_study import (
     ConfirmRecord,
     baseline_trial,
     pareto_rows,
+    screen_levers,
     store_recommended,
 )
 from tuner.tracking import NullTracker, Tracker
@@ -82,6 +84,11 @@ def _export_header(
             lines.append(f"vs vLLM's defaults, re-measured in the same rounds: {gain}")
         if decided.recommended == c.trial:
             lines.append(f"recommended ({line(decided).removeprefix('Verdict: ')})")
+    numerics = stored_trial.changes_numerics(study.trials[c.trial])
+    if numerics and not (confirmed is not None and confirmed.quality):  # the guard's line said it
+        lines.append(
+            f"changes numerics ({', '.join(numerics)}): check its output quality (docs/quality.md)"
+        )
     lines.append(f"use: vllm serve --config best-{name}.yaml")
     return [x.translate(_ASCII) for x in lines]
 
@@ -113,6 +120,10 @@ def publish(
 
     now = current_verdict(study, cfg)
     candidates, results, decided = now.candidates, now.results, now.verdict
+    levers = screen.rows(study, cfg) if screen_levers(study) is not None else None
+    if levers is not None:  # a lever screen picks and exports nothing: its table is the result
+        candidates, results, decided = (), (), None
+        files["screen.json"] = screen_report.write_json(levers, out_dir)
     stress = "" if now.record is None else _stress(now.record)
     verdicts = {r.trial: r for r in results}
     picks = [p for p in cfg.confirm.picks if any(p in c.picks for c in candidates)]
@@ -161,6 +172,7 @@ def publish(
                 objectives,
                 timeline_trials=list(dict.fromkeys(shown)),
                 card=None if card is None else card.as_dict(),
+                screen=None if levers is None else [r.as_dict() for r in levers],
             )
         )
     except Exception as exc:  # a report must never cost the study
@@ -188,11 +200,23 @@ def publish(
             tracker.log_metrics(quality)
         if card is not None:
             tracker.log_metrics(card.metrics())
+        if levers is not None:
+            tracker.log_metrics(screen_report.metrics(levers))
     except Exception as exc:
         log.warning("could not tag the MLflow run: %s", exc)
     print_confirm(results, candidates, best, out_dir, console, picks, decided)
     if card is not None:
         study_card.print_card(card, console)
+    if levers is not None:
+        screen_report.print_table(levers, console)
+        more = screen_report.follow_up(levers, cfg.screen.servers)
+        if more:
+            only = ",".join(more)
+            console.print(
+                f"follow up (a change of {cfg.screen.follow_up:.0%} or more on fewer than 3 "
+                f"servers): the same command with screen.servers=3 'screen.only=[{only}]'",
+                markup=False,
+            )
     return Published(files, best, tuple(results), decided)
 
 

@@ -67,14 +67,16 @@ T = TypeVar("T")
 
 def study_name(cfg: TunerConfig) -> str:
     """``study.name``, else ``<workload>-<model>-<engine kind>``, then ``-<objective>`` unless
-    the objective is the default one (:func:`objective_label`): the same command continues the
-    same study, and the simulator's and vLLM's measurements, and each objective's, go to studies
-    of their own."""
+    the objective is the default one (:func:`objective_label`), then ``-screen`` for a lever
+    screen (``mode=screen``): the same command continues the same study, and the simulator's
+    and vLLM's measurements, each objective's and the screen's, go to studies of their own."""
     if cfg.study.name:
         return cfg.study.name
     label = objective_label(cfg.objective)
-    return f"{cfg.workload.name}-{cfg.model.name}-{cfg.engine.kind}" + (
-        f"-{label}" if label else ""
+    return (
+        f"{cfg.workload.name}-{cfg.model.name}-{cfg.engine.kind}"
+        + (f"-{label}" if label else "")
+        + ("-screen" if cfg.mode == "screen" else "")
     )
 
 

@@ -14,6 +14,8 @@ Its user attributes (the system attributes are Optuna's own):
   ``results`` and ``verdict``; a record stored before rounds, ``min_effect``, ``n_trials`` or the
   verdict lacks them (read as one round, and None).
 - ``recommended_trial``: the trial the last publish recommended (:func:`store_recommended`).
+- ``screen``: a lever screen's levers as it ran them (name → flag, value, numerics, changes,
+  source, sim), updated by each run of the screen (:func:`store_screen`); a search study has none.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ __all__ = [
     "store_names",
     "store_prescreen",
     "store_recommended",
+    "store_screen",
+    "screen_levers",
     "workload_name",
 ]
 
@@ -56,6 +60,7 @@ _OBJECTIVE = "objective"
 _PRESCREEN = "prescreen"
 _CONFIRM = "confirm"
 _RECOMMENDED = "recommended_trial"
+_SCREEN = "screen"
 
 
 def store_names(study: optuna.Study, cfg: TunerConfig) -> None:
@@ -203,6 +208,18 @@ def _verdict(data: Any) -> Verdict | None:
         return Verdict.from_dict(data)
     except (TypeError, ValueError, KeyError):
         return None
+
+
+def store_screen(study: optuna.Study, levers: Mapping[str, Mapping[str, Any]]) -> None:
+    """Mark the study a lever screen and keep its levers (merged with those stored before)."""
+    have = dict(screen_levers(study) or {})
+    study.set_user_attr(_SCREEN, to_jsonable({**have, **levers}))
+
+
+def screen_levers(study: optuna.Study) -> dict[str, dict[str, Any]] | None:
+    """A lever screen's levers (:func:`store_screen`); None for a study that is not a screen."""
+    data = study.user_attrs.get(_SCREEN)
+    return None if data is None else {str(k): dict(v) for k, v in dict(data).items()}
 
 
 def store_recommended(study: optuna.Study, trial: int) -> None:

@@ -28,7 +28,8 @@ What a told trial holds:
   ``engine_version``, and ``changes_numerics`` (the searched params that can change the model's
   numerics, :func:`tuner.space.numerics_params`, as ``name=value``; absent when none); set
   when it was asked or enqueued: ``worker`` (``host:pid``), ``baseline`` (vLLM's defaults),
-  ``prescreen`` (the simulator's prediction), and ``tuner_error`` on a tuner bug.
+  ``prescreen`` (the simulator's prediction), ``screen_arm`` (the lever screen's arm: a
+  lever's name, or ``defaults``), and ``tuner_error`` on a tuner bug.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ __all__ = [
     "mark_tuner_error",
     "mark_worker",
     "measured",
+    "screen_arm",
+    "screen_attrs",
     "metric",
     "metrics",
     "prescreen_attrs",
@@ -139,6 +142,15 @@ def tell(
     study.tell(trial, list(values))
 
 
+_SCREEN_ARM = "screen_arm"
+
+
+def screen_attrs(arm: str, baseline: bool) -> dict[str, Any]:
+    """The user attributes of an enqueued screen trial: its arm (and :data:`BASELINE` for the
+    defaults)."""
+    return {_SCREEN_ARM: arm, **(BASELINE if baseline else {})}
+
+
 def constraint_attrs(values: Mapping[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The system attributes and the user attributes that store the constraints ``values``
     (:data:`CONSTRAINTS`, :data:`CONSTRAINT_NAMES`)."""
@@ -181,6 +193,13 @@ def prescreen_attrs(predicted: dict[str, Any]) -> dict[str, Any]:
 def is_baseline(t: Stored) -> bool:
     """The trial runs vLLM's defaults (no searched flag passed)."""
     return bool(t.user_attrs.get("baseline", False))
+
+
+def screen_arm(t: Stored) -> str | None:
+    """The lever screen's arm this trial measured (a lever's name, or ``defaults``); None outside
+    a screen."""
+    arm = t.user_attrs.get(_SCREEN_ARM)
+    return None if arm is None else str(arm)
 
 
 def failure_reason(t: Stored) -> str | None:

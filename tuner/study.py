@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import optuna
 
-from tuner import __version__, stored_trial
+from tuner import __version__, screen, stored_trial
 from tuner.artifacts import trial_dir
 from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
@@ -45,7 +45,7 @@ from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.recovery import close_runs, lease_dir, recover, worker_id
 from tuner.replay_client import loop_factory
 from tuner.score import needs_capacity
-from tuner.space import distributions
+from tuner.space import distributions, numerics_params
 from tuner.storage import (
     check_enqueue,
     fill_queue,
@@ -114,7 +114,10 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     recovered = recover(study, lease_dir(cfg), secrets)
     for note in recovered.notes:
         log.warning("recovered: %s", note)
-    fill_queue(study, cfg, dists, shape, requests, n_stored)
+    if cfg.mode == "screen":  # the lever screen: its fixed trials only, no sampled one
+        cfg = screen.prepare(study, cfg)
+    else:
+        fill_queue(study, cfg, dists, shape, requests, n_stored)
     cache_dir = cache_root(cfg)
     tracker = retry_schema_race(
         lambda: open_tracker(
@@ -417,6 +420,9 @@ def _run_on_loop(cfg: TunerConfig, coro: Coroutine[Any, Any, T]) -> T:
 
 def _record(tracker: Tracker | NullTracker, result: TrialResult, ctx: TrialContext) -> None:
     tags = {"vllm.version": ctx.engine_version or "unknown"}
+    changed = {} if result.baseline else numerics_params(ctx.cfg.space, result.params)
+    if changed:  # fp8 weights or KV: the quality guard's business
+        tags["changes_numerics"] = ",".join(f"{k}={v}" for k, v in changed.items())
     try:
         tracker.log_trial(result, trial_dir(ctx.run_dir, result.number), tags)
     except Exception as exc:  # tracking must never lose the study: log and go on

@@ -42,6 +42,7 @@ __all__ = [
     "Verdict",
     "decide",
     "gain",
+    "gain_of_one",
     "line",
     "pct",
 ]
@@ -120,6 +121,41 @@ def gain(
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return Gain(point, n_pick=n_pick, n_base=n_base, why="no interval (scipy gave none)")
     return Gain(point, lo, hi, n_pick, n_base)
+
+
+def gain_of_one(
+    value: float,
+    base: Sequence[float],
+    higher: bool,
+    floor: float = 0.0,
+    confidence: float = CONFIDENCE,
+) -> Gain:
+    """The gain of ONE server's ``value`` over ``base`` (the defaults on 2 or more fresh servers)
+    and its interval, assuming the pick's server-to-server spread is the defaults': on the log
+    values, ``log value − mean(log base) ± t(n−1) · s · √(1 + 1/n)`` (the interval of a new
+    observation against the mean of n), with ``s`` the defaults' standard deviation, at least
+    ``floor`` (the measurement's own resolution, e.g. the capacity search's bracket). With fewer
+    than 2 defaults, no interval."""
+    n = len(base)
+    if not base:
+        return Gain(None, n_pick=1, n_base=0, why="no round measured vLLM's defaults")
+    lv, lb = _logs([value]), _logs(base)
+    if lv is None or lb is None:
+        return Gain(None, n_pick=1, n_base=n, why="a round measured 0 (no ratio)")
+    sign = 1.0 if higher else -1.0
+    mean = sum(lb) / n
+    point = math.exp(sign * (lv[0] - mean)) - 1.0
+    if n < 2:
+        return Gain(point, n_pick=1, n_base=n, why="the defaults on 1 server: no interval")
+    sd = math.sqrt(sum((x - mean) ** 2 for x in lb) / (n - 1))
+    sd = max(sd, floor)
+    if sd <= 0:
+        return Gain(point, n_pick=1, n_base=n, why="no spread between rounds: no interval")
+    from scipy import stats
+
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd * math.sqrt(1 + 1 / n)
+    d = sign * (lv[0] - mean)
+    return Gain(point, math.exp(d - half) - 1.0, math.exp(d + half) - 1.0, 1, n)
 
 
 @dataclass(frozen=True)

@@ -408,4 +408,5 @@ def numerics_changes(args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _empty(value: Any) -> bool:
-    return isinstance(value, str | Mapping) and not value
+    """Not passed (None: the flag is left out, as the lever screen's defaults arm) or empty."""
+    return value is None or (isinstance(value, str | Mapping) and not value)

@@ -12,6 +12,7 @@ One module per concern, every public name re-exported here (``from tuner.config 
 * :mod:`tuner.config.engine` — ``engine`` and ``model``: the server and what it serves;
 * :mod:`tuner.config.workload` — ``workload``: the requests, their arrivals, the SLOs;
 * :mod:`tuner.config.search` — ``space``, ``study``, ``objective``, ``confirm``, ``plan``;
+* :mod:`tuner.config.screen` — ``screen``: the lever screen's candidates and settings;
 * :mod:`tuner.config.compose` — :class:`TunerConfig` (with ``tracking`` and ``paths``), its
   registration, composition and conversion, and the refusal of keys the schema does not have;
 * :mod:`tuner.config.values` — the checks of values: choices, ranges, counts, the model directory.
@@ -32,6 +33,7 @@ from tuner.config.compose import (
     unknown_key,
 )
 from tuner.config.engine import ContainerConfig, EngineConfig, ModelConfig
+from tuner.config.screen import LeverSpec, ScreenConfig, chosen_levers, screen_space
 from tuner.config.search import (
     DEFAULT_PICKS,
     QUALITY_MEASURES,
@@ -97,6 +99,7 @@ __all__ = [
     "DistConfig",
     "EngineConfig",
     "ImageConfig",
+    "LeverSpec",
     "ModelConfig",
     "ObjectiveConfig",
     "ObjectiveSpec",
@@ -106,6 +109,7 @@ __all__ = [
     "PrescreenConfig",
     "QualityConfig",
     "SLOConfig",
+    "ScreenConfig",
     "SpaceConfig",
     "StudyConfig",
     "TraceConfig",
@@ -122,11 +126,13 @@ __all__ = [
     "check_override_keys",
     "check_study",
     "check_workload",
+    "chosen_levers",
     "compose_config",
     "conf_dir",
     "convert",
     "one_of",
     "register_schemas",
+    "screen_space",
     "unknown_key",
     "usable_cores",
 ]

@@ -17,6 +17,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from tuner.config.engine import EngineConfig, ModelConfig
+from tuner.config.screen import ScreenConfig
 from tuner.config.search import (
     ConfirmConfig,
     ObjectiveConfig,
@@ -74,6 +75,12 @@ class TunerConfig:
     paths: PathsConfig = field(default_factory=PathsConfig)
     confirm: ConfirmConfig = field(default_factory=ConfirmConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    screen: ScreenConfig = field(default_factory=ScreenConfig)
+    """The lever screen's candidates and settings (read when ``mode`` is ``screen``)."""
+    mode: str = "search"
+    """``search`` (the space searched, then the confirm stage) or ``screen`` (each lever of
+    ``screen.levers`` alone against vLLM's defaults: :mod:`tuner.screen`); set by the ``mode``
+    config group (``mode=screen``)."""
     workload: WorkloadConfig = MISSING
     dry_run: bool = False
     """Print the plan (study, space, first argv) and exit without launching anything."""

@@ -9,6 +9,7 @@ plotly) and a drawing function that takes that frame and returns a
 - :func:`latency_cdf_data` → :func:`latency_cdf_figure`
 - :func:`timeline_data` → :func:`timeline_figure`
 - :func:`card_data` → :func:`card_figure`: the capacity card (:mod:`tuner.capacity_card`)
+- :func:`screen_data` → :func:`screen_figure`: the lever screen (:mod:`tuner.screen`)
 - Optuna's own plots, on the measured trials: :func:`parallel_coordinates_figure`,
   :func:`importance_figure`
 
@@ -19,8 +20,8 @@ a viewer that shows it alone (MLflow's artifact view).
 
 The modules, one figure family each: ``points`` (the trial points and the Pareto staircase) and
 ``pareto`` (their figure), ``latency`` (latency CDFs), ``timeline`` (a trial's telemetry),
-``card`` (the capacity card), ``optuna_figures`` (Optuna's parallel coordinates and importances
-on the measured trials),
+``card`` (the capacity card), ``screen`` (the lever screen), ``optuna_figures`` (Optuna's
+parallel coordinates and importances on the measured trials),
 ``write`` (:func:`write_figures`) and ``common`` (helpers they share). This package re-exports
 their public API: ``from tuner import plots`` then ``plots.trial_points(study)``.
 
@@ -39,6 +40,7 @@ from tuner.plots.latency import (
 from tuner.plots.optuna_figures import importance_figure, parallel_coordinates_figure
 from tuner.plots.pareto import pareto_figure
 from tuner.plots.points import PARAM_PREFIX, STATUSES, pareto_step, trial_labels, trial_points
+from tuner.plots.screen import screen_data, screen_figure
 from tuner.plots.timeline import timeline_data, timeline_figure
 from tuner.plots.write import PLOTLY_JS, self_contained, write_figures
 
@@ -56,6 +58,8 @@ __all__ = [
     "parallel_coordinates_figure",
     "pareto_figure",
     "pareto_step",
+    "screen_data",
+    "screen_figure",
     "self_contained",
     "timeline_data",
     "timeline_figure",

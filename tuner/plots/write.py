@@ -25,6 +25,7 @@ from tuner.plots.latency import latency_cdf_data, latency_cdf_figure
 from tuner.plots.optuna_figures import importance_figure, parallel_coordinates_figure
 from tuner.plots.pareto import pareto_figure
 from tuner.plots.points import trial_labels, trial_points
+from tuner.plots.screen import screen_data, screen_figure
 from tuner.plots.timeline import timeline_data, timeline_figure
 from tuner.stored_study import baseline_trials
 
@@ -74,6 +75,7 @@ def write_figures(
     objectives: Sequence[tuple[str, str]],
     timeline_trials: Sequence[int] = (),
     card: Mapping[str, Any] | None = None,
+    screen: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Path]:
     """Write the study's figures into ``out_dir`` (HTML, with ``plotly.min.js`` beside them:
     they open without network) with the data of each as CSV beside it; return ``{file name:
@@ -84,7 +86,9 @@ def write_figures(
     ``latency_cdf.csv`` (every trial of ``trial_dirs``; the Pareto-front trials and the
     baseline are shown, the others start hidden in the legend) and ``timeline_<n>.html`` +
     ``timeline_<n>.csv`` for each of ``timeline_trials`` (its dir from ``trial_dirs``), and with
-    ``card`` (``capacity_card.json``'s content) ``capacity_card.html`` + ``capacity_card.csv``.
+    ``card`` (``capacity_card.json``'s content) ``capacity_card.html`` + ``capacity_card.csv``,
+    and with ``screen`` (a lever screen's rows, :meth:`tuner.screen.LeverRow.as_dict`)
+    ``screen.html`` + ``screen.csv``.
     A figure that fails is logged on the ``tuner`` logger and skipped: this never raises for a
     figure.
     """
@@ -169,6 +173,12 @@ def write_figures(
             ),
         )
 
+    def lever_screen() -> None:
+        assert screen is not None
+        frame = screen_data(screen)
+        csv("screen.csv", frame)
+        html("screen.html", screen_figure(frame, f"{study.study_name}: lever screen"))
+
     jobs: list[tuple[str, Callable[[], None]]] = [
         ("pareto", pareto),
         ("parallel_coordinates", parallel),
@@ -176,6 +186,7 @@ def write_figures(
         ("latency_cdf", latency),
         *((f"timeline_{n}", timeline(n)) for n in timeline_trials),
         *([("capacity_card", capacity_card)] if card is not None else []),
+        *([("screen", lever_screen)] if screen is not None else []),
     ]
     for name, job in jobs:
         try:

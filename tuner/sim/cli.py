@@ -132,6 +132,10 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--disable-log-stats", action="store_true", default=False)
     p.add_argument("--enable-log-requests", action=bool_flag, default=False)
     p.add_argument("--async-scheduling", action=bool_flag, default=None)
+    # accepted, not modelled (the lever screen's flags: conf/screen/default.yaml)
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    p.add_argument("--max-long-partial-prefills", type=int, default=1)
+    p.add_argument("--disable-cascade-attn", action=bool_flag, default=False)
     p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--shutdown-timeout", type=int, default=0)
     if suppress_defaults:

@@ -1,0 +1,84 @@
+"""A tiny lever screen on the simulator (in process): the defaults first, between and last, one
+lever the simulator models (max_num_seqs=2 against a load of 4 in flight: a loss), one it accepts
+without modelling (fp8 KV: more KV tokens the load does not need), and one it rejects (an unknown
+flag: the launch fails). The table has every lever, the rejected one as failed, and the screen
+goes on past it; ``report`` writes the same table again from storage."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from helpers.capacity import BINDING_SLOS
+
+from tuner import report
+from tuner import study as study_mod
+from tuner.config import LeverSpec, TunerConfig, screen_space
+from tuner.screen import DEFAULTS
+from tuner.stored_trial import screen_arm
+
+pytestmark = pytest.mark.integration
+
+SMALL = [
+    *BINDING_SLOS,
+    "mode=screen",
+    "tracking=none",
+    "workload.num_requests=60",
+    "objective.capacity.max_steps=4",
+    "screen.defaults_every=2",
+]
+
+
+def _with_levers(cfg: TunerConfig) -> TunerConfig:
+    levers = {
+        **cfg.screen.levers,
+        "mns_2": LeverSpec(param="max_num_seqs", value=2),
+        "bogus": LeverSpec(param="no_such_flag", value=1),
+    }
+    sc = replace(cfg.screen, levers=levers, only=["kv_fp8", "mns_2", "bogus"])
+    return replace(cfg, screen=sc, space=screen_space(sc))
+
+
+def test_a_tiny_screen_on_the_simulator(
+    make_cfg: Callable[..., TunerConfig], tmp_path: Path
+) -> None:
+    cfg = _with_levers(make_cfg(*SMALL))
+    outcome = study_mod.run(cfg)
+    study = outcome.study
+    assert study.study_name == "chat-qwen3-8b-sim-capacity-screen"
+    arms = [screen_arm(t) for t in study.trials]
+    assert arms == [DEFAULTS, "kv_fp8", "mns_2", DEFAULTS, "bogus", DEFAULTS]
+    lever_trial = study.trials[2]
+    assert "--max-num-seqs" in lever_trial.user_attrs["serve_args"]
+    assert "--kv-cache-dtype" not in lever_trial.user_attrs["serve_args"]  # one flag a lever
+    assert "changes_numerics" not in lever_trial.user_attrs
+    assert study.trials[1].user_attrs["changes_numerics"] == ["kv_cache_dtype=fp8"]
+
+    run_dir = Path(cfg.paths.output_dir)
+    data = json.loads((run_dir / "screen.json").read_text())
+    rows = {r["lever"]: r for r in data["levers"]}
+    assert set(rows) == {"kv_fp8", "mns_2", "bogus"}
+    assert len(rows["kv_fp8"]["base"]) == 3
+    for name in ("kv_fp8", "mns_2"):
+        g = rows[name]["change"]
+        assert g["value"] is not None and g["low"] is not None and g["high"] is not None
+        assert g["low"] <= g["value"] <= g["high"]
+    assert rows["mns_2"]["change"]["value"] < -0.2  # 2 in flight at most, against 4 asked
+    assert rows["mns_2"]["word"] == "loss"
+    assert rows["kv_fp8"]["numerics"] is True
+    assert rows["bogus"]["word"] == "failed" and rows["bogus"]["failures"]
+    assert rows["bogus"]["change"]["value"] is None
+    assert (run_dir / "screen.csv").is_file() and (run_dir / "screen.html").is_file()
+
+    again = replace(cfg, paths=replace(cfg.paths, output_dir=str(tmp_path / "report")))
+    published = report.run_report(again)
+    assert {"screen.json", "screen.csv", "screen.html"} <= set(published.files)
+    reported = json.loads(published.files["screen.json"].read_text())
+    assert reported["levers"] == data["levers"]
+
+    # the same command again: nothing left to run, the table unchanged
+    second = study_mod.run(replace(cfg, paths=replace(cfg.paths, output_dir=str(tmp_path / "r2"))))
+    assert len(second.study.trials) == len(study.trials)

@@ -1,0 +1,288 @@
+"""The lever screen's arithmetic, queue, table and figure data (tuner/screen.py,
+tuner/screen_report.py, tuner/plots/screen.py, tuner.verdict.gain_of_one), on in-memory studies."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pytest
+from rich.console import Console
+from scipy import stats
+
+from tuner import screen, screen_report
+from tuner.config import TunerConfig
+from tuner.engine.argv import command_prefix, flag_args, passed
+from tuner.errors import ConfigError
+from tuner.plots import screen_data, screen_figure
+from tuner.publish import publish
+from tuner.records import TrialResult
+from tuner.space import distributions
+from tuner.stored_trial import changes_numerics, mark_interrupted, screen_arm, tell
+from tuner.verdict import gain, gain_of_one
+from tuner.vllm_rules import numerics_changes
+
+D = screen.DEFAULTS
+
+
+def trial_argv_words(cfg: TunerConfig, params: dict[str, object]) -> list[str]:
+    """The flags a trial with ``params`` passes (as :func:`tuner.engine.argv.build_argv`)."""
+    words: list[str] = []
+    for name, value in passed(cfg.space, params).items():
+        spec = cfg.space.params[name]
+        words += flag_args(spec.flag or "--" + name.replace("_", "-"), value)
+    return words
+
+
+# --- the order of the servers -------------------------------------------------------------------
+
+
+def test_the_defaults_run_first_between_and_last() -> None:
+    got = screen.plan(["a", "b", "c", "d", "e"], {n: 1 for n in "abcde"}, 2)
+    assert got == [D, "a", "b", D, "c", "d", D, "e", D]
+    assert screen.plan(["a", "b"], {"a": 1, "b": 1}, 4) == [D, "a", "b", D]
+
+
+def test_rounds_alternate_their_order_and_only_needed_levers_run() -> None:
+    got = screen.plan(["a", "b", "c"], {"a": 2, "b": 2, "c": 1}, 10)
+    assert got == [D, "a", "b", "c", "b", "a", D]
+    assert screen.plan(["a", "b"], {}, 2) == []
+
+
+# --- the arithmetic ------------------------------------------------------------------------------
+
+
+def test_one_server_against_the_defaults_spread() -> None:
+    base = [10.0, 10.6, 9.7, 10.2]
+    g = gain_of_one(12.0, base, higher=True)
+    logs = [math.log(b) for b in base]
+    mean = sum(logs) / len(logs)
+    sd = stats.tstd(logs)
+    half = stats.t.ppf(0.975, len(base) - 1) * sd * math.sqrt(1 + 1 / len(base))
+    d = math.log(12.0) - mean
+    assert g.value == pytest.approx(math.exp(d) - 1)
+    assert g.low == pytest.approx(math.exp(d - half) - 1)
+    assert g.high == pytest.approx(math.exp(d + half) - 1)
+    assert (g.n_pick, g.n_base) == (1, 4)
+    # more spread in the defaults: a wider interval around the same point
+    wide = gain_of_one(12.0, [8.0, 12.0, 9.0, 11.5], higher=True)
+    assert wide.high is not None and wide.high - (wide.low or 0) > g.high - (g.low or 0)
+
+
+def test_one_server_intervals_need_two_defaults_and_use_the_floor() -> None:
+    alone = gain_of_one(12.0, [10.0], higher=True)
+    assert alone.value == pytest.approx(0.2) and alone.low is None and alone.why
+    flat = gain_of_one(12.0, [10.0, 10.0, 10.0], higher=True)
+    assert flat.low is None  # no spread and no floor: no interval
+    floored = gain_of_one(12.0, [10.0, 10.0, 10.0], higher=True, floor=0.02)
+    half = stats.t.ppf(0.975, 2) * 0.02 * math.sqrt(1 + 1 / 3)
+    assert floored.low == pytest.approx(1.2 * math.exp(-half) - 1)
+
+
+def test_several_servers_use_the_confirm_stages_rule() -> None:
+    got = screen.change([12.0, 12.5], [10.0, 10.4, 9.9], floor=0.01)
+    assert got == gain([12.0, 12.5], [10.0, 10.4, 9.9], higher=True)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "word"),
+    [(0.02, 0.1, "gain"), (-0.1, -0.01, "loss"), (-0.05, 0.05, "no significant change")],
+)
+def test_the_verdict_word_follows_the_interval(low: float, high: float, word: str) -> None:
+    g = gain_of_one(1.0, [1.0, 1.0], higher=True)
+    assert screen.word(g) == "no interval"
+    from tuner.verdict import Gain
+
+    assert screen.word(Gain((low + high) / 2, low, high, 1, 3)) == word
+    assert screen.word(Gain(None, why="no server measured it"), failed=True) == "failed"
+    zero = screen.change([0.0], [10.0, 10.5], floor=0.01)
+    assert zero.value is None and screen.word(zero, zero=True) == "loss"
+
+
+# --- the stored study ----------------------------------------------------------------------------
+
+
+def _told(
+    study: optuna.Study, cfg: TunerConfig, capacity: float | None, failure: str | None = None
+) -> None:
+    trial = study.ask(distributions(cfg.space))
+    metrics = {} if capacity is None else {"capacity_rps": capacity, "ttft_p95_ms": 100.0}
+    argv = (*command_prefix(cfg.engine), "m", *trial_argv_words(cfg, dict(trial.params)))
+    result = TrialResult(
+        trial.number,
+        dict(trial.params),
+        argv,
+        None if capacity is None else (capacity, 100.0),
+        {} if capacity is None else {"error_rate": -0.05},
+        metrics,
+        failure_reason=failure,
+    )
+    tell(study, trial, result, cfg, Path("."))
+
+
+@pytest.fixture
+def screened(make_cfg: Callable[..., TunerConfig]) -> tuple[optuna.Study, TunerConfig]:
+    cfg = make_cfg(
+        "+workload=chat", "mode=screen", "tracking=none", "screen.only=[kv_fp8,mns_256,block_32]"
+    )
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    cfg = screen.prepare(study, cfg)
+    return study, cfg
+
+
+def test_prepare_enqueues_each_lever_once_between_defaults(
+    screened: tuple[optuna.Study, TunerConfig],
+) -> None:
+    study, cfg = screened
+    assert cfg.study.n_trials == 5 and cfg.study.max_rejected == 0
+    arms = [screen_arm(t) for t in study.trials]
+    assert arms == [D, "kv_fp8", "mns_256", "block_32", D]
+    fixed = [t.system_attrs["fixed_params"] for t in study.trials]
+    assert all(v is None for v in fixed[0].values())
+    assert {k: v for k, v in fixed[2].items() if v is not None} == {"max_num_seqs": 256}
+    again = screen.prepare(study, cfg)  # resumed: nothing more enqueued
+    assert len(study.trials) == 5 and again.study.n_trials == 5
+
+
+def test_rows_show_changes_failures_and_interruptions(
+    screened: tuple[optuna.Study, TunerConfig],
+) -> None:
+    study, cfg = screened
+    _told(study, cfg, 10.0)  # defaults
+    _told(study, cfg, 13.0)  # kv_fp8
+    _told(study, cfg, None, failure="launch_failed")  # mns_256
+    running = study.ask(distributions(cfg.space))  # block_32, interrupted
+    mark_interrupted(study, running, "Ctrl-C")
+    _told(study, cfg, 10.4)  # defaults
+    assert changes_numerics(study.trials[1]) == ["kv_cache_dtype=fp8"]
+    assert changes_numerics(study.trials[0]) == []
+    rows = {r.lever: r for r in screen.rows(study, cfg)}
+    assert list(rows) == ["kv_fp8", "mns_256", "block_32"]
+    kv = rows["kv_fp8"]
+    assert kv.capacities == (13.0,) and kv.base == (10.0, 10.4) and kv.numerics
+    assert kv.change.value == pytest.approx(13.0 / math.sqrt(10.0 * 10.4) - 1)
+    assert kv.change.low is not None and kv.change.high is not None
+    assert kv.follow_up
+    assert rows["mns_256"].word == "failed" and rows["mns_256"].failures == ("launch_failed",)
+    assert rows["block_32"].word == "failed" and rows["block_32"].failures == ("interrupted",)
+    # the interrupted lever runs again with the same command, between defaults
+    again = screen.prepare(study, cfg)
+    assert [screen_arm(t) for t in study.trials[5:]] == [D, "block_32", D]
+    assert again.study.n_trials == 3
+
+
+def test_table_json_metrics_and_figure_data(
+    screened: tuple[optuna.Study, TunerConfig], tmp_path: Path
+) -> None:
+    study, cfg = screened
+    for capacity in (10.0, 9.0, None, 10.0, 10.2):
+        _told(study, cfg, capacity, failure=None if capacity else "launch_failed")
+    rows = screen.rows(study, cfg)
+    console = Console(width=200, record=True)
+    screen_report.print_table(rows, console)
+    text = console.export_text()
+    for r in rows:
+        assert r.lever in text
+    assert "launch_failed" in text
+    path = screen_report.write_json(rows, tmp_path)
+    assert path.name == "screen.json" and "kv_fp8" in path.read_text()
+    m = screen_report.metrics(rows)
+    assert m["screen_kv_fp8_change"] == pytest.approx(rows[0].change.value)
+    assert "screen_mns_256_change" not in m
+    frame = screen_data([r.as_dict() for r in rows])
+    assert list(frame["lever"]) == ["kv_fp8", "mns_256", "block_32"]
+    first = frame.iloc[0]
+    assert first["change_pct"] == pytest.approx(100 * rows[0].change.value)
+    assert first["low_pct"] == pytest.approx(100 * (rows[0].change.low or 0))
+    assert first["servers"] == 1 and first["default_servers"] == 2
+    fig = screen_figure(frame, "t")
+    names = {tr.name for tr in fig.data}
+    assert names == {rows[0].word, "failed"}
+
+
+def test_a_screen_needs_known_levers_and_the_capacity_objective(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    with pytest.raises(ConfigError, match="screen.only"):
+        make_cfg("+workload=chat", "mode=screen", "screen.only=[nope]")
+    with pytest.raises(ConfigError, match="capacity_rps"):
+        make_cfg("+workload=chat", "mode=screen", "objective=default")
+
+
+def test_every_default_lever_is_a_valid_one_flag_trial(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    cfg = make_cfg("+workload=chat", "mode=screen")
+    assert len(cfg.screen.levers) >= 10
+    for name, lever in cfg.screen.levers.items():
+        assert lever.changes and lever.source.startswith("vllm/"), name
+        spec = cfg.space.params[lever.param]
+        assert spec.default is None and lever.value in (spec.choices or [])
+    # which change numerics is vllm_rules.NUMERICS' to say (the quality guard reads it too)
+    numerics = {n for n, lv in cfg.screen.levers.items() if numerics_changes({lv.param: lv.value})}
+    assert numerics == {"quant_fp8", "kv_fp8"}
+
+
+def test_every_lever_is_a_vllm_0_24_flag_the_simulator_accepts_and_the_doc_lists(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    import json
+
+    from tuner.engine.argv import flag_args
+    from tuner.sim.cli import parse_args
+    from tuner.space import flag_name
+
+    root = Path(__file__).resolve().parents[2]
+    dump = json.loads((root / "tests/data/vllm-0.24.0-serve-flags.json").read_text())["options"]
+    doc = (root / "docs/levers.md").read_text()
+    cfg = make_cfg("+workload=chat", "mode=screen")
+    for name, lever in cfg.screen.levers.items():
+        words = flag_args(flag_name(lever.param, cfg.space.params[lever.param]), lever.value)
+        option = words[0].split("=")[0].split(".")[0]
+        assert option in dump, (name, option)
+        assert dump[option]["dest"] in (lever.param, "compilation_config"), name
+        parsed = parse_args(["serve", "m", *words])  # exits 2 on a flag it does not know
+        assert parsed.user_set, name
+        assert f"`{name}`" in doc and " ".join(words) in doc, name
+
+
+def test_a_search_trial_that_passes_fp8_kv_records_it(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    from tuner.space import defaults
+
+    cfg = make_cfg("+workload=chat")
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.enqueue_trial({**defaults(cfg.space), "kv_cache_dtype": "fp8"})
+    study.enqueue_trial(defaults(cfg.space))
+    _told(study, cfg, 10.0)
+    _told(study, cfg, 10.0)
+    assert changes_numerics(study.trials[0]) == ["kv_cache_dtype=fp8"]
+    assert changes_numerics(study.trials[1]) == []
+
+
+def test_an_export_of_a_config_that_changes_numerics_says_so(
+    make_cfg: Callable[..., TunerConfig], tmp_path: Path
+) -> None:
+    from tuner.space import defaults
+    from tuner.tracking import NullTracker
+
+    cfg = make_cfg("+workload=chat", "tracking=none", "confirm.picks=[latency,baseline]")
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.enqueue_trial(defaults(cfg.space), user_attrs={"baseline": True})
+    study.enqueue_trial({**defaults(cfg.space), "kv_cache_dtype": "fp8"})
+    _told(study, cfg, 10.0)
+    trial = study.ask(distributions(cfg.space))  # fp8 KV: the lowest TTFT, the latency pick
+    argv = (*command_prefix(cfg.engine), "m", *trial_argv_words(cfg, dict(trial.params)))
+    metrics = {"output_throughput": 10.0, "ttft_p95_ms": 50.0}
+    result = TrialResult(
+        trial.number, trial.params, argv, (10.0, 50.0), {"error_rate": -1}, metrics
+    )
+    tell(study, trial, result, cfg, tmp_path)
+    publish(study, cfg, tmp_path, NullTracker(), Console(width=160, record=True))
+    latency = (tmp_path / "best-latency.yaml").read_text()
+    assert any(ln.startswith("kv-cache-dtype") and "fp8" in ln for ln in latency.splitlines())
+    assert "changes numerics (kv_cache_dtype=fp8)" in latency
+    assert "changes numerics" not in (tmp_path / "best-baseline.yaml").read_text()

@@ -1,0 +1,241 @@
+"""The lever screen (``mode=screen``): which vLLM flags move SLO capacity, each alone against
+vLLM's defaults.
+
+The screen is a study like any other (:mod:`tuner.study`), so storage, resume, MLflow and
+``report`` are the study's: :func:`prepare` enqueues one fixed trial per fresh server, each
+labelled with its arm (:func:`tuner.stored_trial.screen_attrs`: a lever of ``screen.levers`` —
+one flag changed from vLLM's defaults — or ``defaults``, which passes no flag), in the order
+:func:`plan` gives: the defaults first, after every ``screen.defaults_every`` lever servers, and
+last. Every trial measures its server's SLO capacity (``objective=capacity`` with the incumbent
+probe off: each lever needs its own capacity, not one censored at the best so far). A lever whose
+server cannot start (a flag vLLM rejects) is a failed trial, recorded and shown as that lever's
+failure; the screen goes on. Ctrl-C marks the running trial FAIL (``interrupted``): the table
+shows it, and the same command runs it again with what was not run yet.
+
+:func:`rows` reads the stored trials back as one :class:`LeverRow` per lever: its capacity change
+against the defaults with a 95 % interval (:func:`change`) and a verdict word (:func:`word`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import optuna
+
+from tuner import stored_trial
+from tuner.config import TunerConfig, chosen_levers
+from tuner.engine.argv import flag_args
+from tuner.errors import ConfigError
+from tuner.score import needs_capacity
+from tuner.space import defaults
+from tuner.stored_study import screen_levers, store_screen
+from tuner.verdict import Gain, gain, gain_of_one
+from tuner.vllm_rules import numerics_changes
+
+__all__ = [
+    "DEFAULTS",
+    "METRIC",
+    "WORDS",
+    "LeverRow",
+    "change",
+    "check",
+    "plan",
+    "prepare",
+    "rows",
+    "word",
+]
+
+DEFAULTS = "defaults"
+"""The arm of vLLM's defaults (no flag passed)."""
+METRIC = "capacity_rps"
+WORDS = ("gain", "loss", "no significant change", "no interval", "failed", "not run yet")
+
+
+def check(cfg: TunerConfig) -> None:
+    """``mode`` and, for a screen, its settings and objective."""
+    if cfg.mode not in ("search", "screen"):
+        raise ConfigError(f"mode is {cfg.mode!r}; allowed: search, screen")
+    if cfg.mode != "screen":
+        return
+    sc = cfg.screen
+    unknown = [n for n in sc.only if n not in sc.levers]
+    if unknown:
+        raise ConfigError(f"screen.only names {unknown}, not levers of {sorted(sc.levers)}")
+    if DEFAULTS in sc.levers:
+        raise ConfigError(f"screen.levers: {DEFAULTS!r} is the defaults' arm, not a lever name")
+    if sc.servers < 1 or sc.defaults_every < 1:
+        raise ConfigError("screen.servers and screen.defaults_every must be >= 1")
+    if not chosen_levers(sc):
+        raise ConfigError("the screen has no lever (screen.levers, screen.only)")
+    if not needs_capacity(cfg.objective) or cfg.objective.objectives[0].metric != METRIC:
+        raise ConfigError(
+            "mode=screen measures SLO capacity: its objective must start with capacity_rps "
+            "(objective=capacity, which mode=screen selects)"
+        )
+
+
+def plan(levers: Sequence[str], need: Mapping[str, int], defaults_every: int) -> list[str]:
+    """The arms to run, in order: round r holds every lever still needing an r-th server (every
+    other round reversed, so drift does not favour the first levers), the defaults first, after
+    every ``defaults_every`` lever servers, and last. Empty when no lever needs a server."""
+    seq: list[str] = []
+    for r in range(1, max(need.values(), default=0) + 1):
+        names = [n for n in levers if need.get(n, 0) >= r]
+        seq += names if r % 2 else names[::-1]
+    if not seq:
+        return []
+    out = [DEFAULTS]
+    for i, name in enumerate(seq, 1):
+        out.append(name)
+        if i % defaults_every == 0 or i == len(seq):
+            out.append(DEFAULTS)
+    return out
+
+
+def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
+    """Enqueue the servers the screen still needs (each lever ``screen.servers`` times, counting
+    those run, running or waiting; an interrupted one again) and return ``cfg`` with
+    ``study.n_trials`` the screen's waiting trials (no sampled trial: ``max_rejected`` 0)."""
+    levers = chosen_levers(cfg.screen)
+    live = study.get_trials(deepcopy=False, states=stored_trial.LIVE)
+    have = Counter(stored_trial.screen_arm(t) for t in live)
+    need = {n: cfg.screen.servers - have[n] for n in levers if have[n] < cfg.screen.servers}
+    base = defaults(cfg.space)
+    for arm in plan(list(levers), need, cfg.screen.defaults_every):
+        params = dict(base)
+        if arm != DEFAULTS:
+            params[levers[arm].param] = levers[arm].value
+        study.enqueue_trial(params, user_attrs=stored_trial.screen_attrs(arm, arm == DEFAULTS))
+    store_screen(study, {n: _described(lever) for n, lever in levers.items()})
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    n = sum(stored_trial.screen_arm(t) is not None for t in waiting)
+    return replace(cfg, study=replace(cfg.study, n_trials=n, max_rejected=0))
+
+
+def _described(lever: Any) -> dict[str, Any]:
+    out = asdict(lever)
+    out.pop("enabled", None)
+    return out
+
+
+@dataclass(frozen=True)
+class LeverRow:
+    """One lever of the screen against vLLM's defaults."""
+
+    lever: str
+    flag: str
+    """The words it adds to ``vllm serve`` (``--kv-cache-dtype fp8``, ``--no-async-scheduling``)."""
+    value: Any
+    numerics: bool
+    capacities: tuple[float, ...]
+    """The lever's capacity (requests/s) per measured server."""
+    base: tuple[float, ...]
+    """The defaults' capacity per measured server (the same for every row)."""
+    change: Gain
+    word: str
+    failures: tuple[str, ...] = ()
+    """Each failed server's reason (``launch_failed``, ``interrupted``, ...)."""
+    censored: bool = False
+    """A server held at the capacity search's highest load: its capacity is a lower bound."""
+    follow_up: bool = False
+    """Its point change is at least ``screen.follow_up``: worth the follow-up on 3 servers."""
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["change"] = asdict(self.change)
+        return out
+
+
+def change(values: Sequence[float], base: Sequence[float], floor: float) -> Gain:
+    """The lever's capacity change over the defaults: with 2 servers or more on each side,
+    :func:`tuner.verdict.gain` (Welch's t on the log values, the confirm stage's rule); with one
+    lever server, :func:`tuner.verdict.gain_of_one` (the interval from the defaults' spread, at
+    least ``floor``)."""
+    if len(values) == 1:
+        return gain_of_one(values[0], base, higher=True, floor=floor)
+    return gain(values, base, higher=True)
+
+
+def word(g: Gain, failed: bool = False, zero: bool = False) -> str:
+    """``gain`` (the interval above 0), ``loss`` (below 0, or ``zero``: the lever held the SLOs
+    at no load tried), ``no significant change`` (the interval holds 0), ``no interval``,
+    ``failed`` (no server measured it). (A lever with no server run yet is ``not run yet``:
+    :func:`rows`.)"""
+    if failed:
+        return "failed"
+    if zero:
+        return "loss"
+    if g.low is None or g.high is None:
+        return "no interval"
+    if g.low > 0:
+        return "gain"
+    if g.high < 0:
+        return "loss"
+    return "no significant change"
+
+
+def _capacity(t: optuna.trial.FrozenTrial) -> float | None:
+    if t.state != optuna.trial.TrialState.COMPLETE or stored_trial.failure_reason(t):
+        return None
+    return stored_trial.metric(t, METRIC)
+
+
+def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
+    """The screen's table from the stored trials: one row per lever the study has enqueued
+    (:func:`tuner.stored_study.screen_levers`), in the order of ``screen.levers``. The floor of
+    the one-server interval is the capacity search's resolution: a capacity is known within its
+    bracket (``objective.capacity.rel_width``), a uniform error of sd
+    ``log(1 + rel_width) / √12``."""
+    described = screen_levers(study) or {
+        name: _described(lever) for name, lever in chosen_levers(cfg.screen).items()
+    }
+    order = [n for n in cfg.screen.levers if n in described]
+    order += [n for n in described if n not in order]
+    by_arm: dict[str, list[optuna.trial.FrozenTrial]] = {}
+    for t in study.get_trials(deepcopy=False):
+        arm = stored_trial.screen_arm(t)
+        if arm is not None and t.state != optuna.trial.TrialState.WAITING:
+            by_arm.setdefault(arm, []).append(t)
+    base = tuple(c for t in by_arm.get(DEFAULTS, []) if (c := _capacity(t)) is not None)
+    floor = math.log1p(cfg.objective.capacity.rel_width) / math.sqrt(12)
+    out = []
+    for name in order:
+        d = described[name]
+        trials = by_arm.get(name, [])
+        caps = tuple(c for t in trials if (c := _capacity(t)) is not None)
+        failures = tuple(
+            stored_trial.failure_reason(t) or t.state.name.lower()
+            for t in trials
+            if _capacity(t) is None
+        )
+        g = (
+            change(caps, base, floor)
+            if caps
+            else Gain(None, n_base=len(base), why="no server measured it")
+        )
+        censored = any((stored_trial.metric(t, "capacity_censored") or 0) > 0 for t in trials)
+        flag = d.get("flag") or "--" + str(d["param"]).replace("_", "-")
+        out.append(
+            LeverRow(
+                name,
+                " ".join(flag_args(flag, d["value"])),
+                d["value"],
+                bool(numerics_changes({str(d["param"]): d["value"]})),
+                caps,
+                base,
+                g,
+                (
+                    word(g, failed=not caps and bool(failures), zero=bool(caps) and max(caps) <= 0)
+                    if trials
+                    else "not run yet"
+                ),
+                failures,
+                censored,
+                g.value is not None and g.value >= cfg.screen.follow_up,
+            )
+        )
+    return out

@@ -1,0 +1,91 @@
+"""The lever screen's outputs (:mod:`tuner.screen`): the console table (:func:`print_table`),
+``screen.json`` (:func:`write_json`), the MLflow metrics of the parent run (:func:`metrics`) and
+the follow-up command (:func:`follow_up`). The figure and ``screen.csv`` are
+:func:`tuner.plots.write_figures`'; :func:`tuner.publish.publish` calls all of them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tuner.screen import LeverRow
+from tuner.verdict import CONFIDENCE, pct
+
+__all__ = ["follow_up", "metrics", "print_table", "write_json"]
+
+
+def _interval(r: LeverRow) -> str:
+    g = r.change
+    if g.low is None or g.high is None:
+        return g.why or ""
+    return f"{pct(g.low)} … {pct(g.high)} %"
+
+
+def print_table(rows: Sequence[LeverRow], console: Console) -> None:
+    """One line per lever: flag, capacity change, its interval, servers, verdict word."""
+    base = rows[0].base if rows else ()
+    shown = ", ".join(f"{c:.3g}" for c in base) or "none measured"
+    table = Table(
+        title=f"Lever screen: SLO capacity vs vLLM's defaults ({shown} req/s on "
+        f"{len(base)} server{'s' if len(base) != 1 else ''})"
+    )
+    for col in ("lever", "flag", "capacity req/s", "change", f"{CONFIDENCE:.0%} interval"):
+        table.add_column(col)
+    table.add_column("servers", justify="right")
+    table.add_column("verdict")
+    for r in rows:
+        caps = ", ".join(f"{c:.3g}" for c in r.capacities) + (" (≥)" if r.censored else "")
+        verdict = r.word + (" → follow up" if r.follow_up else "")
+        if r.failures:
+            verdict += f" ({', '.join(r.failures)})"
+        table.add_row(
+            escape(r.lever) + (" *" if r.numerics else ""),
+            escape(r.flag),
+            caps or "-",
+            "-" if r.change.value is None else f"{pct(r.change.value)} %",
+            _interval(r),
+            f"{len(r.capacities)}/{len(r.base)}",
+            verdict,
+        )
+    console.print(table)
+    console.print(
+        "* changes numerics (fp8 weights or KV). servers: the lever's / the defaults'. With one "
+        "lever server the interval assumes the defaults' spread between servers (tuner.verdict."
+        "gain_of_one); with more, Welch's t on both (tuner.verdict.gain)."
+    )
+
+
+def write_json(rows: Sequence[LeverRow], out_dir: Path) -> Path:
+    """``screen.json``: every row (:meth:`LeverRow.as_dict`)."""
+    path = out_dir / "screen.json"
+    data = {
+        "metric": "capacity_rps",
+        "confidence": CONFIDENCE,
+        "levers": [r.as_dict() for r in rows],
+    }
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return path
+
+
+def metrics(rows: Sequence[LeverRow]) -> dict[str, float]:
+    """``screen_<lever>_change`` (a fraction) and ``_ci_low`` / ``_ci_high`` where measured."""
+    out: dict[str, float] = {}
+    for r in rows:
+        g = r.change
+        if g.value is None:
+            continue
+        out[f"screen_{r.lever}_change"] = g.value
+        if g.low is not None and g.high is not None:
+            out[f"screen_{r.lever}_ci_low"] = g.low
+            out[f"screen_{r.lever}_ci_high"] = g.high
+    return out
+
+
+def follow_up(rows: Sequence[LeverRow], servers: int) -> list[str]:
+    """The levers worth the 3-server follow-up (marked ``follow_up``, measured on fewer than 3)."""
+    return [r.lever for r in rows if r.follow_up and len(r.capacities) < max(3, servers)]
