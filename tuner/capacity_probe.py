@@ -17,7 +17,7 @@ from pathlib import Path
 from tuner.artifacts import TrialFolder, write_json, write_requests
 from tuner.capacity import Capacity, Start, Step, search
 from tuner.config import ObjectiveConfig, SLOConfig
-from tuner.measure import Measured, Replay, reset_caches
+from tuner.measure import Measured, Replay, reset_caches, unsteady_indices
 from tuner.replay import is_closed_loop
 from tuner.score import KEY_METRICS, slo_margins, summarize
 from tuner.telemetry.prom import wait_idle
@@ -39,8 +39,9 @@ MIN_STEP_REQUESTS = 100
 """A capacity step measures at least this many requests: a p95 of fewer moves too much between
 identical runs to say on which side of an SLO a load lies."""
 CLOSED_LOOP_REQUESTS_PER_SLOT = 3
-"""A capacity step of a closed loop sends at least this many requests per slot in flight: with
-fewer, the load cannot build up (every request would be in flight at once)."""
+"""A capacity step of a closed loop sends at least this many requests per slot in flight: the
+first of each slot start at once and the last run while the loop drains, both sent but not
+counted (:func:`tuner.measure.unsteady_indices`), so at least one per slot is measured."""
 
 Measure = Callable[[Path, Replay, ObjectiveConfig], Awaitable[Measured]]
 """Replays on the trial's server into a folder, pruned by the objective's constraints."""
@@ -90,11 +91,12 @@ async def probe_capacity(
         k = next(numbers)
         w = at_load(base.workload, factor)
         n = max(objective.capacity.requests or w.num_requests, MIN_STEP_REQUESTS)
-        if _closed(base):  # a steady state needs several requests per slot: 3 each at least
-            n = max(n, CLOSED_LOOP_REQUESTS_PER_SLOT * w.arrival.concurrency)
+        if _closed(base):  # its start and end are not counted: 1 request per slot between, at least
+            c = w.arrival.concurrency
+            n = max(n + 2 * c, MIN_STEP_REQUESTS + 2 * c, CLOSED_LOOP_REQUESTS_PER_SLOT * c)
         w = replace(w, num_requests=n)
         requests = await asyncio.to_thread(build_requests, w, model_files)
-        rp = Replay(f"capacity_{k}", requests, w)
+        rp = Replay(f"capacity_{k}", requests, w, steady=True)
         if not await wait_idle(base_url):  # a step stopped early left requests running
             log.warning("trial %d: the server was still busy 120 s after a replay", number)
         await reset_caches(base_url, api_key)
@@ -151,7 +153,9 @@ def step_of(factor: float, rp: Replay, m: Measured, objective: ObjectiveConfig) 
     send times) or served (closed loop: by Little's law, the slots in flight over the mean E2E
     latency, steadier than completions over a short replay's span with its ramp up and down),
     the SLO margin, held or not."""
-    metrics = {**m.telemetry, **summarize(m.records, rp.workload.slo)}
+    unsteady = unsteady_indices(rp)  # a closed loop's start and end: capacity is the steady state's
+    steady = [r for r in m.records if r.index not in unsteady]
+    metrics = {**m.telemetry, **summarize(steady, rp.workload.slo)}
     rps = float(metrics.get("request_throughput", 0.0))
     sends = sorted(r.arrival_s for r in rp.requests if not r.warmup and r.arrival_s is not None)
     if not _closed(rp) and len(sends) > 1 and sends[-1] > sends[0]:

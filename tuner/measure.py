@@ -25,9 +25,9 @@ from tuner.config import ObjectiveConfig, TunerConfig, WorkloadConfig
 from tuner.engine.argv import api_key
 from tuner.engine.pool import describe_cores
 from tuner.records import RequestRecord, RequestSpec
-from tuner.replay import STREAMS_PER_PROCESS, ClientChoice, choose_client, replay
+from tuner.replay import STREAMS_PER_PROCESS, ClientChoice, choose_client, is_closed_loop, replay
 from tuner.replay_client import ClientStats
-from tuner.score import prune_reason
+from tuner.score import PruneWatch
 from tuner.telemetry.gpu import GpuSampler
 from tuner.telemetry.prom import MetricsScraper
 
@@ -35,6 +35,7 @@ __all__ = [
     "Measured",
     "Replay",
     "measure",
+    "unsteady_indices",
     "note_client_cores",
     "reset_caches",
     "warn_client_lag",
@@ -51,6 +52,23 @@ class Replay:
     subdir: str
     requests: list[RequestSpec]
     workload: WorkloadConfig
+    steady: bool = False
+    """Count only its steady state: a closed loop's start and end are sent but not counted
+    (:func:`unsteady_indices`); the capacity search's steps."""
+
+
+def unsteady_indices(rp: Replay) -> frozenset[int]:
+    """A closed loop's requests outside its steady state: the first ``concurrency`` measured
+    ones, which it sends all at once (their prefills queue behind each other, a burst no steady
+    load has), and the last ``concurrency``, which run while the loop drains (ever fewer in
+    flight). On the H200 the chat steps near capacity failed on p95 TTFT with 43-54 requests of
+    828-1,047 over the SLO, about what the start's tail makes, so the capacity depended on the
+    replay's length (docs/gpu-runs/2026-12-02-levers-chat.md). Empty for an open loop."""
+    if not is_closed_loop(rp.workload.arrival, rp.requests):
+        return frozenset()
+    c = rp.workload.arrival.concurrency
+    measured = sorted(s.index for s in rp.requests if not s.warmup)
+    return frozenset(measured[:c]) | frozenset(measured[-c:])
 
 
 @dataclass(frozen=True)
@@ -75,18 +93,20 @@ async def measure(
     w = rp.workload
     make_dir(tdir)
     total = len(rp.requests)
-    n_measured = sum(not r.warmup for r in rp.requests)
+    skip = unsteady_indices(rp) if rp.steady else frozenset()
+    n_measured = sum(not r.warmup for r in rp.requests) - len(skip)
     step = max(1, total // 4)
     done: list[RequestRecord] = []
     lost = asyncio.Event()
     why: list[str] = []
+    pruner = PruneWatch(n_measured, prune, w.slo, skip) if prune is not None else None
 
     def on_record(r: RequestRecord) -> None:
         done.append(r)
         if len(done) % step == 0 and len(done) < total:
             log.info("  replay %d/%d requests", len(done), total)
-        if prune is not None and not r.warmup and not lost.is_set():
-            reason = prune_reason(done, n_measured, prune, w.slo)
+        if pruner is not None and not lost.is_set():
+            reason = pruner.add(r)
             if reason:
                 why.append(reason)
                 lost.set()

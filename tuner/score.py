@@ -30,6 +30,7 @@ __all__ = [
     "failure_values",
     "mean_result",
     "objective_values",
+    "PruneWatch",
     "prune_reason",
     "slo_margins",
     "summarize",
@@ -263,26 +264,60 @@ def prune_reason(
 ) -> str | None:
     """Why the replay can stop now: a constraint is already lost whatever the remaining requests
     do. ``total`` is the number of measured requests the replay will send."""
-    measured = [r for r in records if not r.warmup]
-    if not objective.prune or total <= 0:
+    watch = PruneWatch(total, objective, slo)
+    for r in records:
+        watch.count(r)
+    return watch.reason()
+
+
+class PruneWatch:
+    """:func:`prune_reason` kept up to date record by record (:meth:`add`), in constant time per
+    record: a replay asks after each of its up to a few thousand records, and recounting them all
+    each time was quadratic. Records whose index is in ``skip`` (a closed loop's start and end in
+    the capacity search's steps: :func:`tuner.measure.unsteady_indices`) and warm-ups are not
+    counted."""
+
+    def __init__(
+        self,
+        total: int,
+        objective: ObjectiveConfig,
+        slo: SLOConfig,
+        skip: frozenset[int] = frozenset(),
+    ) -> None:
+        self.total, self.objective, self.skip = total, objective, skip
+        self.slos = _slos(slo)
+        self.failed = 0
+        self.over = [0] * len(self.slos)
+
+    def count(self, r: RequestRecord) -> None:
+        if r.warmup or r.index in self.skip:
+            return
+        if r.status != "ok":
+            self.failed += 1
+            return
+        for k, (m, limit) in enumerate(self.slos):
+            v = {"ttft": r.ttft_s, "tpot": r.tpot_s, "e2e": r.e2e_s}[m]
+            self.over[k] += v is not None and v * 1000.0 > limit
+
+    def add(self, r: RequestRecord) -> str | None:
+        """Count ``r``; the reason to stop now, if any."""
+        self.count(r)
+        return self.reason()
+
+    def reason(self) -> str | None:
+        objective, total = self.objective, self.total
+        if not objective.prune or total <= 0:
+            return None
+        if self.failed > objective.max_error_rate * total:
+            budget = f"{objective.max_error_rate:.0%}"
+            return f"{self.failed} of {total} requests failed (budget {budget})"
+        if not objective.slo_constraints:
+            return None
+        allowed = (1.0 - objective.slo_percentile / 100.0) * total
+        for (m, limit), over in zip(self.slos, self.over, strict=True):
+            if over > allowed + 1:
+                return (
+                    f"{over} of {total} requests over the {m.upper()} SLO of {limit:g} ms: "
+                    f"p{objective.slo_percentile} cannot meet it"
+                )
         return None
-    failed = sum(r.status != "ok" for r in measured)
-    if failed > objective.max_error_rate * total:
-        return f"{failed} of {total} requests failed (budget {objective.max_error_rate:.0%})"
-    if not objective.slo_constraints:
-        return None
-    allowed = (1.0 - objective.slo_percentile / 100.0) * total
-    ok = [r for r in measured if r.status == "ok"]
-    for m, limit in _slos(slo):
-        values = {
-            "ttft": [r.ttft_s for r in ok],
-            "tpot": [r.tpot_s for r in ok],
-            "e2e": [r.e2e_s for r in ok],
-        }[m]
-        over = sum(v is not None and v * 1000.0 > limit for v in values)
-        if over > allowed + 1:
-            return (
-                f"{over} of {total} requests over the {m.upper()} SLO of {limit:g} ms: "
-                f"p{objective.slo_percentile} cannot meet it"
-            )
-    return None
