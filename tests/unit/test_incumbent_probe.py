@@ -177,6 +177,23 @@ def test_a_capacity_censored_above_is_shown_as_less_than(
     assert row["capacity_censored"] == -1.0 and row["capacity_rps"] == 19.4
 
 
+def test_figures_show_a_capacity_censored_above_as_less_than() -> None:
+    from tuner.plots import pareto_figure, trial_points
+
+    study = _study()
+    study.set_metric_names(["capacity_rps", "ttft_p95_ms"])
+    _capacity_trial(study, 30.0, 3.0)
+    _capacity_trial(study, 19.4, 1.94, censored=-1.0)
+    points = trial_points(study)
+    assert not isinstance(points["capacity_shown"].tolist()[0], str)  # bracketed: none
+    assert points["capacity_shown"].tolist()[1] == "< 19.4"  # no bound stored: the estimate
+    fig = pareto_figure(points, [("capacity_rps", "maximize"), ("ttft_p95_ms", "minimize")])
+    below = [t for t in fig.data if t.legendgroup == "censored"]
+    assert len(below) == 1 and list(below[0].customdata) == [1]
+    assert "capacity_rps: < 19.4 (censored)" in below[0].hovertext[0]
+    assert not any("< " in h for t in fig.data if t.legendgroup == "pareto" for h in t.hovertext)
+
+
 # --- confirm ------------------------------------------------------------------------------------
 
 

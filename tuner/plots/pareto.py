@@ -57,7 +57,14 @@ def _hover(row: pd.Series, metrics: Sequence[str]) -> str:
     if row.get("baseline"):
         head += " — vLLM defaults"
     lines = [head]
-    lines += [f"{m}: {_fmt(row[m])}" for m in metrics if m in row.index]
+    capacity = row.get("capacity_shown")
+    lines += [
+        f"{m}: {capacity} (censored)"
+        if m == "capacity_rps" and isinstance(capacity, str)
+        else f"{m}: {_fmt(row[m])}"
+        for m in metrics
+        if m in row.index
+    ]
     if isinstance(row.get("violated"), str):
         lines.append(f"violated: {row['violated']}")
     params = [
@@ -158,6 +165,22 @@ def pareto_figure(points: pd.DataFrame, objectives: Objectives) -> go.Figure:
                 legendrank=_LEGEND_RANK[status],
                 customdata=sub["number"],
                 hovertext=[_hover(r, metrics) for _, r in sub.iterrows()],
+                hoverinfo="text",
+            )
+        )
+    below = points[points["capacity_shown"].fillna("").astype(str).str.startswith("<")]
+    below = below.dropna(subset=[xcol, ycol])
+    if not below.empty:  # censored above: the capacity is under the load that failed
+        fig.add_trace(
+            go.Scatter(
+                x=below[xcol],
+                y=below[ycol],
+                mode="markers",
+                marker={"symbol": "triangle-down-open", "size": 16, "color": "#333"},
+                name=f"capacity below this: lost at the incumbent's load ({len(below)})",
+                legendgroup="censored",
+                customdata=below["number"],
+                hovertext=[_hover(r, metrics) for _, r in below.iterrows()],
                 hoverinfo="text",
             )
         )

@@ -16,6 +16,7 @@ import optuna
 import pandas as pd
 
 from tuner import stored_trial
+from tuner.capacity import shown
 from tuner.errors import INTERRUPTED
 
 __all__ = [
@@ -64,7 +65,9 @@ def trial_points(study: optuna.Study) -> pd.DataFrame:
     ``study.metric_names`` (``value_<i>`` if the study has none), ``status`` (one of
     :data:`STATUSES`), ``baseline`` (the ``baseline`` user attr), ``failure_reason`` and
     ``violated`` (comma-separated names of the constraints > 0), both missing (NaN) when there
-    is none, and ``params_<name>`` for every param.
+    is none, ``capacity_shown`` (a censored capacity as the tables show it, ``< 58.2 (~20.5)``
+    or ``>= 69.7``: :func:`tuner.capacity.shown`; missing when bracketed or not a capacity
+    study), and ``params_<name>`` for every param.
 
     ``status``: *pruned* and *running* (RUNNING or WAITING) follow the state; *failed* is a
     trial with a ``failure_reason`` user attr (COMPLETE with penalty values) or in state FAIL
@@ -91,10 +94,14 @@ def trial_points(study: optuna.Study) -> pd.DataFrame:
         row["baseline"] = stored_trial.is_baseline(t)
         row["failure_reason"] = reason or None
         row["violated"] = ",".join(violated) or None
+        row["capacity_shown"] = _capacity_shown(t) if measured else None
         for k, v in t.params.items():
             row[PARAM_PREFIX + k] = v
         rows.append(row)
-    columns = ["number", "state", *names, "status", "baseline", "failure_reason", "violated"]
+    columns = [
+        "number", "state", *names, "status", "baseline", "failure_reason", "violated",
+        "capacity_shown",
+    ]  # fmt: skip
     frame = pd.DataFrame(rows, columns=None if rows else columns)
     return frame.sort_values("number", ignore_index=True) if rows else frame
 
@@ -152,3 +159,11 @@ def trial_labels(points: pd.DataFrame) -> dict[int, str]:
         number = int(row.number)
         labels[number] = f"trial {number}" + (f" ({', '.join(notes)})" if notes else "")
     return labels
+
+
+def _capacity_shown(t: optuna.trial.FrozenTrial) -> str | None:
+    censored = stored_trial.metric(t, "capacity_censored")
+    rps = stored_trial.metric(t, "capacity_rps")
+    if not censored or rps is None:
+        return None
+    return shown(rps, censored, stored_trial.metric(t, "capacity_rps_high"))
