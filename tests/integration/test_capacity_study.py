@@ -83,10 +83,13 @@ def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
     # on a fresh server. A closed loop's start (every slot at once) and its drain are not
     # counted (tuner.measure.unsteady_indices); counted, the capacity moved with the replay's
     # length (docs/gpu-runs/2026-12-02-levers-chat.md).
+    # "Its spread": the 8 % three fresh servers may differ by (above). At ~17 in flight one slot
+    # is 6 % of the load, and a step's p95 over its 100 counted requests moves its margin by
+    # ~0.03 between runs, so one run's bracket can end a slot lower (CI, 2026-12-02: 33.9-34.3
+    # req/s from 4 in flight on three servers, 32.0 from 8 in flight: it failed at 17 in flight
+    # by -0.032 where the three held by +0.018)
     mean = statistics.fmean(caps)
-    room = max(
-        max(caps) - min(caps), 0.03 * mean
-    )  # the servers' spread (the bracket's 5 % / 2 at least)
+    room = 0.08 * mean
     for k, extra in enumerate(
         ("workload.arrival.concurrency=8", "objective.capacity.requests=200")
     ):
