@@ -71,6 +71,7 @@ __all__ = [
     "prescreen_attrs",
     "rejected_before_launch",
     "serve_args",
+    "server_s",
     "tell",
     "trial_dir",
     "tuner_error",
@@ -263,6 +264,13 @@ def metrics(t: Stored) -> dict[str, float]:
 def metric(t: Stored, name: str) -> float | None:
     v = (t.user_attrs.get("metrics") or {}).get(name)
     return float(v) if isinstance(v, int | float) else None
+
+
+def server_s(t: Stored) -> float:
+    """The seconds the trial held a server, from launch to the end of its stop: start-up, every
+    replay, the stop, and a launch retried after a port clash (on the simulator: simulated GPU
+    time); 0 for a config refused before launch."""
+    return float(t.user_attrs.get("server_s") or 0.0)
 
 
 def serve_args(t: Stored) -> tuple[str, ...]:
