@@ -141,11 +141,8 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
     # the template's own tokens around each image (counted text carries no image parts)
     wrap = template.image_wrapper_tokens(tokenizer) if template and w.images is not None else 0
 
-    # one generator per kind of draw, so the stream of N requests is the first N of a longer one
-    # (a capacity search replays the same requests at every load; the output lengths once came
-    # from the input lengths' generator, after N of them)
-    r_len, r_text, r_img, r_arr, r_sys, r_out = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(w.seed).spawn(6)
+    r_len, r_text, r_img, r_arr, r_sys = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(w.seed).spawn(5)
     )
     n_warm = max(0, w.warmup_requests)
     turns = max(1, w.turns)
@@ -159,7 +156,7 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
     else:
         n_meas = w.num_requests
         in_lens = sample_lengths(w.input_tokens, n_warm + n_meas, r_len)
-        out_lens = sample_lengths(w.output_tokens, n_warm + n_meas, r_out)
+        out_lens = sample_lengths(w.output_tokens, n_warm + n_meas, r_len)
         arrivals = arrival_times(w.arrival, n_meas, r_arr)
     total = n_warm + n_meas
     system = corpus.text(w.system_prompt_tokens, r_sys) if w.system_prompt_tokens > 0 else None
