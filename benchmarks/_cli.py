@@ -1,8 +1,10 @@
-"""What the benchmarks' command lines share: ``ARGS -- HYDRA OVERRIDES``."""
+"""What the benchmarks share: their command lines (``ARGS -- HYDRA OVERRIDES``) and a stored
+trial's wall time."""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 def split_overrides(argv: list[str] | None = None) -> tuple[list[str], list[str]]:
@@ -13,3 +15,11 @@ def split_overrides(argv: list[str] | None = None) -> tuple[list[str], list[str]
         return list(args), []
     i = args.index("--")
     return args[:i], args[i + 1 :]
+
+
+def wall_s(t: Any) -> float | None:
+    """A stored Optuna trial's wall seconds, start to complete (launch, replays, stop); None
+    while it has not completed."""
+    if t.datetime_start and t.datetime_complete:
+        return float((t.datetime_complete - t.datetime_start).total_seconds())
+    return None

@@ -66,7 +66,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _cli import split_overrides  # noqa: E402
+from _cli import split_overrides, wall_s  # noqa: E402
 
 COMMAND = [
     "+workload=chat",
@@ -216,9 +216,7 @@ def read_study(work: Path) -> tuple[list[dict[str, Any]], float | None]:
     study = optuna.load_study(study_name=names[0], storage=storage)
     rows = []
     for t in study.get_trials(deepcopy=False):
-        wall = None
-        if t.datetime_start and t.datetime_complete:
-            wall = (t.datetime_complete - t.datetime_start).total_seconds()
+        wall = wall_s(t)
         rows.append(
             {
                 "trial": t.number,

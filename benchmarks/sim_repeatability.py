@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _cli import split_overrides
+from _cli import split_overrides, wall_s
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,9 +86,7 @@ def trial_rows(work: Path, study: str) -> list[dict[str, Any]]:
         log = tdir / "server.log"
         if log.is_file():
             lags = [float(x) for x in LAG_LINE.findall(log.read_text(errors="replace"))]
-        wall = None
-        if t.datetime_start and t.datetime_complete:
-            wall = (t.datetime_complete - t.datetime_start).total_seconds()
+        wall = wall_s(t)
         rows.append(
             {
                 "trial": t.number,

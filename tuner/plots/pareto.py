@@ -38,6 +38,8 @@ _STATUS_STYLE: dict[str, dict[str, Any]] = {
     },
 }
 _LEGEND_RANK = {"pareto": 1, "feasible": 2, "infeasible": 3, "baseline": 4}
+_BELOW_MARKER = {"symbol": "triangle-down-open", "size": 16, "color": "#333"}
+"""A capacity censored above (the incumbent probe lost): the value is under this point."""
 _BASELINE_MARKER = {
     "symbol": "star",
     "size": 24,
@@ -134,56 +136,36 @@ def pareto_figure(points: pd.DataFrame, objectives: Objectives) -> go.Figure:
             )
     else:
         fig.add_traces(_best_so_far(points, objectives[0]))
+
+    def markers(rows: pd.DataFrame, name: str, group: str, marker: dict[str, Any]) -> None:
+        rank = _LEGEND_RANK.get(group)
+        fig.add_trace(
+            go.Scatter(
+                x=rows[xcol],
+                y=rows[ycol],
+                mode="markers",
+                marker=marker,
+                name=name,
+                legendgroup=group,
+                **({} if rank is None else {"legendrank": rank}),
+                customdata=rows["number"],
+                hovertext=[_hover(r, metrics) for _, r in rows.iterrows()],
+                hoverinfo="text",
+            )
+        )
+
     base = points[points["baseline"].astype(bool)].dropna(subset=[xcol, ycol])
     if not base.empty:  # under the status markers: a Pareto baseline shows both
-        fig.add_trace(
-            go.Scatter(
-                x=base[xcol],
-                y=base[ycol],
-                mode="markers",
-                marker=_BASELINE_MARKER,
-                name="baseline (vLLM defaults)",
-                legendgroup="baseline",
-                legendrank=_LEGEND_RANK["baseline"],
-                customdata=base["number"],
-                hovertext=[_hover(r, metrics) for _, r in base.iterrows()],
-                hoverinfo="text",
-            )
-        )
+        markers(base, "baseline (vLLM defaults)", "baseline", _BASELINE_MARKER)
     for status, style in _STATUS_STYLE.items():
         sub = points[(points["status"] == status)].dropna(subset=[xcol, ycol])
-        if sub.empty:
-            continue
-        fig.add_trace(
-            go.Scatter(
-                x=sub[xcol],
-                y=sub[ycol],
-                mode="markers",
-                marker=style["marker"],
-                name=f"{style['label']} ({len(sub)})",
-                legendgroup=status,
-                legendrank=_LEGEND_RANK[status],
-                customdata=sub["number"],
-                hovertext=[_hover(r, metrics) for _, r in sub.iterrows()],
-                hoverinfo="text",
-            )
-        )
+        if not sub.empty:
+            markers(sub, f"{style['label']} ({len(sub)})", status, style["marker"])
     below = points[points["capacity_shown"].fillna("").astype(str).str.startswith("<")]
     below = below.dropna(subset=[xcol, ycol])
     if not below.empty:  # censored above: the capacity is under the load that failed
-        fig.add_trace(
-            go.Scatter(
-                x=below[xcol],
-                y=below[ycol],
-                mode="markers",
-                marker={"symbol": "triangle-down-open", "size": 16, "color": "#333"},
-                name=f"capacity below this: lost at the incumbent's load ({len(below)})",
-                legendgroup="censored",
-                customdata=below["number"],
-                hovertext=[_hover(r, metrics) for _, r in below.iterrows()],
-                hoverinfo="text",
-            )
-        )
+        name = f"capacity below this: lost at the incumbent's load ({len(below)})"
+        markers(below, name, "censored", _BELOW_MARKER)
     for x, y in zip(base[xcol], base[ycol], strict=True):
         fig.add_annotation(
             x=x,
