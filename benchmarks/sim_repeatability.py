@@ -79,6 +79,9 @@ def trial_rows(work: Path, study: str) -> list[dict[str, Any]]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{work / 'outputs' / 'state' / 'optuna.db'}"
     rows: list[dict[str, Any]] = []
+    names = optuna.get_all_study_names(storage)
+    if study not in names and len(names) == 1:  # the default name carries the objective
+        study = names[0]
     for t in optuna.load_study(study_name=study, storage=storage).trials:
         m = t.user_attrs.get("metrics", {})
         lags: list[float] = []

@@ -63,12 +63,13 @@ def unsteady_indices(rp: Replay) -> frozenset[int]:
     load has), and the last ``concurrency``, which run while the loop drains (ever fewer in
     flight). On the H200 the chat steps near capacity failed on p95 TTFT with 43-54 requests of
     828-1,047 over the SLO, about what the start's tail makes, so the capacity depended on the
-    replay's length (docs/gpu-runs/2026-12-02-levers-chat.md). Empty for an open loop."""
+    replay's length (docs/gpu-runs/2026-12-02-levers-chat.md). At most a third of the replay at
+    each end (a replay shorter than 3 per slot keeps its middle third); empty for an open loop."""
     if not is_closed_loop(rp.workload.arrival, rp.requests):
         return frozenset()
-    c = rp.workload.arrival.concurrency
     measured = sorted(s.index for s in rp.requests if not s.warmup)
-    return frozenset(measured[:c]) | frozenset(measured[-c:])
+    k = min(rp.workload.arrival.concurrency, len(measured) // 3)
+    return frozenset(measured[:k]) | frozenset(measured[len(measured) - k :]) if k else frozenset()
 
 
 @dataclass(frozen=True)

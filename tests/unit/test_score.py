@@ -109,3 +109,35 @@ def test_slo_margins_the_one_rule_of_an_slo_held() -> None:
     assert holds(at_limit, obj, slo)
     over = constraints(at_limit, None, obj, slo)["slo_ttft"]
     assert over == 0.0 and np.copysign(1.0, over) == 1.0  # not -0.0: met, as value/limit - 1
+
+
+def test_a_closed_loops_start_and_drain_are_not_counted() -> None:
+    # measure.unsteady_indices: the first and last `concurrency` measured requests of a closed
+    # loop (at most a third of it at each end); PruneWatch and the capacity step skip them
+    from dataclasses import replace
+
+    from tuner.config import ArrivalConfig, WorkloadConfig
+    from tuner.measure import Replay, unsteady_indices
+    from tuner.records import RequestSpec
+    from tuner.score import PruneWatch
+
+    def specs(n: int, warm: int = 2, arrival: float | None = None) -> list[RequestSpec]:
+        return [
+            RequestSpec(i, "chat", {}, 10, 10, None if i < warm else arrival, warmup=i < warm)
+            for i in range(warm + n)
+        ]
+
+    w = WorkloadConfig(arrival=ArrivalConfig(kind="concurrency", concurrency=4))
+    assert unsteady_indices(Replay("r", specs(12), w)) == {2, 3, 4, 5, 10, 11, 12, 13}
+    assert unsteady_indices(Replay("r", specs(6), w)) == {2, 3, 6, 7}  # a third at each end
+    assert unsteady_indices(Replay("r", specs(2), w)) == frozenset()
+    open_loop = replace(w, arrival=ArrivalConfig(kind="poisson", rate=4.0))
+    assert unsteady_indices(Replay("r", specs(12, arrival=0.5), open_loop)) == frozenset()
+
+    obj = ObjectiveConfig(slo_constraints=True, prune=True)
+    slo = SLOConfig(ttft_ms=1000)
+    watch = PruneWatch(10, obj, slo, skip=frozenset({0, 1, 2}))
+    for i in range(3):  # the start's queued prefills: over the SLO, not counted
+        assert watch.add(rec(i, 0.0, 5.0, 6.0, 10)) is None
+    reasons = [watch.add(rec(i, 0.0, 5.0, 6.0, 10)) for i in range(3, 5)]
+    assert reasons[0] is None and "TTFT SLO" in (reasons[1] or "")  # 2 > 5 % of 10 + 1
