@@ -44,6 +44,9 @@ def test_the_second_trial_probes_the_first_trials_capacity(
     m1 = second.user_attrs["metrics"]
     if not steps["steps"][1]["held"]:  # lost at the incumbent's load: one step, censored above
         assert len(factors) == 2 and m1["capacity_censored"] == -1.0
-        assert m1["capacity_rps"] < m1["capacity_rps_high"]
+        # the estimate is at most the bound, itself at most the incumbent's rate (a pruned step
+        # has no rate of its own: the held one's scaled to its load can reach the incumbent's,
+        # CI 2026-12-02: 31.30 both)
+        assert m1["capacity_rps"] <= m1["capacity_rps_high"] <= m0["capacity_rps"] + 1e-9
     else:
         assert m1["capacity_censored"] >= 0.0
