@@ -51,6 +51,7 @@ from tuner.space import numerics_params
 __all__ = [
     "BASELINE",
     "changes_numerics",
+    "numerics_of",
     "CONSTRAINTS",
     "CONSTRAINT_NAMES",
     "LIVE",
@@ -127,9 +128,9 @@ def tell(
         "serve_args": list(result.argv[len(command_prefix(cfg.engine)) :]),
         "trial_dir": str(tdir.resolve()),
     }
-    numerics = numerics_params(cfg.space, result.params)
-    if numerics and not result.baseline:
-        attrs[_NUMERICS] = [f"{k}={v}" for k, v in numerics.items()]
+    numerics = numerics_of(cfg, result)
+    if numerics:
+        attrs[_NUMERICS] = numerics
     if result.launch is not None:
         attrs["kv_cache_tokens"] = result.launch.facts.kv_cache_tokens
         attrs["startup_s"] = result.launch.startup_s
@@ -287,6 +288,15 @@ def trial_dir(t: Stored, *, here: bool = True) -> Path | None:
 
 def worker(t: Stored) -> str:
     return str(t.user_attrs.get("worker", ""))
+
+
+def numerics_of(cfg: TunerConfig, result: TrialResult) -> list[str]:
+    """The searched params of ``result`` that change the model's numerics, ``name=value`` each
+    (none for vLLM's defaults): what :func:`tell` stores as ``changes_numerics`` and the trial's
+    MLflow run is tagged with."""
+    if result.baseline:
+        return []
+    return [f"{k}={v}" for k, v in numerics_params(cfg.space, result.params).items()]
 
 
 def changes_numerics(t: Stored) -> list[str]:

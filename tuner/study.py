@@ -45,7 +45,7 @@ from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.recovery import close_runs, lease_dir, recover, worker_id
 from tuner.replay_client import loop_factory
 from tuner.score import needs_capacity
-from tuner.space import distributions, numerics_params
+from tuner.space import distributions
 from tuner.storage import (
     check_enqueue,
     fill_queue,
@@ -326,14 +326,9 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
     guard = Guard(cfg, candidates)  # the eval replays of picks that change numerics
     log.info(
         "confirm: %d candidate(s) x %d round(s), each on a fresh server: %d server starts at %gx "
-        "load, %gx duration, seeds %s",
-        len(candidates),
-        cc.rounds,
-        len(candidates) * cc.rounds,
-        cc.load_factor,
-        cc.duration_factor,
-        list(cc.seeds),
-    )
+        "load, %gx duration, seeds %s", len(candidates), cc.rounds, len(candidates) * cc.rounds,
+        cc.load_factor, cc.duration_factor, list(cc.seeds),
+    )  # fmt: skip
     if (intro := guard.intro()) is not None:
         log.info(intro)
     step = 0
@@ -350,10 +345,9 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
             )
             tdir = trial_dir(ctx.run_dir / "confirm", c.trial) / f"round_{rnd}"
             start = capacity_start(c, cfg) if needs_capacity(cfg.objective) else None
+            after = guard.hook(c, rnd)  # the eval replay, if this pick is judged on quality
             run = (ctx, c.trial, c.params, c.baseline, tdir, replays)
-            got = await run_server(
-                *run, prune=False, capacity_start=start, after=guard.hook(c, rnd)
-            )
+            got = await run_server(*run, prune=False, capacity_start=start, after=after)
             runs[c.trial] += [(rnd, seed, r) for seed, r in zip(cc.seeds, got, strict=True)]
             failed = sorted({r.failure_reason for r in got if r.failure_reason})
             if failed:
@@ -420,9 +414,8 @@ def _run_on_loop(cfg: TunerConfig, coro: Coroutine[Any, Any, T]) -> T:
 
 def _record(tracker: Tracker | NullTracker, result: TrialResult, ctx: TrialContext) -> None:
     tags = {"vllm.version": ctx.engine_version or "unknown"}
-    changed = {} if result.baseline else numerics_params(ctx.cfg.space, result.params)
-    if changed:  # fp8 weights or KV: the quality guard's business
-        tags["changes_numerics"] = ",".join(f"{k}={v}" for k, v in changed.items())
+    if changed := stored_trial.numerics_of(ctx.cfg, result):  # the quality guard's business
+        tags["changes_numerics"] = ",".join(changed)
     try:
         tracker.log_trial(result, trial_dir(ctx.run_dir, result.number), tags)
     except Exception as exc:  # tracking must never lose the study: log and go on
