@@ -1,9 +1,12 @@
-"""What the benchmarks share: their command lines (``ARGS -- HYDRA OVERRIDES``) and a stored
-trial's wall time."""
+"""What the benchmarks share: their command lines (``ARGS -- HYDRA OVERRIDES``), running the
+tuner in a folder, and a stored trial's wall time."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -23,3 +26,20 @@ def wall_s(t: Any) -> float | None:
     if t.datetime_start and t.datetime_complete:
         return float((t.datetime_complete - t.datetime_start).total_seconds())
     return None
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_tuner(argv: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``python -m tuner ARGV`` in ``cwd`` with this checkout on ``PYTHONPATH``, in its own
+    session (a time limit stops its whole group), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True,
+    )

@@ -55,7 +55,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,7 +65,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _cli import split_overrides, wall_s  # noqa: E402
+from _cli import run_tuner, split_overrides, wall_s  # noqa: E402
 
 COMMAND = [
     "+workload=chat",
@@ -243,15 +242,7 @@ def run_study(probe: bool, argv_tail: list[str], timeout_s: float) -> dict[str, 
     with tempfile.TemporaryDirectory(prefix="capacity-cost-") as tmp:
         work = Path(tmp)
         t0 = time.monotonic()
-        p = subprocess.run(
-            argv,
-            cwd=work,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            start_new_session=True,
-        )
+        p = run_tuner(argv[3:], work, timeout_s)
         wall = time.monotonic() - t0
         if p.returncode != 0:
             raise SystemExit(f"probe={probe}: the tuner exited {p.returncode}:\n{p.stderr[-3000:]}")

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _cli import split_overrides, wall_s
+from _cli import run_tuner, split_overrides, wall_s
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,18 +114,8 @@ def run_mode(mode: str, trials: int, overrides: list[str], timeout_s: float) -> 
     try:
         with tempfile.TemporaryDirectory(prefix="sim-repeat-") as tmp:
             work = Path(tmp)
-            argv = [sys.executable, "-m", "tuner", *COMMAND, f"study.n_trials={trials}"]
-            argv += overrides
-            env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            p = subprocess.run(
-                argv,
-                cwd=work,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                env=env,
-                start_new_session=True,
-            )
+            argv = [*COMMAND, f"study.n_trials={trials}", *overrides]
+            p = run_tuner(argv, work, timeout_s)
             wall = time.monotonic() - t0
             if p.returncode != 0:
                 raise SystemExit(f"{mode}: the tuner exited {p.returncode}:\n{p.stderr[-3000:]}")
