@@ -17,6 +17,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -117,7 +118,8 @@ def drawn(pages: Sequence[Path]) -> dict[Path, Drawn]:
         os.dup2(high_r, 3)
         os.dup2(high_w, 4)
 
-    with tempfile.TemporaryDirectory() as profile:
+    profile = tempfile.mkdtemp(prefix="tuner-chromium-")
+    try:
         proc = subprocess.Popen(
             [
                 browser,
@@ -139,6 +141,7 @@ def drawn(pages: Sequence[Path]) -> dict[Path, Drawn]:
             stderr=subprocess.DEVNULL,
             preexec_fn=fds,
             close_fds=False,
+            start_new_session=True,  # its renderers and crash handler in its group: stopped together
         )
         os.close(cmd_r)
         os.close(rep_w)
@@ -164,5 +167,29 @@ def drawn(pages: Sequence[Path]) -> dict[Path, Drawn]:
         finally:
             os.close(cmd_w)
             os.close(rep_r)
-            proc.kill()
-            proc.wait(timeout=30)
+            _stop_group(proc)
+    finally:
+        _remove(Path(profile))
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the browser's whole process group: killing the browser alone left its children
+    writing into the profile while it was removed (CI: "Directory not empty: 'Default'")."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def _remove(profile: Path) -> None:
+    """Remove the profile; a child the kill has not reaped yet may still add a file: retry."""
+    for _ in range(50):
+        try:
+            shutil.rmtree(profile)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    shutil.rmtree(profile)
