@@ -49,10 +49,14 @@ from tuner.config import CapacityConfig
 __all__ = [
     "CAPACITY_METRICS",
     "MAX_JUMP",
+    "OBJECTIVES",
+    "PER_GPU",
     "Capacity",
     "Start",
     "Step",
+    "for_gpus",
     "from_steps",
+    "objective_metric",
     "search",
     "shown",
 ]
@@ -101,6 +105,18 @@ class Start(NamedTuple):
 
     factor: float
     rps: float | None = None
+    gpus: int | None = None
+    """The incumbent's GPUs (TP × DP) where the study ranks capacity per GPU: a server on other
+    GPUs probes that capacity per GPU times its own (:func:`for_gpus`); None: not scaled."""
+
+
+def for_gpus(start: Start | None, gpus: int) -> Start | None:
+    """``start`` for a server on ``gpus`` GPUs: an incumbent ranked per GPU (``start.gpus`` set)
+    scaled by ``gpus / start.gpus`` (to lose at that load is to lose per GPU); else unchanged."""
+    if start is None or start.gpus is None or start.gpus == gpus:
+        return start
+    k = gpus / start.gpus
+    return Start(start.factor * k, None if start.rps is None else start.rps * k, gpus)
 
 
 @dataclass(frozen=True)
@@ -125,9 +141,14 @@ class Capacity:
         ``high`` (the incumbent probe lost), 0 bracketed."""
         return 1.0 if self.censored else -1.0 if self.capped else 0.0
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, gpus: int | None = None) -> dict[str, float]:
+        """:data:`CAPACITY_METRICS`; ``capacity_per_gpu_rps`` (``rps`` / ``gpus``, censored as
+        ``rps`` is) only where ``gpus``, the server's GPUs (TP × DP), is given."""
         values = (self.rps, self.low, self.high, self.factor, len(self.steps), self.bound)
-        return {k: float(v) for k, v in zip(CAPACITY_METRICS, values, strict=True)}
+        out = {k: float(v) for k, v in zip(CAPACITY_METRICS, values, strict=False)}
+        if gpus is not None:
+            out[PER_GPU] = self.rps / max(1, gpus)
+        return out
 
 
 def shown(rps: float, censored: float | None, high: float | None = None) -> str:
@@ -148,8 +169,24 @@ CAPACITY_METRICS = (
     "capacity_factor",
     "capacity_steps",
     "capacity_censored",
+    "capacity_per_gpu_rps",
 )
-"""What :meth:`Capacity.metrics` records on a trial."""
+"""What :meth:`Capacity.metrics` records on a trial (the last, :data:`PER_GPU`, given the GPUs)."""
+
+PER_GPU = "capacity_per_gpu_rps"
+"""The SLO capacity per GPU the server used: ``capacity_rps`` / (TP × DP), the measure that
+compares GPU layouts (one GPU, TP=2, DP=2) at equal hardware."""
+
+OBJECTIVES = ("capacity_rps", PER_GPU)
+"""The objective metrics that need the capacity search (:func:`objective_metric`)."""
+
+
+def objective_metric(metrics: Sequence[str]) -> str | None:
+    """The first of ``metrics`` (an objective's, in order) that is a capacity
+    (:data:`OBJECTIVES`), or None: what the study's best capacity, the incumbent probe and the
+    confirm stage's ``capacity`` pick rank by."""
+    return next((m for m in metrics if m in OBJECTIVES), None)
+
 
 MAX_JUMP = 4.0
 """The most a step that held with a wide margin multiplies the load by (incumbent mode)."""

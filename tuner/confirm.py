@@ -29,7 +29,7 @@ from tuner.capacity import Start
 from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, TunerConfig, WorkloadConfig
 from tuner.quality_guard import note
 from tuner.records import Candidate, ConfirmResult, TrialResult
-from tuner.score import KEY_METRICS
+from tuner.score import KEY_METRICS, capacity_metric
 from tuner.stored_study import ConfirmRecord, baseline_trial
 from tuner.verdict import Arm, Verdict, decide
 
@@ -109,7 +109,7 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
             t = base
         else:
             metric, best = {
-                "capacity": ("capacity_rps", max),
+                "capacity": (capacity_metric(objective) or "capacity_rps", max),
                 "goodput": ("goodput", max),
                 "throughput": ("output_throughput", max),
                 "latency": (latency, min),

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner import replay, stored_trial
-from tuner.capacity import shown
+from tuner.capacity import OBJECTIVES as CAPACITY_OBJECTIVES
+from tuner.capacity import PER_GPU, shown
 from tuner.config import TunerConfig
 from tuner.confirm import round_values
 from tuner.export import recommended_file
@@ -47,7 +48,8 @@ _UNITS = {"output_throughput": "tok/s", "goodput": "req/s", "request_throughput"
 def fmt_metric(name: str, v: float | None, metrics: Mapping[str, Any] | None = None) -> str:
     """``v`` with its unit; a ``capacity_rps`` as :func:`tuner.capacity.shown` with ``metrics``'
     ``capacity_censored`` and ``capacity_rps_high``: ``< X (~v)`` (the incumbent probe lost:
-    below X) or ``>= v`` (held at every load tried)."""
+    below X) or ``>= v`` (held at every load tried); a ``capacity_per_gpu_rps`` likewise, per
+    GPU."""
     if v is None:
         return "-"
     if name.endswith("_ms"):
@@ -55,6 +57,8 @@ def fmt_metric(name: str, v: float | None, metrics: Mapping[str, Any] | None = N
     if name == "capacity_rps":
         m = metrics or {}
         return f"{shown(v, m.get(CENSORED), m.get('capacity_rps_high'))} req/s"
+    if name == PER_GPU:  # censored as its capacity_rps is
+        return f"{shown(v, (metrics or {}).get(CENSORED))} req/s/GPU"
     return f"{v:,.1f} {_UNITS.get(name, '')}".strip()
 
 
@@ -91,7 +95,7 @@ def live_best(study: optuna.Study, cfg: TunerConfig) -> str:
     parts = []
     for i, o in enumerate(objs):
         sign = 1.0 if o.direction == "maximize" else -1.0
-        pool = bounded if o.metric == "capacity_rps" else feasible
+        pool = bounded if o.metric in CAPACITY_OBJECTIVES else feasible
         t = max(pool, key=lambda t: sign * float(t.values[i]))  # noqa: B023 - used at once
         shown_value = fmt_metric(o.metric, t.values[i], stored_trial.metrics(t))
         parts.append(f"{o.metric} {shown_value} (trial {t.number})")

@@ -10,6 +10,11 @@ cache before a launch. vLLM's own computation (``gpu_worker.determine_available_
 Here ``weights`` is the parameter bytes computed from ``config.json`` (:mod:`tuner.model_shape`)
 divided by TP; ``activation_peak`` and ``cudagraph_estimate`` come from the fitted model below.
 
+**Data parallelism** (``data_parallel_size``, DP) does not change a GPU's figures: each of the DP
+engine replicas holds the full weights on its own TP GPUs (TP splits them, DP copies them), sizes
+its own KV cache the same way, and serves its own requests. So :func:`estimate` is per GPU and its
+``kv_tokens`` are one replica's; a server has DP times as many, on TP x DP GPUs.
+
 **Fit** (calibrated on real vLLM 0.24 on an H200, 140.4 GiB visible, Qwen3-8B bf16, weights
 15.26 GiB computed vs "Model loading took 15.27 GiB" logged)::
 
@@ -90,6 +95,7 @@ GiB = 1 << 30
 VLLM_DEFAULTS: dict[str, Any] = {
     "gpu_memory_utilization": 0.92,
     "tensor_parallel_size": 1,
+    "data_parallel_size": 1,
     "block_size": 16,
     "enable_chunked_prefill": True,
     "enable_prefix_caching": True,
@@ -199,6 +205,9 @@ class ResolvedParams:
     capture_sizes: tuple[int, ...]
     kv_cache_memory_bytes: int | None
     num_gpu_blocks_override: int | None
+    data_parallel_size: int = 1
+    """Engine replicas, each on its own ``tensor_parallel_size`` GPUs with the full weights
+    (module docstring): every per-GPU figure above is one replica's."""
 
 
 def _get(params: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -306,6 +315,7 @@ def resolve_params(shape: ModelShape, gpu: GpuProfile, params: Mapping[str, Any]
         capture_sizes=sizes,
         kv_cache_memory_bytes=int(kvmb) if kvmb is not None else None,
         num_gpu_blocks_override=int(ngbo) if ngbo is not None else None,
+        data_parallel_size=int(_get(params, "data_parallel_size")),
     )
 
 
@@ -352,7 +362,8 @@ def kv_too_small_message(
 
 
 def estimate(shape: ModelShape, gpu: GpuProfile, params: Mapping[str, Any]) -> MemoryEstimate:
-    """Predict vLLM's KV cache (per GPU; tokens for the whole TP group) for ``params``.
+    """Predict vLLM's KV cache (per GPU; tokens for the whole TP group, one DP replica's) for
+    ``params``; ``data_parallel_size`` changes no figure (the module docstring).
 
     ``params`` uses the tuner's names (``gpu_memory_utilization``, ``tensor_parallel_size``,
     ``block_size``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,

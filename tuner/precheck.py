@@ -2,7 +2,8 @@
 
 Three kinds, each with the reason vLLM itself would give:
 
-* the tuner's own limits — TP larger than the GPU lease or not dividing the attention heads, a
+* the tuner's own limits — TP × DP (the server's GPUs: each of the DP replicas on its own TP
+  GPUs) larger than the GPU lease, TP not dividing the attention heads, a
   ``max_model_len`` shorter than more than the error budget of the workload's requests
   (``precheck``);
 * vLLM 0.24's config validation (:mod:`tuner.vllm_rules`, the rules the
@@ -12,7 +13,9 @@ Three kinds, each with the reason vLLM itself would give:
   §1.4) (``invalid_config``, vLLM's text after ``predicted before launch: ``);
 * memory (``tuner.memory``, the simulator's model) — no KV memory at all, or less than one
   ``max_model_len`` request needs (``no_kv_memory`` / ``kv_too_small``) — but only when the
-  predicted deficit exceeds the model's error margin, so borderline configs still launch.
+  predicted deficit exceeds the model's error margin, so borderline configs still launch. Per
+  GPU: TP splits the weights over its GPUs; DP does not change a GPU's figures (each replica
+  holds the full weights on its own TP GPUs), so a DP layout fits where its TP alone fits.
 
 The margin: ``0.5 GiB + 2 %`` of the gmu budget. On the H200 the model was within 1.4 % of vLLM's
 logged KV tokens for Qwen3-8B (docs/gpu-runs/2026-11-30-h200.md); at gmu 0.92 2 % is 2.6 GiB.
@@ -33,6 +36,7 @@ from typing import Any
 
 from tuner.config import SpaceConfig, TunerConfig
 from tuner.engine.argv import fixed_params, passed
+from tuner.engine.pool import gpus_per_server
 from tuner.errors import EngineError, FailureReason, TrialFailed
 from tuner.memory import (
     GPU_PROFILES,
@@ -232,10 +236,13 @@ def _tuner_limits(
     cfg: TunerConfig, shape: ModelShape, params: Mapping[str, Any], requests: Sequence[RequestSpec]
 ) -> None:
     tp = int(params.get("tensor_parallel_size") or 1)
-    if tp > len(cfg.engine.gpus):
+    dp = int(params.get("data_parallel_size") or 1)
+    if gpus_per_server(params) > len(cfg.engine.gpus):
+        layout = f"tensor_parallel_size {tp}"
+        if dp > 1:
+            layout += f" x data_parallel_size {dp} = {tp * dp} GPUs"
         raise TrialFailed(
-            FailureReason.PRECHECK,
-            f"tensor_parallel_size {tp} exceeds the GPU lease {cfg.engine.gpus}",
+            FailureReason.PRECHECK, f"{layout} exceeds the GPU lease {cfg.engine.gpus}"
         )
     if shape.num_attention_heads % tp:
         raise TrialFailed(

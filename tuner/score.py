@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tuner.capacity import CAPACITY_METRICS
+from tuner.capacity import CAPACITY_METRICS, objective_metric
 from tuner.config import DIRECTIONS, ObjectiveConfig, SLOConfig, TunerConfig, one_of
 from tuner.errors import ConfigError, FailureReason
 from tuner.records import RequestRecord, TrialResult
@@ -24,6 +24,7 @@ __all__ = [
     "KEY_METRICS",
     "METRICS",
     "PERCENTILES",
+    "capacity_metric",
     "check",
     "constraints",
     "needs_capacity",
@@ -91,8 +92,8 @@ def check(cfg: TunerConfig) -> None:
         slo = cfg.workload.slo
         if slo.ttft_ms is None and slo.tpot_ms is None and slo.e2e_ms is None:
             raise ConfigError(
-                "objective capacity_rps needs the workload's SLOs; set workload.slo.ttft_ms, "
-                "tpot_ms or e2e_ms"
+                f"objective {capacity_metric(o)} needs the workload's SLOs; set "
+                "workload.slo.ttft_ms, tpot_ms or e2e_ms"
             )
         c = o.capacity
         if not 0.0 < c.rel_width < 1.0:
@@ -109,8 +110,14 @@ def check(cfg: TunerConfig) -> None:
 
 
 def needs_capacity(objective: ObjectiveConfig) -> bool:
-    """An objective is the SLO capacity: each trial runs the capacity search."""
-    return any(o.metric == "capacity_rps" for o in objective.objectives)
+    """An objective is the SLO capacity (``capacity_rps`` or ``capacity_per_gpu_rps``): each
+    trial runs the capacity search."""
+    return capacity_metric(objective) is not None
+
+
+def capacity_metric(objective: ObjectiveConfig) -> str | None:
+    """The objective's first capacity metric (:func:`tuner.capacity.objective_metric`), or None."""
+    return objective_metric([o.metric for o in objective.objectives])
 
 
 def _stats(name: str, values: Sequence[float]) -> dict[str, float]:

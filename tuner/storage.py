@@ -80,7 +80,7 @@ def study_name(cfg: TunerConfig) -> str:
     )
 
 
-_SHORT = {"capacity_rps": "capacity"}
+_SHORT = {"capacity_rps": "capacity", "capacity_per_gpu_rps": "capacity_per_gpu"}
 
 
 def objective_label(objective: ObjectiveConfig) -> str:

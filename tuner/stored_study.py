@@ -27,7 +27,7 @@ from typing import Any, Literal
 import optuna
 
 from tuner import stored_trial
-from tuner.capacity import Start
+from tuner.capacity import PER_GPU, Start
 from tuner.config import ConfirmConfig, TunerConfig
 from tuner.records import Candidate, ConfirmResult, to_jsonable
 from tuner.verdict import Verdict
@@ -235,23 +235,29 @@ def recommended_trial(study: optuna.Study) -> int | None:
 # --- the study's trials -------------------------------------------------------------------------
 
 
-def incumbent_capacity(study: optuna.Study) -> Start | None:
+def incumbent_capacity(study: optuna.Study, metric: str | None = "capacity_rps") -> Start | None:
     """The best SLO capacity measured so far as a load factor on the workload's (the
-    ``capacity_factor`` of the feasible trial with the highest ``capacity_rps``, not one censored
-    above), or None before one: where a new trial's capacity search probes first."""
-    best: tuple[float, float] | None = None
+    ``capacity_factor`` of the feasible trial with the highest ``metric``, not one censored
+    above), or None before one: where a new trial's capacity search probes first. ``metric``
+    ``capacity_per_gpu_rps`` ranks per GPU, and the start carries the incumbent's GPUs
+    (``capacity_rps`` / per GPU) so that a server on other GPUs scales it
+    (:func:`tuner.capacity.for_gpus`)."""
+    metric = metric or "capacity_rps"
+    best: tuple[float, float, float, int | None] | None = None
     for t in study.get_trials(deepcopy=False):
         if not stored_trial.feasible(t):
             continue
         rps = stored_trial.metric(t, "capacity_rps")
         factor = stored_trial.metric(t, "capacity_factor")
-        if rps is None or factor is None or rps <= 0 or factor <= 0:
+        value = stored_trial.metric(t, metric)
+        if rps is None or factor is None or value is None or min(rps, factor, value) <= 0:
             continue
         if (stored_trial.metric(t, "capacity_censored") or 0.0) < 0:
             continue
-        if best is None or rps > best[0]:
-            best = (rps, factor)
-    return None if best is None else Start(best[1], best[0])
+        gpus = round(rps / value) if metric == PER_GPU else None
+        if best is None or value > best[0]:
+            best = (value, rps, factor, gpus)
+    return None if best is None else Start(best[2], best[1], best[3])
 
 
 BaselineFilter = Literal["any", "live", "measured", "feasible"]

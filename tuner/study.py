@@ -44,7 +44,7 @@ from tuner.quality_guard import Guard
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.recovery import close_runs, lease_dir, recover, worker_id
 from tuner.replay_client import loop_factory
-from tuner.score import needs_capacity
+from tuner.score import capacity_metric, needs_capacity
 from tuner.space import distributions
 from tuner.storage import (
     check_enqueue,
@@ -225,7 +225,7 @@ async def _trials(
         baseline = is_baseline(trial)
         # the SLO capacity: probe the study's best first (None before one is measured)
         probe = needs_capacity(cfg.objective) and cfg.objective.capacity.incumbent_probe
-        incumbent = incumbent_capacity(study) if probe else None
+        incumbent = incumbent_capacity(study, capacity_metric(cfg.objective)) if probe else None
         try:
             result = await run_trial(ctx, trial.number, dict(trial.params), baseline, incumbent)
         except (KeyboardInterrupt, asyncio.CancelledError):

@@ -33,6 +33,7 @@ from tuner.capacity_card import (
 )
 from tuner.config import TunerConfig
 from tuner.confirm import round_values
+from tuner.engine import pool
 from tuner.records import Candidate, ConfirmResult
 
 __all__ = [
@@ -60,11 +61,13 @@ def read_steps(folder: Path) -> list[Step]:
 
 
 def gpus_per_server(params: Mapping[str, Any], fixed_args: Mapping[str, Any]) -> int:
-    """``tensor_parallel_size`` of the config (searched, else fixed in ``model.fixed_args``)."""
-    tp = params.get("tensor_parallel_size")
-    if tp is None:
-        tp = fixed_args.get("tensor-parallel-size", fixed_args.get("tensor_parallel_size"))
-    return max(1, int(tp or 1))
+    """:func:`tuner.engine.pool.gpus_per_server` of the config: TP × DP, each searched, else
+    fixed in ``model.fixed_args``."""
+    fixed = {k.lstrip("-").replace("-", "_"): v for k, v in fixed_args.items()}
+    names = ("tensor_parallel_size", "data_parallel_size")
+    return pool.gpus_per_server(
+        {n: params[n] if params.get(n) is not None else fixed.get(n) for n in names}
+    )
 
 
 def slo_limits(cfg: TunerConfig) -> dict[str, float]:
@@ -262,7 +265,7 @@ def print_card(card: Card, console: Console) -> None:
     t.add_column("vs defaults")
     for e in card.entries:
         p = card.plans.get(e.trial, Plan())
-        row = [e.label + (f", TP {e.gpus_per_server}" if e.gpus_per_server > 1 else "")]
+        row = [e.label + (f", {e.gpus_per_server} GPUs" if e.gpus_per_server > 1 else "")]
         row += [_range(e.tiers.get(s)) for s in card.scales]
         if target:
             row += [

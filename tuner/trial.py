@@ -36,7 +36,7 @@ from tuner.artifacts import (
     write_artifacts,
     write_repeats,
 )
-from tuner.capacity import Start
+from tuner.capacity import Start, for_gpus
 from tuner.capacity_probe import probe_capacity
 from tuner.compile_cache import record
 from tuner.config import EngineConfig, ObjectiveConfig, TunerConfig
@@ -44,12 +44,12 @@ from tuner.engine.argv import api_key, build_env, compile_key, mask, mask_argv, 
 from tuner.engine.container import CIDFILE, container_name, container_server
 from tuner.engine.gpu_memory import gpu_freed, wait_free_memory
 from tuner.engine.logparse import port_clash
-from tuner.engine.pool import GpuPool, core_ranges
+from tuner.engine.pool import GpuPool, core_ranges, gpus_per_server
 from tuner.engine.process import Server, free_port
 from tuner.errors import FailureReason, LaunchFailed, ReplayFailed, TrialFailed
 from tuner.measure import Measured, Replay, measure, reset_caches
 from tuner.memory import ModelShape
-from tuner.precheck import precheck
+from tuner.precheck import precheck, with_fixed
 from tuner.records import LaunchInfo, RequestSpec, TrialResult
 from tuner.recovery import LEASE_ENV, Lease, lease_dir
 from tuner.score import constraints, mean_result, needs_capacity, objective_values, summarize
@@ -250,8 +250,8 @@ async def run_server(
     )
     try:
         _precheck(run)
-        tp = int(run.full.get("tensor_parallel_size") or 1)
-        async with ctx.pool.lease(tp) as gpus:
+        need = gpus_per_server(with_fixed(cfg, run.full, baseline=baseline))  # TP x DP
+        async with ctx.pool.lease(need) as gpus:
             run.gpus = gpus
             try:
                 await _prepare(run)
@@ -442,10 +442,10 @@ async def _capacity(run: ServerRun, server: Server) -> None:
         api_key=api_key(cfg.engine, cfg.model),
         measure=step,
         check=functools.partial(_alive, server),
-        start=run.capacity_start,
+        start=for_gpus(run.capacity_start, len(run.gpus)),
         stop_on_loss=run.prune and run.capacity_start is not None,
     )
-    run.common.update(cap.metrics())
+    run.common.update(cap.metrics(gpus=len(run.gpus)))
 
 
 async def _alive(server: Server) -> None:

@@ -13,8 +13,8 @@ vLLM's order, and which function checks what:
 1. :func:`argument_refusal` — ``create_engine_config`` on the values as passed (``None`` or absent
    means "not passed"): ``max_num_partial_prefills`` ≠ 1, a user ``max_model_len`` above the
    derived one (unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``), the pydantic ranges of CacheConfig and
-   ParallelConfig, the world size against the visible GPUs, the pydantic ranges of
-   SchedulerConfig.
+   ParallelConfig (``tensor_parallel_size``, ``data_parallel_size``), the world size (TP) against
+   the visible GPUs, the pydantic ranges of SchedulerConfig.
 2. (the compilation config: the ``cudagraph_mode`` name and the capture sizes; these need the
    command line itself, so :mod:`tuner.sim.startup` checks them here.)
 3. :func:`scheduler_refusal` — after vLLM's defaults (:func:`tuner.memory.resolve_params`): chunked
@@ -103,6 +103,7 @@ RANGES: dict[str, Range] = {
         0, False, None, True, "an integer >= 1 (multiples of 16 on Hopper)", "CacheConfig"
     ),
     "tensor_parallel_size": Range(1, True, None, True, "an integer >= 1", "ParallelConfig"),
+    "data_parallel_size": Range(1, True, None, True, "an integer >= 1", "ParallelConfig"),
     "max_num_seqs": Range(1, True, None, True, "an integer >= 1", "SchedulerConfig"),
     "max_num_batched_tokens": Range(1, True, None, True, "an integer >= 1", "SchedulerConfig"),
     "stream_interval": Range(1, True, None, True, "an integer >= 1", "SchedulerConfig"),
@@ -127,6 +128,7 @@ class Rule(enum.StrEnum):
     GPU_MEMORY_UTILIZATION = "gpu_memory_utilization"
     BLOCK_SIZE_RANGE = "block_size_range"
     TENSOR_PARALLEL_RANGE = "tensor_parallel_range"
+    DATA_PARALLEL_RANGE = "data_parallel_range"
     WORLD_SIZE = "world_size"
     SCHEDULER_RANGES = "scheduler_ranges"
     CHUNKED_PREFILL_BUDGET = "chunked_prefill_budget"
@@ -261,6 +263,11 @@ def argument_refusal(
     tp = 1 if tp is None else tp
     if Rule.TENSOR_PARALLEL_RANGE not in skip:
         found = _out_of_range(Rule.TENSOR_PARALLEL_RANGE, "tensor_parallel_size", tp)
+        if found is not None:
+            return found
+    if Rule.DATA_PARALLEL_RANGE not in skip:  # ParallelConfig's next field (``ge=1``)
+        dp = params.get("data_parallel_size")
+        found = _out_of_range(Rule.DATA_PARALLEL_RANGE, "data_parallel_size", dp)
         if found is not None:
             return found
     if Rule.WORLD_SIZE not in skip and gpu_count is not None and tp > gpu_count:

@@ -1,4 +1,5 @@
-"""The GPU pool: parallel trials lease disjoint GPUs (as many as their tensor parallelism).
+"""The GPU pool: parallel trials lease disjoint GPUs, as many as their server uses
+(:func:`gpus_per_server`: tensor parallelism × data parallelism).
 
 A lease is exclusive: no two servers ever share a GPU (asserted on every grant). Leases are
 granted first come, first served; a trial that needs more GPUs than are free waits.
@@ -10,8 +11,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError
@@ -23,12 +25,24 @@ __all__ = [
     "cpu_layout",
     "cpu_plan",
     "describe_cores",
+    "gpus_per_server",
     "on_cores",
     "reserved_cores",
     "thread_ids",
 ]
 
 log = logging.getLogger(__name__)
+
+
+def gpus_per_server(params: Mapping[str, Any]) -> int:
+    """The GPUs one ``vllm serve`` with these params uses: ``tensor_parallel_size`` ×
+    ``data_parallel_size`` (each absent or None: vLLM's default, 1). Each of the DP engine
+    replicas runs on its own TP GPUs (vLLM 0.24 gives DP rank ``i`` the visible devices
+    ``[i × TP, (i + 1) × TP)``), so the lease, the capacity per GPU and the capacity card all count
+    these. ``params``: the values the server runs with (``model.fixed_args`` included)."""
+    tp = params.get("tensor_parallel_size")
+    dp = params.get("data_parallel_size")
+    return max(1, int(tp or 1)) * max(1, int(dp or 1))
 
 
 class GpuPool:

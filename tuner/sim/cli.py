@@ -112,6 +112,7 @@ def build_parser(*, suppress_defaults: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--max-model-len", type=_max_model_len, default=None)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None)
     p.add_argument("--max-num-partial-prefills", type=int, default=1)

@@ -16,6 +16,9 @@ from send to the first token, TPOT = (e2e - ttft)/(output - 1), duration from th
 send to the last completion, goodput = requests meeting every SLO set / duration. A request with
 ``prompt + max_tokens > max_model_len`` is rejected (vLLM answers 400) and counts as not good.
 
+With ``data_parallel_size`` DP > 1 one replica is run at its share of the concurrency (1/DP,
+rounded up) and the rates are DP times its own (the replicas serve side by side, balanced).
+
 Differences from a real replay against the simulated server: no HTTP/SSE or tokenisation time, no
 ``TUNER_SIM_SPEEDUP`` jitter, no ``workload.duration_s`` cut-off, and the request is "sent" the
 instant the previous one of its worker finished.
@@ -395,6 +398,10 @@ def evaluate(
         else SpeedModel.for_model(shape, r.tensor_parallel_size, r.kv_dtype_bytes, speed_base)
     )
     sched = build_scheduler(shape, r, mem, speed=speed)
+    # DP: DP replicas share the closed loop evenly (the front balances them); one is simulated
+    # at its share of the concurrency, and the server serves DP times its rates
+    dp = max(1, r.data_parallel_size)
+    concurrency = -(-concurrency // dp)
     hashes = _stream_hashes(stream, r.block_size) if r.enable_prefix_caching else None
     n = len(stream.prompts)
     warm = [i for i in range(n) if stream.warmup[i]]
@@ -424,7 +431,7 @@ def evaluate(
     st = sched.stats
     queries = st.prefix_queries - before.prefix_queries
     end = max((d.finish for d in done), default=start)
-    duration = end - start
+    duration = (end - start) / dp  # DP replicas serve the stream side by side
     ttfts = [d.first - d.arrival for d in done]
     tpots = [(d.finish - d.first) / (d.output - 1) for d in done if d.output > 1]
     good = sum(_meets(d, slo) for d in done)

@@ -23,6 +23,15 @@ the first token and the last still leave at their own times, so TTFT, end-to-end
 ((e2e − TTFT) / (tokens − 1)) are unchanged; only the gaps between chunks (ITL) are coarser. It
 bounds the chunks per second a busy host must write and read to about running / interval.
 
+**Data parallelism.** With ``--data-parallel-size`` DP > 1 the engine runs DP replicas (each a
+scheduler with its own KV cache, modelled clock and step loop, as vLLM runs DP EngineCores each on
+its own TP GPUs) behind the one HTTP front: each new request goes to the replica with the lowest
+``4 x waiting + running`` (vLLM 0.24's ``DPLBAsyncMPClient.get_core_engine_for_request`` in
+``vllm/v1/engine/core_client.py``; ties to the lowest index), read at once here where vLLM reads
+counts its coordinator publishes every 100 ms. A request stays on its replica. ``/metrics`` sums
+the replicas (KV usage: their mean); one step loop per replica, so the host's CPU cost grows with
+DP while idle replicas cost nothing.
+
 The loop costs almost no CPU when idle. Metrics use a private ``CollectorRegistry`` with vLLM
 0.24's names, plus the ``tuner_sim:`` lag histogram.
 """
@@ -40,7 +49,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from tuner.sim.engine import Request, build_scheduler
+from tuner.sim.engine import EngineStats, Request, Scheduler, build_scheduler
 from tuner.sim.logs import SimLog
 from tuner.sim.startup import Settings
 
@@ -247,9 +256,28 @@ class _Stream:
     """Modelled time of the stream's previous chunk."""
 
 
+@dataclasses.dataclass(eq=False)
+class _Replica:
+    """One DP engine replica: its scheduler, its modelled clock and the event that wakes it."""
+
+    index: int
+    sched: Scheduler
+    t: float = 0.0
+    """The modelled clock: where the next step starts (simulated seconds since start)."""
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    last: EngineStats = dataclasses.field(default_factory=EngineStats)
+    """Its stats when the counters were last advanced."""
+
+    @property
+    def load(self) -> int:
+        """vLLM's DP balancing score: ``4 x waiting + running``."""
+        return 4 * len(self.sched.waiting) + len(self.sched.running)
+
+
 class AsyncEngine:
-    """Owns the scheduler and the step loop on the modelled clock (module docstring);
-    :meth:`generate` yields each stream chunk's token count and its due wall time."""
+    """Owns the schedulers (one per DP replica) and their step loops on the modelled clock
+    (module docstring); :meth:`generate` yields each stream chunk's token count and its due wall
+    time."""
 
     def __init__(
         self,
@@ -261,7 +289,10 @@ class AsyncEngine:
         log_stats: bool,
         stream_ms: float = 0.0,
     ) -> None:
-        self.sched = build_scheduler(s.shape, s.resolved, s.memory)
+        dp = max(1, s.resolved.data_parallel_size)
+        self.replicas = [
+            _Replica(k, build_scheduler(s.shape, s.resolved, s.memory)) for k in range(dp)
+        ]
         self.speedup = max(speedup, 1e-9)
         self.stream_interval = max(1, stream_interval)
         self.hold_s = max(0.0, stream_ms) / 1e3 * self.speedup
@@ -271,14 +302,36 @@ class AsyncEngine:
         self.log = log
         self.log_stats = log_stats
         self.dead = False
-        self.t = 0.0
-        """The modelled clock: where the next step starts (simulated seconds since start)."""
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
-        self._wake = asyncio.Event()
         self._t0 = time.monotonic()
         self._tasks: list[asyncio.Task[None]] = []
-        self._last = dataclasses.replace(self.sched.stats)
+
+    @property
+    def sched(self) -> Scheduler:
+        """The first replica's scheduler (the only one without DP)."""
+        return self.replicas[0].sched
+
+    @property
+    def t(self) -> float:
+        """The modelled clock of the replica furthest on."""
+        return max(rep.t for rep in self.replicas)
+
+    def stats(self) -> EngineStats:
+        """The replicas' counters summed."""
+        out = EngineStats()
+        for rep in self.replicas:
+            for f in dataclasses.fields(EngineStats):
+                setattr(out, f.name, getattr(out, f.name) + getattr(rep.sched.stats, f.name))
+        return out
+
+    def reset_prefix_cache(self) -> bool:
+        """Every replica's (vLLM resets each engine's); False if one could not."""
+        return all([rep.sched.pool.reset_prefix_cache() for rep in self.replicas])
+
+    def _pick(self) -> _Replica:
+        """The replica a new request goes to: the lowest load, the lowest index on a tie."""
+        return min(self.replicas, key=lambda rep: (rep.load, rep.index))
 
     def sim_now(self) -> float:
         """The wall clock in modelled seconds since start."""
@@ -289,7 +342,8 @@ class AsyncEngine:
         return self._t0 + t / self.speedup
 
     def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self._loop()))
+        for rep in self.replicas:
+            self._tasks.append(asyncio.create_task(self._loop(rep)))
         self._tasks.append(asyncio.create_task(self._lag_loop()))
         if self.log_stats:
             self._tasks.append(asyncio.create_task(self._stats_loop()))
@@ -306,8 +360,8 @@ class AsyncEngine:
         for st in list(self._streams.values()):
             st.queue.put_nowait(EngineDeadError())
         self._streams.clear()
-        if self._tasks:
-            self._tasks[0].cancel()
+        for task in self._tasks[: len(self.replicas)]:  # the step loops
+            task.cancel()
 
     async def generate(
         self, tokens: Sequence[int], max_tokens: int
@@ -320,8 +374,9 @@ class AsyncEngine:
         req = Request(rid, tokens, max_tokens)
         st = _Stream(req, asyncio.Queue(), time.monotonic())
         self._streams[rid] = st
-        self.sched.add(req, self.sim_now())
-        self._wake.set()
+        rep = self._pick()
+        rep.sched.add(req, self.sim_now())
+        rep.wake.set()
         try:
             while True:
                 item = await st.queue.get()
@@ -332,47 +387,47 @@ class AsyncEngine:
                 yield item
         finally:
             if not req.finished and not self.dead:
-                self.sched.abort(req)
+                rep.sched.abort(req)
             self._streams.pop(rid, None)
 
-    async def _until(self, t: float) -> bool:
-        """Sleep until modelled time ``t`` is due on the wall clock, or a request arrives;
-        True if it is due."""
+    async def _until(self, rep: _Replica, t: float) -> bool:
+        """Sleep until modelled time ``t`` is due on the wall clock, or a request arrives at
+        ``rep``; True if it is due."""
         delay = self.wall_at(t) - time.monotonic()
         if delay <= 0:
             return True
-        self._wake.clear()
+        rep.wake.clear()
         try:
-            await asyncio.wait_for(self._wake.wait(), delay)
+            await asyncio.wait_for(rep.wake.wait(), delay)
         except TimeoutError:
             return True
         return False
 
-    async def _loop(self) -> None:
-        sched = self.sched
+    async def _loop(self, rep: _Replica) -> None:
+        sched = rep.sched
         while True:
             if not sched.has_work:
                 self._update_gauges()
-                self._wake.clear()
-                await self._wake.wait()
+                rep.wake.clear()
+                await rep.wake.wait()
                 continue
             if not sched.running:  # an idle clock jumps to the first arrival it has not seen
-                self.t = max(self.t, min(r.arrival_s for r in sched.waiting))
-            res = sched.step(self.t)
+                rep.t = max(rep.t, min(r.arrival_s for r in sched.waiting))
+            res = sched.step(rep.t)
             if res.idle:  # waiting requests not past the front end yet: until the first is
-                target = self.t + res.duration_s
-                if await self._until(target):
-                    self.t = target
+                target = rep.t + res.duration_s
+                if await self._until(rep, target):
+                    rep.t = target
                 else:  # a request arrived meanwhile
-                    self.t = max(self.t, min(target, self.sim_now()))
+                    rep.t = max(rep.t, min(target, self.sim_now()))
                 self._update_gauges()
                 continue
-            end = self.t + res.duration_s
+            end = rep.t + res.duration_s
             due = self.wall_at(end)
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            self.t = end
+            rep.t = end
             self._deliver(res.emitted, end, due)
             self._update_gauges()
 
@@ -403,16 +458,18 @@ class AsyncEngine:
                 st.queue.put_nowait(None)
 
     def _update_gauges(self) -> None:
-        m, st, last = self.metrics, self.sched.stats, self._last
-        m.running.set(len(self.sched.running))
-        m.waiting.set(len(self.sched.waiting))
-        m.kv_usage.set(self.sched.pool.usage())
-        m.preemptions.inc(st.preemptions - last.preemptions)
-        m.prefix_queries.inc(st.prefix_queries - last.prefix_queries)
-        m.prefix_hits.inc(st.prefix_hits - last.prefix_hits)
-        m.prompt_tokens.inc(st.prompt_tokens - last.prompt_tokens)
-        m.generation_tokens.inc(st.generation_tokens - last.generation_tokens)
-        self._last = dataclasses.replace(st)
+        m, reps = self.metrics, self.replicas
+        m.running.set(sum(len(rep.sched.running) for rep in reps))
+        m.waiting.set(sum(len(rep.sched.waiting) for rep in reps))
+        m.kv_usage.set(sum(rep.sched.pool.usage() for rep in reps) / len(reps))
+        for rep in reps:
+            st, last = rep.sched.stats, rep.last
+            m.preemptions.inc(st.preemptions - last.preemptions)
+            m.prefix_queries.inc(st.prefix_queries - last.prefix_queries)
+            m.prefix_hits.inc(st.prefix_hits - last.prefix_hits)
+            m.prompt_tokens.inc(st.prompt_tokens - last.prompt_tokens)
+            m.generation_tokens.inc(st.generation_tokens - last.generation_tokens)
+            rep.last = dataclasses.replace(st)
 
     async def _lag_loop(self, interval: float = LAG_WINDOW_S) -> None:
         while True:
@@ -420,23 +477,25 @@ class AsyncEngine:
             self.lag.check(interval)
 
     async def _stats_loop(self, interval: float = 10.0) -> None:
-        prev = dataclasses.replace(self.sched.stats)
+        prev = self.stats()
         while True:
             await asyncio.sleep(interval)
-            st = self.sched.stats
-            if st.steps == prev.steps and not self.sched.has_work:
+            st = self.stats()
+            if st.steps == prev.steps and not any(rep.sched.has_work for rep in self.replicas):
                 continue
             hit = (st.prefix_hits - prev.prefix_hits) / max(
                 1, st.prefix_queries - prev.prefix_queries
             )
             prompt_tps = (st.prompt_tokens - prev.prompt_tokens) / interval
             gen_tps = (st.generation_tokens - prev.generation_tokens) / interval
-            running, waiting = len(self.sched.running), len(self.sched.waiting)
+            running = sum(len(rep.sched.running) for rep in self.replicas)
+            waiting = sum(len(rep.sched.waiting) for rep in self.replicas)
+            usage = sum(rep.sched.pool.usage() for rep in self.replicas) / len(self.replicas)
             self.log.api(
                 f"Engine 000: Avg prompt throughput: {prompt_tps:.1f} tokens/s, "
                 f"Avg generation throughput: {gen_tps:.1f} tokens/s, "
                 f"Running: {running} reqs, Waiting: {waiting} reqs, "
-                f"GPU KV cache usage: {100 * self.sched.pool.usage():.1f}%, "
+                f"GPU KV cache usage: {100 * usage:.1f}%, "
                 f"Prefix cache hit rate: {100 * hit:.1f}%",
                 "loggers.py:259",
             )

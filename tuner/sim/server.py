@@ -567,7 +567,7 @@ class _Server:
         async def metrics(_: web.Request) -> web.Response:
             assert self.engine is not None
             if self.spec is not None:
-                self.spec.update(self.engine.sched.stats.generation_tokens)
+                self.spec.update(self.engine.stats().generation_tokens)
             body = generate_latest(self.engine.metrics.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -579,7 +579,7 @@ class _Server:
 
         async def reset_prefix_cache(_: web.Request) -> web.Response:
             assert self.engine is not None
-            if not self.engine.sched.pool.reset_prefix_cache():
+            if not self.engine.reset_prefix_cache():
                 raise web.HTTPInternalServerError(text="Failed to reset prefix cache")
             return web.Response(status=200)
 

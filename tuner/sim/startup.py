@@ -175,6 +175,7 @@ def resolve(args: SimArgs, env: Mapping[str, str]) -> Settings:
     params: dict[str, Any] = {
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "tensor_parallel_size": args.tensor_parallel_size,
+        "data_parallel_size": args.data_parallel_size,
         "block_size": args.block_size,
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,
