@@ -46,7 +46,7 @@ def test_the_card_of_a_capacity_study(
     run = tmp_path / "run"
     card = json.loads((run / "capacity_card.json").read_text())
     assert card["target_rps"] == 100.0 and card["gpu_hour_usd"] == 3.6
-    assert card["slo"] == {"ttft_ms": 4000.0, "tpot_ms": 20.0, "percentile": 95.0}
+    assert card["slo"] == {"ttft_ms": 4000.0, "tpot_ms": 10.0, "percentile": 95.0}
     (e,) = card["entries"]
     assert e["baseline"] and e["gpus_per_server"] == 1
     tiers = e["tiers"]
