@@ -17,7 +17,7 @@ from pathlib import Path
 from tuner.artifacts import TrialFolder, write_json, write_requests
 from tuner.capacity import Capacity, Start, Step, search
 from tuner.config import ObjectiveConfig, SLOConfig, WorkloadConfig
-from tuner.measure import Measured, Replay, reset_caches, unsteady_indices
+from tuner.measure import Measured, Replay, reset_caches
 from tuner.records import RequestSpec
 from tuner.replay import is_closed_loop
 from tuner.score import KEY_METRICS, slo_margins, summarize
@@ -169,8 +169,8 @@ def step_of(factor: float, rp: Replay, m: Measured, objective: ObjectiveConfig) 
     send times) or served (closed loop: by Little's law, the slots in flight over the mean E2E
     latency, steadier than completions over a short replay's span with its ramp up and down),
     the SLO margin, held or not."""
-    unsteady = unsteady_indices(rp)  # a closed loop's start and end: capacity is the steady state's
-    steady = [r for r in m.records if r.index not in unsteady]
+    # a closed loop's start and end: capacity is the steady state's
+    steady = [r for r in m.records if r.index not in rp.unsteady]
     metrics = {**m.telemetry, **summarize(steady, rp.workload.slo)}
     rps = float(metrics.get("request_throughput", 0.0))
     sends = sorted(r.arrival_s for r in rp.requests if not r.warmup and r.arrival_s is not None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import aiohttp
@@ -56,6 +57,12 @@ class Replay:
     """Count only its steady state: a closed loop's start and end are sent but not counted
     (:func:`unsteady_indices`); the capacity search's steps."""
 
+    @cached_property
+    def unsteady(self) -> frozenset[int]:
+        """:func:`unsteady_indices`, computed once: for the pruning watch (where ``steady``) and
+        for the capacity step's metrics (every step, the workload's own replay included)."""
+        return unsteady_indices(self)
+
 
 def unsteady_indices(rp: Replay) -> frozenset[int]:
     """A closed loop's requests outside its steady state: the first ``concurrency`` measured
@@ -94,7 +101,7 @@ async def measure(
     w = rp.workload
     make_dir(tdir)
     total = len(rp.requests)
-    skip = unsteady_indices(rp) if rp.steady else frozenset()
+    skip = rp.unsteady if rp.steady else frozenset()
     n_measured = sum(not r.warmup for r in rp.requests) - len(skip)
     step = max(1, total // 4)
     done: list[RequestRecord] = []
