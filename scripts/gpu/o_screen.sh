@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Device work (nvidia-h200), issue 30's follow-up through the tuner's own screen (mode=screen): a
+# lever that moved on one server (fp8 weights, quant_fp8: +20.7 %, docs/gpu-runs/2026-12-02-levers-chat.md)
+# on SERVERS fresh servers against as many of vLLM's defaults, interleaved (defaults_every=2: D L L
+# D L D for 3). Chat at its own SLO (p95 TTFT <= 2 s, TPOT <= 50 ms), the search from 256 in flight.
+# The first run of mode=screen, and of the capacity steps counted in their steady state, on real
+# vLLM. study.timeout_s stops asking for servers when one more would not end before T; the one
+# running finishes. The screen's table is screen.json / screen.csv / screen.html in the run folder.
+#   bash /tmp/stage/bin/bg.sh start scr env T=1500 bash $PWD/scripts/gpu/o_screen.sh   (carry .whl),
+#   then bash /tmp/stage/bin/bg.sh wait scr 540 ... ; results: $OUT/scr.tgz.part-*
+# Here, on the simulator (the small workload of tests/helpers/capacity.py):
+#   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
+#   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
+set -u
+T="${T:-1500}"
+source "$(dirname "$0")/common.sh"
+mkdir -p "$W/scr" && cd "$W/scr"
+PER="${PER:-240}"  # seconds a server is planned to take (start-up, 4-6 replays, stop)
+# shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
+timeout -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
+  model=qwen3-8b mode=screen "workload.arrival.concurrency=${CONC:-256}" \
+  "workload.num_requests=${REQS:-800}" "objective.capacity.max_steps=${STEPS:-6}" \
+  "screen.servers=${SERVERS:-3}" screen.defaults_every=2 "screen.only=[${LEVERS:-quant_fp8}]" \
+  "study.timeout_s=$(( T - SECONDS - PER - 30 ))" ${EXTRA:-} > "$LOGS/scr.log" 2>&1
+echo "$(date -u +%T) screen: rc=$?"
+grep -h "SLO capacity\|launching" "$LOGS/scr.log" | cut -c1-240 | tail -20
+cat outputs/runs/*/screen.csv 2>/dev/null | tee "$LOGS/screen.csv"
+nvidia-smi --query-gpu=index,memory.used --format=csv > "$LOGS/nvidia-smi-scr.txt" 2>&1
+pack scr scr logs
+echo "used ${SECONDS}s of $T"
