@@ -18,7 +18,7 @@ from rich.table import Table
 
 from tuner import stored_trial
 from tuner.artifacts import TrialFolder
-from tuner.capacity import Step
+from tuner.capacity import Step, objective_metric
 from tuner.capacity_card import (
     OUTSIDE,
     Card,
@@ -156,10 +156,11 @@ def study_card(
     candidates: Sequence[Candidate],
     results: Sequence[ConfirmResult],
 ) -> Card | None:
-    """The card of a capacity study (``capacity_rps`` an objective): one entry per confirm
-    candidate (its tiers from its search trial's steps, its capacity at the workload's SLO from
-    the confirm rounds where they measured it). None when the study has no capacity steps."""
-    if "capacity_rps" not in (study.metric_names or [o.metric for o in cfg.objective.objectives]):
+    """The card of a capacity study (``capacity_rps`` or ``capacity_per_gpu_rps`` an
+    objective): one entry per confirm candidate (its tiers from its search trial's steps, its
+    capacity at the workload's SLO from the confirm rounds where they measured it; a server's
+    requests/s, its GPUs counted in the plan). None when the study has no capacity steps."""
+    if objective_metric(study.metric_names or [o.metric for o in cfg.objective.objectives]) is None:
         return None
     by_number = {t.number: t for t in study.trials}
     by_result = {r.trial: r for r in results}

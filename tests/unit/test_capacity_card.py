@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import optuna
 import pytest
 from rich.console import Console
 
@@ -17,6 +18,7 @@ from tuner.capacity import Step, from_steps
 from tuner.config import ObjectiveConfig, SLOConfig, TunerConfig
 from tuner.errors import ConfigError
 from tuner.plots import card_data, card_figure
+from tuner.records import Candidate
 
 OBJ = ObjectiveConfig(slo_percentile=95, max_error_rate=0.05)
 SLO = SLOConfig(ttft_ms=1000.0, tpot_ms=50.0)
@@ -192,3 +194,38 @@ def test_the_target_defaults_to_a_traces_peak(make_cfg: Callable[..., TunerConfi
     given = make_cfg("+workload=trace", "plan.target_rps=7")
     assert sc.target_of(given) == (7.0, "plan.target_rps")
     assert sc.target_of(make_cfg("+workload=chat")) == (None, None)
+
+
+def test_a_per_gpu_study_has_a_card_counting_each_servers_gpus(
+    make_cfg: Callable[..., TunerConfig], tmp_path: Path
+) -> None:
+    """Under ``objective=capacity_per_gpu`` (``space=gpus``) the card is drawn as under
+    ``capacity`` (it was None: the card looked for ``capacity_rps`` among the objectives): a
+    server's requests/s, and its GPUs (TP x DP) in the plan."""
+    cfg = make_cfg(
+        "+workload=chat", "objective=capacity_per_gpu", "space=gpus", "engine.gpus=[0,1]",
+        "plan.target_rps=100", "workload.slo.ttft_ms=1000", "workload.slo.tpot_ms=50",
+    )  # fmt: skip
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.set_metric_names(["capacity_per_gpu_rps", "ttft_p95_ms"])
+    dirs = {}
+    for n, rps in enumerate([10.0, 20.0]):  # vLLM's defaults on 1 GPU, DP=2 on 2
+        study.add_trial(optuna.trial.create_trial(params={}, values=[rps / (1 + n), 50.0]))
+        steps = [
+            step(1.0, rps / 2, 300, 20),
+            step(2.0, rps, 900, 40),
+            step(4.0, rps * 1.5, 3000, 80),
+        ]
+        dirs[n] = tmp_path / f"trial_{n}"
+        dirs[n].mkdir()
+        (dirs[n] / "capacity.json").write_text(json.dumps({"steps": [s.row() for s in steps]}))
+    candidates = [
+        Candidate(0, ("baseline",), {}, True, (), {}),
+        Candidate(1, ("capacity",), {"data_parallel_size": 2}, False, (), {}),
+    ]
+    card = sc.study_card(study, cfg, dirs, candidates, [])
+    assert card is not None
+    assert {e.trial: e.gpus_per_server for e in card.entries} == {0: 1, 1: 2}
+    s0, s1 = card.plans[0].servers, card.plans[1].servers
+    assert s0 is not None and s1 is not None and s1 < s0  # twice the requests/s a server
+    assert card.plans[1].gpus == 2 * s1
