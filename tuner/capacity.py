@@ -18,7 +18,10 @@ incumbent, and its capacity is stored *censored above* (``capped``: the value is
 below the load that failed, from the bracket's margin line or, without a step that held, the
 failed step's margin; ``capacity_censored`` is −1 and the tables show it as "< X"). A hold there
 climbs from it, jumping by the margin's extrapolation ``1 / (1 − margin)`` (between ×2 and
-:data:`MAX_JUMP`) instead of doubling. Without ``start`` the search is as above.
+:data:`MAX_JUMP`) instead of doubling. Before the study has a capacity, a ``study.warm_start``
+study's best capacity is the start as a prediction (``Start.binding`` False,
+:func:`tuner.storage.search_start`): a loss there narrows the bracket below it instead of ending
+the trial. Without ``start`` the search is as above.
 
 The load is a factor on the workload's load: its request rate (open loop), its concurrency
 (closed loop, rounded up) or a trace's speed (``time_scale`` divided by the factor). A step
@@ -108,6 +111,9 @@ class Start(NamedTuple):
     gpus: int | None = None
     """The incumbent's GPUs (TP × DP) where the study ranks capacity per GPU: a server on other
     GPUs probes that capacity per GPU times its own (:func:`for_gpus`); None: not scaled."""
+    binding: bool = True
+    """False: a prediction (the ``study.warm_start`` study's capacity, before this study has
+    one), not an incumbent: a loss there does not end the search and caps nothing."""
 
 
 def for_gpus(start: Start | None, gpus: int) -> Start | None:
@@ -116,7 +122,9 @@ def for_gpus(start: Start | None, gpus: int) -> Start | None:
     if start is None or start.gpus is None or start.gpus == gpus:
         return start
     k = gpus / start.gpus
-    return Start(start.factor * k, None if start.rps is None else start.rps * k, gpus)
+    return start._replace(
+        factor=start.factor * k, rps=None if start.rps is None else start.rps * k, gpus=gpus
+    )
 
 
 @dataclass(frozen=True)
@@ -212,6 +220,7 @@ async def search(
     incumbent's capacity); ``stop_on_loss``: a loss at or below it ends the search, censored
     above and never above the incumbent's requests/s."""
     real = loads or (lambda f: f)
+    stop_on_loss = stop_on_loss and start is not None and start.binding
     steps: list[Step] = []
 
     async def at(f: float) -> Step:
@@ -224,7 +233,7 @@ async def search(
         steps.append(first)
     lo: Step | None = s if s.held else None
     hi: Step | None = None if s.held else s
-    ceiling = start.rps if start is not None else None
+    ceiling = start.rps if start is not None and start.binding else None
     if start is not None and start.factor > 0:
         f = min(max(start.factor, settings.min_factor), settings.max_factor)
         if hi is not None and real(f) >= hi.factor:  # lost below the incumbent's load already

@@ -124,7 +124,10 @@ async def probe_capacity(
     first_step = step_of(1.0, base, first, judged)
     if start is not None:
         log.info(
-            "trial %d: capacity probe at %.3gx the workload's load first", number, start.factor
+            "trial %d: capacity probe at %.3gx the workload's load first%s",
+            number,
+            start.factor,
+            "" if start.binding else " (the warm-start study's capacity)",
         )
     cap = await search(
         probe,

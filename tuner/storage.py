@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import optuna
 
+from tuner.capacity import Start
 from tuner.compile_cache import warm_first
 from tuner.config import ObjectiveConfig, TunerConfig
 from tuner.engine.argv import cache_root, params_key
@@ -33,10 +34,12 @@ from tuner.memory import ModelShape
 from tuner.prescreen import prescreen
 from tuner.records import RequestSpec
 from tuner.recovery import worker_id
+from tuner.score import capacity_metric, needs_capacity
 from tuner.space import defaults, defaults_outside, grid
 from tuner.stored_study import (
     baseline_trial,
     engine_kind,
+    incumbent_capacity,
     objective_names,
     objective_of,
     prescreen_summary,
@@ -53,6 +56,7 @@ __all__ = [
     "open_study",
     "retry_schema_race",
     "sampler_seed",
+    "search_start",
     "storage_url",
     "check_objective",
     "objective_label",
@@ -345,6 +349,23 @@ def _warm_start(cfg: TunerConfig, dists: Distributions) -> list[tuple[dict[str, 
         "warm start: enqueued %d Pareto-best configs of study %s", len(best), source.study_name
     )
     return out
+
+
+def search_start(study: optuna.Study, cfg: TunerConfig) -> Start | None:
+    """Where a trial's capacity search goes after the workload's own replay, or None (the
+    incumbent probe off, or no capacity known): the study's incumbent
+    (:func:`tuner.stored_study.incumbent_capacity`; a search trial that loses there ends), else
+    the best capacity of the ``study.warm_start`` study as a prediction (``binding`` False: the
+    search goes on from a loss there; its load factor is on that study's workload, so a warm
+    start of the same workload predicts best)."""
+    if not (needs_capacity(cfg.objective) and cfg.objective.capacity.incumbent_probe):
+        return None
+    metric = capacity_metric(cfg.objective)
+    own = incumbent_capacity(study, metric)
+    if own is not None or not cfg.study.warm_start:
+        return own
+    other = incumbent_capacity(_warm_source(cfg), metric)
+    return None if other is None else other._replace(rps=None, binding=False)
 
 
 def _warm_source(cfg: TunerConfig) -> optuna.Study:

@@ -44,16 +44,17 @@ from tuner.quality_guard import Guard
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.recovery import close_runs, lease_dir, recover, worker_id
 from tuner.replay_client import loop_factory
-from tuner.score import capacity_metric, needs_capacity
+from tuner.score import needs_capacity
 from tuner.space import distributions
 from tuner.storage import (
     check_enqueue,
     fill_queue,
     open_study,
     retry_schema_race,
+    search_start,
     study_name,
 )
-from tuner.stored_study import ConfirmRecord, incumbent_capacity
+from tuner.stored_study import ConfirmRecord
 from tuner.stored_trial import (
     is_baseline,
     mark_interrupted,
@@ -223,9 +224,8 @@ async def _trials(
     async def one(trial: optuna.Trial) -> None:
         nonlocal finished, free
         baseline = is_baseline(trial)
-        # the SLO capacity: probe the study's best first (None before one is measured)
-        probe = needs_capacity(cfg.objective) and cfg.objective.capacity.incumbent_probe
-        incumbent = incumbent_capacity(study, capacity_metric(cfg.objective)) if probe else None
+        # the SLO capacity: the study's best first, else the warm-start study's (or None)
+        incumbent = search_start(study, cfg)
         try:
             result = await run_trial(ctx, trial.number, dict(trial.params), baseline, incumbent)
         except (KeyboardInterrupt, asyncio.CancelledError):

@@ -244,3 +244,46 @@ def test_the_live_best_capacity_is_never_one_censored_above(
     _capacity_trial(study, 30.0, 3.0)
     _capacity_trial(study, 99.0, 9.9, censored=-1.0)  # an estimate under a bound (an old study)
     assert "capacity_rps 30.0 req/s (trial 0)" in live_best(study, cfg)
+
+
+# --- a predicted start: the warm-start study's capacity (issue 29, item 1) ----------------------
+
+
+async def test_a_loss_at_a_predicted_start_does_not_end_the_search() -> None:
+    # a prediction (binding=False) says 6.97; this config holds up to 1.94: the search goes on
+    # below it and brackets, where the study's own incumbent would have ended it
+    def margin(f: float) -> float:
+        return 1 - f / 1.94
+
+    probe, tried = probe_of(margin)
+    start = Start(6.97, None, None, binding=False)
+    cap = await search(probe, SETTINGS, first_at_one(margin), start=start, stop_on_loss=True)
+    assert tried[0] == 6.97 and len(tried) > 1
+    assert not cap.capped and cap.bound == 0.0  # bracketed, not censored above
+    assert cap.low <= 19.4 <= cap.high
+
+
+def test_the_first_trial_starts_from_the_warm_start_studys_capacity(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    from tuner.storage import search_start, storage_url
+
+    cfg = make_cfg("+workload=chat", "objective=capacity", "study.warm_start=earlier")
+    Path(cfg.paths.state_dir).mkdir(parents=True, exist_ok=True)
+    url = storage_url(cfg)
+    earlier = optuna.create_study(
+        study_name="earlier", storage=url, directions=["maximize", "minimize"]
+    )
+    _capacity_trial(earlier, 30.0, 3.0)
+    _capacity_trial(earlier, 50.0, 5.0)
+    now = optuna.create_study(study_name="now", storage=url, directions=["maximize", "minimize"])
+    # before this study measured a capacity: the other study's best, as a prediction only
+    assert search_start(now, cfg) == Start(5.0, None, None, binding=False)
+    _capacity_trial(now, 20.0, 2.0)
+    assert search_start(now, cfg) == Start(2.0, 20.0)  # then its own incumbent, binding
+    off = make_cfg("+workload=chat", "objective=capacity", "study.warm_start=earlier",
+                   "objective.capacity.incumbent_probe=false")  # fmt: skip
+    assert search_start(now, off) is None
+    plain = make_cfg("+workload=chat", "objective=capacity")
+    fresh = optuna.create_study(directions=["maximize", "minimize"])
+    assert search_start(fresh, plain) is None  # no warm start, nothing measured: as before
