@@ -218,7 +218,7 @@ async def search(
     replay asked for at ``f`` really runs at (a closed loop's concurrency is whole); the search
     ends when no load is left strictly inside the bracket. ``start``: the load to try next (the
     incumbent's capacity); ``stop_on_loss``: a loss at or below it ends the search, censored
-    above and never above the incumbent's requests/s."""
+    above and never above the incumbent's requests/s (only with a ``start`` that is binding)."""
     real = loads or (lambda f: f)
     stop_on_loss = stop_on_loss and start is not None and start.binding
     steps: list[Step] = []

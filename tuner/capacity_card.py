@@ -16,7 +16,7 @@ workload's SLOs". The card turns it into what an operator decides, from measurem
   the geometric mean and its 95 % t-interval on the log values (as :mod:`tuner.verdict`); one
   search alone gives its bracket (the held load below, the failed one above).
 * **a plan** for ``plan.target_rps`` requests/s: servers ``ceil(target / capacity)`` (the range
-  from the interval's ends), GPUs = servers × TP × DP (``study_card.gpus_per_server``); with
+  from the interval's ends), GPUs = servers × TP × DP (``tuner.engine.pool.gpus_per_server``); with
   ``plan.gpu_hour_usd``, the cost per 1M output tokens and per 1M requests served at capacity,
   and each pick's saving against vLLM's defaults.
 

@@ -10,7 +10,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import optuna
 from rich.console import Console
@@ -34,11 +33,11 @@ from tuner.capacity_card import (
 from tuner.config import TunerConfig
 from tuner.confirm import round_values
 from tuner.engine import pool
+from tuner.precheck import with_fixed
 from tuner.records import Candidate, ConfirmResult
 
 __all__ = [
     "entry",
-    "gpus_per_server",
     "peak_rps",
     "print_card",
     "publish_card",
@@ -58,16 +57,6 @@ def read_steps(folder: Path) -> list[Step]:
         return []
     data = json.loads(path.read_text())
     return [Step.from_row(r) for r in data.get("steps", [])]
-
-
-def gpus_per_server(params: Mapping[str, Any], fixed_args: Mapping[str, Any]) -> int:
-    """:func:`tuner.engine.pool.gpus_per_server` of the config: TP × DP, each searched, else
-    fixed in ``model.fixed_args``."""
-    fixed = {k.lstrip("-").replace("-", "_"): v for k, v in fixed_args.items()}
-    names = ("tensor_parallel_size", "data_parallel_size")
-    return pool.gpus_per_server(
-        {n: params[n] if params.get(n) is not None else fixed.get(n) for n in names}
-    )
 
 
 def slo_limits(cfg: TunerConfig) -> dict[str, float]:
@@ -176,7 +165,7 @@ def study_card(
         if r is not None:
             rounds = [v for v in round_values(r, "capacity_rps", True) if v is not None and v > 0]
         label = "vLLM defaults" if c.baseline else ", ".join(c.picks)
-        gpus = gpus_per_server(c.params, cfg.model.fixed_args)
+        gpus = pool.gpus_per_server(with_fixed(cfg, c.params, baseline=c.baseline))
         entries.append(
             entry(
                 c.trial,

@@ -443,7 +443,7 @@ async def _capacity(run: ServerRun, server: Server) -> None:
         measure=step,
         check=functools.partial(_alive, server),
         start=for_gpus(run.capacity_start, len(run.gpus)),
-        stop_on_loss=run.prune and run.capacity_start is not None,
+        stop_on_loss=run.prune,  # with an incumbent to lose to (capacity.search)
     )
     run.common.update(cap.metrics(gpus=len(run.gpus)))
 
