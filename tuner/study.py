@@ -35,7 +35,7 @@ from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
 from tuner.confirm import capacity_start, conclude, judge, pick, stressed
 from tuner.console import hms, live_best, parent_summary, print_summary, progress_line
-from tuner.engine.argv import cache_root, check_command, mask, params_key, secret_values
+from tuner.engine.argv import cache_root, check_command, fixed_note, mask, params_key, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, on_cores
 from tuner.measure import Replay, note_client_cores
 from tuner.memory import ModelShape
@@ -157,7 +157,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     outcome = StudyOutcome(study)
     log.info(
         "study %s: %d trials stored, running %d more (%s engine, model %s, workload %s, %d "
-        "requests/trial); run dir %s",
+        "requests/trial%s); run dir %s",
         study.study_name,
         n_stored,
         cfg.study.n_trials,
@@ -165,6 +165,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         cfg.model.name,
         cfg.workload.name,
         sum(not r.warmup for r in requests),
+        fixed_note(cfg.model),
         run_dir,
     )
     status, reason = "FINISHED", None

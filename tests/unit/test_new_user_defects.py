@@ -12,7 +12,7 @@ from rich.console import Console
 
 from tuner.config import TunerConfig
 from tuner.console import print_confirm
-from tuner.engine.argv import fixed_params
+from tuner.engine.argv import fixed_note, fixed_params
 from tuner.precheck import precheck
 from tuner.records import Candidate
 
@@ -36,6 +36,16 @@ def test_no_kv_flags_in_fixed_args_change_nothing(make_cfg: Callable[..., TunerC
     assert fixed_params(cfg.model) == {"enable_log_requests": False}  # --no-x: x false
     plain = precheck(make_cfg("+workload=chat"), SHAPE, DEFAULTS, [], baseline=True)
     assert precheck(cfg, SHAPE, DEFAULTS, [], baseline=True).kv_tokens == plain.kv_tokens
+
+
+def test_the_start_line_names_the_fixed_flags(make_cfg: Callable[..., TunerConfig]) -> None:
+    # on the H200 a study with +model.fixed_args.quantization=fp8 labelled its one trial
+    # "(vLLM defaults)" (the searched params); the study's first line now says what else ran
+    cfg = make_cfg(
+        "+workload=chat", "+model.fixed_args.quantization=fp8", "+model.fixed_args.api-key=s3"
+    )
+    assert fixed_note(cfg.model) == "; every server also runs with quantization=fp8"
+    assert fixed_note(make_cfg("+workload=chat").model) == ""
 
 
 def test_the_baseline_winning_every_pick_recommends_best_baseline(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from tuner.space import flag_name
 from tuner.stores import MASK, mask_credentials
 
 __all__ = [
+    "fixed_note",
     "fixed_params",
     "MASK",
     "api_key",
@@ -217,6 +218,15 @@ def fixed_params(model: ModelConfig) -> dict[str, Any]:
             key, value = key[3:], False
         out[key.replace("-", "_")] = value
     return out
+
+
+def fixed_note(model: ModelConfig) -> str:
+    """``model.fixed_args`` for a log line: ``"; every server also runs with quantization=fp8"``
+    (the API key left out; empty without fixed args). Tables label a trial by its searched
+    params, so "(vLLM defaults)" there means the searched ones; this line says what else runs."""
+    fixed = fixed_params(model)
+    words = " ".join(f"{k}={v}" for k, v in fixed.items())
+    return f"; every server also runs with {words}" if words else ""
 
 
 def passed(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, Any]:
