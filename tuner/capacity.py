@@ -8,8 +8,10 @@ server a trial already started are cheap. :func:`search` brackets the load and n
    next one up does not (or ``max_factor`` / ``min_factor`` is reached),
 3. between the two, try the load where the SLO margin's straight line crosses zero (clamped
    away from the ends, as ``vllm bench sweep``'s SLA mode interpolates; plain bisection when the
-   margins give no crossing), until the bracket is within ``rel_width`` or ``max_steps`` replays
-   have run.
+   margins give no crossing or the failed end was pruned: a pruned step's margin comes from a
+   partial replay, and on the H200 such margins were not monotone in the load, so the line held
+   one end still for 4 replays, docs/gpu-runs/2026-12-02-screen-fp8.md), until the bracket is
+   within ``rel_width`` or ``max_steps`` replays have run.
 
 **Incumbent probe** (``start``): once the study has a measured capacity, a trial's search
 tries the incumbent's load (its capacity factor) right after the workload's own replay. With
@@ -336,7 +338,7 @@ def _capped(
 
 def _next_factor(lo: Step, hi: Step) -> float:
     a, b = lo.factor, hi.factor
-    if lo.margin > 0 > hi.margin:
+    if lo.margin > 0 > hi.margin and hi.pruned is None:
         t = lo.margin / (lo.margin - hi.margin)
         t = min(0.8, max(0.2, t))
     else:

@@ -135,6 +135,25 @@ async def test_a_pruned_failed_step_stands_in_by_its_load() -> None:
     assert cap.rps == pytest.approx(15.0, rel=0.02)
 
 
+async def test_a_pruned_failed_end_is_bisected_not_read_on_its_margin_line() -> None:
+    # the H200's fp8 server (docs/gpu-runs/2026-12-02-screen-fp8.md): held at 256 in flight with
+    # margin 0.385; every step above failed, pruned, with partial-replay margins not monotone in
+    # the load. The margin line chose 1.68, 1.33, 1.21, 1.10 and ended 10 % wide after 6 replays.
+    partial = iter([-0.18, -0.42, -0.21, -0.46, -0.14, -0.3])
+    tried: list[float] = []
+
+    async def probe(f: float) -> Step:
+        tried.append(f)
+        if f <= 1.074:
+            return Step(factor=f, rps=76.0 * f, margin=0.385, held=True)
+        return Step(factor=f, rps=1.0, margin=next(partial), held=False, pruned="ttft")
+
+    cap = await search(probe, CapacityConfig(rel_width=0.05, max_steps=6))
+    assert tried == [1.0, 2.0, 1.5, 1.25, 1.125, 1.0625]
+    assert (cap.high - cap.low) / cap.low <= 0.06
+    assert cap.low <= cap.rps <= cap.high
+
+
 async def test_a_failed_step_serving_less_than_the_held_one_keeps_the_held_rate() -> None:
     # past saturation the failed load served less: the capacity is the rate that held
     async def probe(f: float) -> Step:
