@@ -7,7 +7,9 @@
 # vLLM. study.timeout_s stops asking for servers when one more would not end before T; the one
 # running finishes. The screen's table is screen.json / screen.csv / screen.html in the run folder.
 #   bash /tmp/stage/bin/bg.sh start scr env T=1500 bash $PWD/scripts/gpu/o_screen.sh   (carry .whl),
-#   then bash /tmp/stage/bin/bg.sh wait scr 540 ... ; results: $OUT/scr.tgz.part-*
+#   then bash /tmp/stage/bin/bg.sh wait scr 540; cp $W/logs/scr.log $OUT/ ... ; results: $OUT/scr.tgz.part-*
+#   (copy the log out on every wait: a machine lost mid-job takes the job's files with it,
+#   docs/gpu-runs/2026-12-02-screen-fp8.md)
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
 #   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
 #   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
