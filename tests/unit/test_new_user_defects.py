@@ -42,7 +42,10 @@ def test_the_start_line_names_the_fixed_flags(make_cfg: Callable[..., TunerConfi
     # on the H200 a study with +model.fixed_args.quantization=fp8 labelled its one trial
     # "(vLLM defaults)" (the searched params); the study's first line now says what else ran
     cfg = make_cfg(
-        "+workload=chat", "+model.fixed_args.quantization=fp8", "+model.fixed_args.api-key=s3"
+        "+workload=chat",
+        "+model.fixed_args.quantization=fp8",
+        "+model.fixed_args.api-key=s3",
+        "+model.fixed_args.hf-token=s4",
     )
     assert fixed_note(cfg.model) == "; every server also runs with quantization=fp8"
     assert fixed_note(make_cfg("+workload=chat").model) == ""

@@ -222,9 +222,11 @@ def fixed_params(model: ModelConfig) -> dict[str, Any]:
 
 def fixed_note(model: ModelConfig) -> str:
     """``model.fixed_args`` for a log line: ``"; every server also runs with quantization=fp8"``
-    (the API key left out; empty without fixed args). Tables label a trial by its searched
-    params, so "(vLLM defaults)" there means the searched ones; this line says what else runs."""
-    fixed = fixed_params(model)
+    (the API key and any flag named like a secret left out; empty without fixed args). Tables
+    label a trial by its searched params, so "(vLLM defaults)" there means the searched ones;
+    this line says what else runs."""
+    secret = ("key", "token", "secret", "password")
+    fixed = {k: v for k, v in fixed_params(model).items() if not any(w in k for w in secret)}
     words = " ".join(f"{k}={v}" for k, v in fixed.items())
     return f"; every server also runs with {words}" if words else ""
 
