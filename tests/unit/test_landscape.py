@@ -377,3 +377,13 @@ def test_sample_efficiency_full_grid_has_a_baseline_point(tmp_path: Path) -> Non
     assert by_name["enforce_eager"] is False and by_name["enable_prefix_caching"] is True
     assert by_name["max_num_seqs"] == 256  # 1024, the nearest of the grid's values
     assert set(encoded) == {d.name for d in se.SPACE}
+
+
+def test_the_simulator_sizes_its_kv_cache_with_fp8_weights() -> None:
+    # --quantization fp8 halves the decoder's linear weights, as on the H200 (861,024 tokens
+    # against 814,368 with bf16 weights); the simulator reads the same memory model
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    bf16 = resolve(parse_args(_argv({})), env).memory.kv_tokens
+    fp8 = resolve(parse_args(_argv({"quantization": "fp8"})), env).memory.kv_tokens
+    assert fp8 == pytest.approx(861_024, rel=0.01)
+    assert fp8 > bf16 * 1.04

@@ -49,6 +49,9 @@ def test_the_start_line_names_the_fixed_flags(make_cfg: Callable[..., TunerConfi
     )
     assert fixed_note(cfg.model) == "; every server also runs with quantization=fp8"
     assert fixed_note(make_cfg("+workload=chat").model) == ""
+    # and the precheck predicts its KV cache with fp8 weights (vLLM logged 861,024 tokens)
+    v = precheck(cfg, SHAPE, DEFAULTS, [], baseline=True)
+    assert v.kv_tokens == pytest.approx(861_024, rel=0.01)
 
 
 def test_the_baseline_winning_every_pick_recommends_best_baseline(tmp_path: Path) -> None:

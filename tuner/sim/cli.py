@@ -5,8 +5,9 @@ Modelled: the flags the tuner uses, with vLLM's parsing rules (dashes or undersc
 arguments, ``-O3``), argparse's exit 2 on unknown flags, and the config-time refusals of
 ``create_engine_config`` (exit 1 after a traceback) with vLLM's exact texts. Flags vLLM has but the
 simulator ignores (``--seed``, ...) are accepted and have no effect; ``--dtype``,
-``--quantization`` and ``--speculative-config`` change only its greedy outputs
-(:mod:`tuner.sim.answers`), not its speed or memory.
+``--quantization`` and ``--speculative-config`` change its greedy outputs
+(:mod:`tuner.sim.answers`), not its speed; ``--quantization fp8`` also its weights' memory, so
+its KV cache (:func:`tuner.memory.weight_bytes`).
 """
 
 from __future__ import annotations

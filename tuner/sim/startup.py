@@ -181,6 +181,7 @@ def resolve(args: SimArgs, env: Mapping[str, str]) -> Settings:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "quantization": args.quantization,
         "enforce_eager": args.enforce_eager,
         "enable_chunked_prefill": args.enable_chunked_prefill,
         "enable_prefix_caching": args.enable_prefix_caching,
