@@ -388,8 +388,7 @@ def estimate(shape: ModelShape, gpu: GpuProfile, params: Mapping[str, Any]) -> M
     ``kv_cache_dtype``, ``enforce_eager``, ``cudagraph_mode``, ``enable_chunked_prefill``, and
     optionally ``performance_mode``, ``max_cudagraph_capture_size``, ``cudagraph_capture_sizes``,
     ``kv_cache_memory_bytes``, ``num_gpu_blocks_override``, ``quantization``); absent or
-    ``None`` means vLLM's
-    default.
+    ``None`` means vLLM's default.
     """
     r = resolve_params(shape, gpu, params)
     tp = r.tensor_parallel_size
