@@ -198,6 +198,9 @@ def build_argv(
     return argv
 
 
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.I)
+"""A name that holds a secret (an ``engine.env`` variable, a fixed flag): never show its value."""
+
 PIN_FLAG = "-cc.max_cudagraph_capture_size"
 """``engine.pin_capture_size``: the capture size fixed at vLLM's cap, so ``max_num_seqs`` does
 not change the compile key (not when the argv sets a capture size itself)."""
@@ -225,8 +228,7 @@ def fixed_note(model: ModelConfig) -> str:
     (the API key and any flag named like a secret left out; empty without fixed args). Tables
     label a trial by its searched params, so "(vLLM defaults)" there means the searched ones;
     this line says what else runs."""
-    secret = ("key", "token", "secret", "password")
-    fixed = {k: v for k, v in fixed_params(model).items() if not any(w in k for w in secret)}
+    fixed = {k: v for k, v in fixed_params(model).items() if not SECRET_NAME.search(k)}
     words = " ".join(f"{k}={v}" for k, v in fixed.items())
     return f"; every server also runs with {words}" if words else ""
 
@@ -289,7 +291,7 @@ def secret_values(
     for k, v in engine.env.items():
         if v.startswith("$") and environ.get(v[1:]):
             out.append(environ[v[1:]])
-        elif re.search(r"TOKEN|KEY|SECRET|PASSWORD", k, re.I) and v:
+        elif SECRET_NAME.search(k) and v:
             out.append(v)
     return sorted({s for s in out if len(s) >= 4}, key=len, reverse=True)
 
