@@ -209,7 +209,7 @@ def publish(
         study_card.print_card(card, console)
     if levers is not None:
         screen_report.print_table(levers, console)
-        more = screen_report.follow_up(levers, cfg.screen.servers)
+        more = screen_report.follow_up(levers)
         if more:
             only = ",".join(more)
             console.print(

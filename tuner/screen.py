@@ -38,6 +38,7 @@ from tuner.vllm_rules import numerics_changes
 
 __all__ = [
     "DEFAULTS",
+    "FOLLOW_UP_SERVERS",
     "METRIC",
     "WORDS",
     "LeverRow",
@@ -52,6 +53,8 @@ __all__ = [
 DEFAULTS = "defaults"
 """The arm of vLLM's defaults (no flag passed)."""
 METRIC = "capacity_rps"
+FOLLOW_UP_SERVERS = 3
+"""Fresh servers per arm that decide a lever (issue #30's follow-up: 3 + 3)."""
 WORDS = ("gain", "loss", "no significant change", "no interval", "failed", "not run yet")
 
 
@@ -142,7 +145,9 @@ class LeverRow:
     censored: bool = False
     """A server held at the capacity search's highest load: its capacity is a lower bound."""
     follow_up: bool = False
-    """Its point change is at least ``screen.follow_up``: worth the follow-up on 3 servers."""
+    """Its point change is at least ``screen.follow_up``, measured on fewer than
+    :data:`FOLLOW_UP_SERVERS` servers (or ``screen.servers`` where more are asked): worth the
+    follow-up."""
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -235,7 +240,9 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
                 ),
                 failures,
                 censored,
-                g.value is not None and g.value >= cfg.screen.follow_up,
+                g.value is not None
+                and g.value >= cfg.screen.follow_up
+                and len(caps) < max(FOLLOW_UP_SERVERS, cfg.screen.servers),
             )
         )
     return out

@@ -26,6 +26,16 @@ def _interval(r: LeverRow) -> str:
     return f"{pct(g.low)} … {pct(g.high)} %"
 
 
+def _next_step(r: LeverRow) -> str:
+    """What to do with the lever next: more servers, or (a gain that changes numerics) the
+    quality check, since capacity says nothing about the outputs."""
+    if r.follow_up:
+        return " → follow up"
+    if r.word == "gain" and r.numerics:
+        return " → check quality on real weights (docs/quality.md)"
+    return ""
+
+
 def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     """One line per lever: flag, capacity change, its interval, servers, verdict word."""
     base = rows[0].base if rows else ()
@@ -40,7 +50,7 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     table.add_column("verdict")
     for r in rows:
         caps = ", ".join(f"{c:.3g}" for c in r.capacities) + (" (≥)" if r.censored else "")
-        verdict = r.word + (" → follow up" if r.follow_up else "")
+        verdict = r.word + _next_step(r)
         if r.failures:
             verdict += f" ({', '.join(r.failures)})"
         table.add_row(
@@ -86,6 +96,6 @@ def metrics(rows: Sequence[LeverRow]) -> dict[str, float]:
     return out
 
 
-def follow_up(rows: Sequence[LeverRow], servers: int) -> list[str]:
-    """The levers worth the 3-server follow-up (marked ``follow_up``, measured on fewer than 3)."""
-    return [r.lever for r in rows if r.follow_up and len(r.capacities) < max(3, servers)]
+def follow_up(rows: Sequence[LeverRow]) -> list[str]:
+    """The levers worth the follow-up (:attr:`~tuner.screen.LeverRow.follow_up`)."""
+    return [r.lever for r in rows if r.follow_up]

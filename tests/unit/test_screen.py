@@ -164,7 +164,7 @@ def test_rows_show_changes_failures_and_interruptions(
     assert kv.capacities == (13.0,) and kv.base == (10.0, 10.4) and kv.numerics
     assert kv.change.value == pytest.approx(13.0 / math.sqrt(10.0 * 10.4) - 1)
     assert kv.change.low is not None and kv.change.high is not None
-    assert kv.follow_up
+    assert kv.follow_up and screen_report.follow_up(list(rows.values())) == ["kv_fp8"]
     assert rows["mns_256"].word == "failed" and rows["mns_256"].failures == ("launch_failed",)
     assert rows["block_32"].word == "failed" and rows["block_32"].failures == ("interrupted",)
     # the interrupted lever runs again with the same command, between defaults
@@ -200,6 +200,38 @@ def test_table_json_metrics_and_figure_data(
     fig = screen_figure(frame, "t")
     names = {tr.name for tr in fig.data}
     assert names == {rows[0].word, "failed"}
+
+
+def test_three_servers_a_side_decide_and_a_numerics_gain_points_to_quality(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    """The H200's fp8-weights follow-up (docs/gpu-runs/2026-12-02-screen-fp8-3x3.md): 3 + 3
+    servers give the verdict, so the lever is no longer marked for a follow-up; its gain changes
+    numerics, so the table sends the operator to the quality check instead."""
+    cfg = make_cfg(
+        "+workload=chat",
+        "mode=screen",
+        "tracking=none",
+        "screen.only=[kv_fp8]",
+        "screen.servers=3",
+        "screen.defaults_every=2",
+    )
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    cfg = screen.prepare(study, cfg)
+    arms = [screen_arm(t) for t in study.trials]
+    assert arms == [D, "kv_fp8", "kv_fp8", D, "kv_fp8", D]  # as on the H200
+    caps = {D: [67.33, 66.33, 66.38], "kv_fp8": [78.13, 79.47, 78.13]}
+    for arm in arms:
+        _told(study, cfg, caps[arm].pop(0))
+    (row,) = screen.rows(study, cfg)
+    assert row.word == "gain" and row.numerics and len(row.capacities) == 3
+    assert row.change.value == pytest.approx(0.1784, abs=1e-3)
+    assert row.change.low == pytest.approx(0.1540, abs=1e-3)
+    assert not row.follow_up and screen_report.follow_up([row]) == []
+    console = Console(width=220, record=True)
+    screen_report.print_table([row], console)
+    text = console.export_text()
+    assert "gain → check quality" in text and "follow up" not in text
 
 
 def test_a_screen_needs_known_levers_and_the_capacity_objective(
