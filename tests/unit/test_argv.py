@@ -110,6 +110,18 @@ def test_api_key_flag_is_a_secret_and_the_client_key(make_cfg) -> None:
     cfg = make_cfg("+workload=chat", "engine.extra_args=[--api-key,sk-123456]")
     assert "sk-123456" in secret_values(cfg.engine, {}, cfg.model)
     assert api_key(cfg.engine, cfg.model, {}) == "sk-123456"
+    # every secret-named flag's value is a secret (vLLM's --hf-token), wherever it is given;
+    # a flag whose name only contains such a word is not (its number must stay readable)
+    hf = make_cfg(
+        "+workload=chat",
+        "engine.extra_args=['--hf-token=hf_abcdef']",
+        "+model.fixed_args.hf-token=hf_ghijkl",
+        "+model.fixed_args.max-num-batched-tokens=8192",
+        "+model.fixed_args.long-prefill-token-threshold=2048",
+    )
+    found = secret_values(hf.engine, {}, hf.model)
+    assert found == ["hf_abcdef", "hf_ghijkl"] or found == ["hf_ghijkl", "hf_abcdef"]
+    assert api_key(hf.engine, hf.model, {}) is None
     plain = make_cfg("+workload=chat")
     assert api_key(plain.engine, plain.model, {"VLLM_API_KEY": "envkey"}) == "envkey"
     assert api_key(plain.engine, plain.model, {}) is None

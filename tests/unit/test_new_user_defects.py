@@ -48,6 +48,8 @@ def test_the_start_line_names_the_fixed_flags(make_cfg: Callable[..., TunerConfi
         "+model.fixed_args.hf-token=s4",
     )
     assert fixed_note(cfg.model) == "; every server also runs with quantization=fp8"
+    tokens = make_cfg("+workload=chat", "+model.fixed_args.max-num-batched-tokens=4096").model
+    assert fixed_note(tokens) == "; every server also runs with max_num_batched_tokens=4096"
     assert fixed_note(make_cfg("+workload=chat").model) == ""
     # and the precheck predicts its KV cache with fp8 weights (vLLM logged 861,024 tokens)
     v = precheck(cfg, SHAPE, DEFAULTS, [], baseline=True)

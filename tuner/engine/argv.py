@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -198,8 +198,11 @@ def build_argv(
     return argv
 
 
-SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.I)
-"""A name that holds a secret (an ``engine.env`` variable, a fixed flag): never show its value."""
+SECRET_NAME = re.compile(r"(?:^|[-_])(?:TOKEN|KEY|SECRET|PASSWORD)$", re.I)
+"""A name that holds a secret (an ``engine.env`` variable, a fixed flag): its last word is one of
+these (``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, ``--hf-token``, ``--api-key``). Never show its
+value. Not ``--max-num-batched-tokens`` or ``--long-prefill-token-threshold``: their values are
+numbers the logs need."""
 
 PIN_FLAG = "-cc.max_cudagraph_capture_size"
 """``engine.pin_capture_size``: the capture size fixed at vLLM's cap, so ``max_num_seqs`` does
@@ -256,14 +259,27 @@ def when_holds(when: Mapping[str, Any], params: Mapping[str, Any], space: SpaceC
     return True
 
 
-def _flag_api_key(engine: EngineConfig, model: ModelConfig | None) -> str | None:
+def _flag_values(
+    engine: EngineConfig, model: ModelConfig | None, named: Callable[[str], bool]
+) -> list[str]:
+    """The values of the flags in ``engine.extra_args`` and the model's fixed flags whose name
+    (``--api-key``, ``--hf-token``) ``named`` accepts."""
     words = list(engine.extra_args) + (_dict_args(model.fixed_args) if model else [])
+    out: list[str] = []
     for i, word in enumerate(words):
-        if word == API_KEY_FLAG and i + 1 < len(words):
-            return words[i + 1]
-        if word.startswith(API_KEY_FLAG + "="):
-            return word.split("=", 1)[1]
-    return None
+        flag, eq, value = word.partition("=")
+        if not flag.startswith("--") or not named(flag):
+            continue
+        if eq:
+            out.append(value)
+        elif i + 1 < len(words) and not words[i + 1].startswith("--"):
+            out.append(words[i + 1])
+    return out
+
+
+def _flag_api_key(engine: EngineConfig, model: ModelConfig | None) -> str | None:
+    keys = _flag_values(engine, model, lambda flag: flag == API_KEY_FLAG)
+    return keys[0] if keys else None
 
 
 def api_key(
@@ -281,13 +297,12 @@ def secret_values(
     model: ModelConfig | None = None,
 ) -> list[str]:
     """Values that must never appear in what the tuner writes (params, tags, logs, artifacts):
-    the passed-through variables, secret-looking ``engine.env`` entries, and any ``--api-key``
-    given in the model's fixed flags or ``engine.extra_args``."""
+    the passed-through variables, secret-named ``engine.env`` entries, and the value of every
+    secret-named flag (:data:`SECRET_NAME`: ``--api-key``, ``--hf-token``) in the model's fixed
+    flags or ``engine.extra_args``."""
     environ = os.environ if environ is None else environ
     out = [environ[k] for k in engine.pass_env if environ.get(k)]
-    flag_key = _flag_api_key(engine, model)
-    if flag_key:
-        out.append(flag_key)
+    out += _flag_values(engine, model, lambda flag: bool(SECRET_NAME.search(flag)))
     for k, v in engine.env.items():
         if v.startswith("$") and environ.get(v[1:]):
             out.append(environ[v[1:]])
