@@ -76,6 +76,12 @@ class TrialFolder:
         return self.path / "capacity.json"
 
     @property
+    def quality(self) -> Path:
+        """The eval set's replay on this server (``mode=screen`` on real weights:
+        :func:`tuner.quality_guard.screen_hook`; read with :func:`tuner.quality.load`)."""
+        return self.path / "quality.json"
+
+    @property
     def repeats(self) -> Path:
         """Each repeat's metrics (``study.repeats``)."""
         return self.path / "repeats.json"

@@ -32,14 +32,38 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tuner import stored_trial
+from tuner.artifacts import TrialFolder
 from tuner.config import TunerConfig
 from tuner.engine.argv import api_key
 from tuner.errors import ConfigError
-from tuner.quality import DEFAULT_EVALSET, Completion, QualityReport, compare, load_evalset, replay
+from tuner.quality import (
+    DEFAULT_EVALSET,
+    Completion,
+    QualityReport,
+    compare,
+    load,
+    load_evalset,
+    replay,
+    save,
+)
 from tuner.records import Candidate, ConfirmResult
 from tuner.space import numerics_flags, numerics_params
+from tuner.vllm_rules import numerics_changes
 
-__all__ = ["DUMMY", "Guard", "agreement", "check", "describe", "gate", "note"]
+__all__ = [
+    "DUMMY",
+    "Guard",
+    "agreement",
+    "check",
+    "describe",
+    "eval_replay",
+    "evalset",
+    "gate",
+    "note",
+    "screen_hook",
+    "screen_quality",
+]
 
 log = logging.getLogger("tuner")
 
@@ -119,6 +143,30 @@ def note(results: Sequence[ConfirmResult]) -> str | None:
     return "; ".join(f"trial {r.trial} {describe(r.quality or {})}" for r in guarded)
 
 
+def evalset(cfg: TunerConfig) -> Path:
+    """``confirm.quality.evalset``, else the project's (:data:`tuner.quality.DEFAULT_EVALSET`)."""
+    return Path(cfg.confirm.quality.evalset or DEFAULT_EVALSET)
+
+
+async def eval_replay(cfg: TunerConfig, url: str, who: str) -> list[Completion] | str:
+    """The eval set replayed greedily on the server at ``url`` (``confirm.quality.*``), or why it
+    failed (logged with ``who``): never the study's end."""
+    q = cfg.confirm.quality
+    try:
+        return await replay(
+            url,
+            load_evalset(evalset(cfg), q.limit),
+            model=cfg.model.served_name,
+            max_tokens=q.max_tokens,
+            concurrency=q.concurrency,
+            api_key=api_key(cfg.engine, cfg.model),
+        )
+    except (ConfigError, LookupError, TypeError, ValueError) as exc:
+        why = str(exc) if isinstance(exc, ConfigError) else f"a bad answer: {exc!r}"
+        log.warning("%s's eval replay failed: %s", who, why)
+        return why
+
+
 @dataclass
 class Guard:
     """The guard of one confirm stage: which candidates it checks, their eval replays by
@@ -167,35 +215,18 @@ class Guard:
         )
 
     def _evalset(self) -> Path:
-        return Path(self.cfg.confirm.quality.evalset or DEFAULT_EVALSET)
+        return evalset(self.cfg)
 
     def hook(self, c: Candidate, rnd: int) -> Callable[[str], Awaitable[None]] | None:
         """What :func:`tuner.trial.run_server` awaits with the URL of candidate ``c``'s server in
         round ``rnd``: the eval replay (None when this server needs none)."""
         if not self.measures or not (c.baseline or self.changes(c)):
             return None
-        cfg, q = self.cfg, self.cfg.confirm.quality
 
         async def after(url: str) -> None:
-            try:
-                items = load_evalset(self._evalset(), q.limit)
-                self.replays[(c.trial, rnd)] = await replay(
-                    url,
-                    items,
-                    model=cfg.model.served_name,
-                    max_tokens=q.max_tokens,
-                    concurrency=q.concurrency,
-                    api_key=api_key(cfg.engine, cfg.model),
-                )
-            except (
-                ConfigError,
-                LookupError,
-                TypeError,
-                ValueError,
-            ) as exc:  # never the study's end
-                why = str(exc) if isinstance(exc, ConfigError) else f"a bad answer: {exc!r}"
-                log.warning("confirm: trial %d's eval replay failed: %s", c.trial, why)
-                self.replays[(c.trial, rnd)] = why
+            self.replays[(c.trial, rnd)] = await eval_replay(
+                self.cfg, url, f"confirm: trial {c.trial}"
+            )
 
         return after
 
@@ -231,7 +262,7 @@ class Guard:
             return [], "vLLM's defaults are not among the confirm candidates"
         rows: list[dict[str, Any]] = []
         why = None
-        items = load_evalset(self._evalset(), self.cfg.confirm.quality.limit)
+        items = load_evalset(evalset(self.cfg), self.cfg.confirm.quality.limit)
         for rnd in range(1, rounds + 1):
             mine, ref = self.replays.get((c.trial, rnd)), self.replays.get((base.trial, rnd))
             if isinstance(mine, list) and isinstance(ref, list):
@@ -245,3 +276,76 @@ class Guard:
                 why = miss or "no eval replay (a server failed)"
                 rows.append({"round": rnd, "agreement": None, "error": why})
         return rows, why
+
+
+# --- the lever screen (mode=screen) ---------------------------------------------------------------
+
+
+def screen_hook(
+    cfg: TunerConfig, params: Mapping[str, Any], baseline: bool, tdir: Path
+) -> Callable[[str], Awaitable[None]] | None:
+    """In ``mode=screen`` with real weights and ``confirm.quality.enabled``: the eval replay on
+    every defaults' server and on every lever server whose flag changes numerics, saved as the
+    trial folder's ``quality.json`` for :func:`screen_quality` (a failed replay saves nothing).
+    None for any other server."""
+    if cfg.mode != "screen" or not cfg.confirm.quality.enabled or cfg.model.dummy_weights:
+        return None
+    if not baseline and not numerics_changes(params):
+        return None
+
+    async def after(url: str) -> None:
+        got = await eval_replay(cfg, url, f"screen: {tdir.name}")
+        if not isinstance(got, str):
+            save(got, TrialFolder(tdir).quality, baseline=baseline)
+
+    return after
+
+
+def _saved(t: stored_trial.Stored) -> list[Completion] | None:
+    d = stored_trial.trial_dir(t)
+    path = TrialFolder(d).quality if d is not None else None
+    return load(path) if path is not None and path.is_file() else None
+
+
+def screen_quality(
+    cfg: TunerConfig,
+    changes: Sequence[str],
+    lever: Sequence[stored_trial.Stored],
+    defaults: Sequence[stored_trial.Stored],
+) -> dict[str, Any]:
+    """A screened lever's quality record, in :meth:`Guard.judge`'s shape (:func:`describe`
+    reads it): the eval replay of every lever server against that of every defaults' server
+    (:func:`tuner.quality.compare`; each pair a row), the worst pair's agreement on
+    ``confirm.quality.measure`` gated by ``confirm.quality.min_agreement``. The replays are read
+    from the trial folders, so a report on another machine says ``unmeasured``."""
+    q = cfg.confirm.quality
+    record: dict[str, Any] = {"changes": list(changes)}
+    if not q.enabled:
+        return {**record, "status": "off"}
+    if cfg.model.dummy_weights:
+        return {**record, "status": "dummy"}
+    record |= {"measure": q.measure, "min_agreement": q.min_agreement}
+    mine = [(t.number, _saved(t)) for t in lever]
+    ref = [(t.number, _saved(t)) for t in defaults]
+    items = load_evalset(evalset(cfg), q.limit)
+    rows = [
+        {
+            "round": f"trial {a} vs {b}",
+            "agreement": agreement(report, q.measure),
+            **report.as_dict(),
+        }
+        for a, ca in mine
+        if ca is not None
+        for b, cb in ref
+        if cb is not None
+        for report in (compare(ca, cb, items),)
+    ]
+    worst, passed = gate([r["agreement"] for r in rows], q.min_agreement)
+    if worst is None:
+        why = (
+            "the eval set's answers: vLLM's defaults gave none"
+            if rows
+            else "no eval replay of both a lever and a defaults' server in the trial folders here"
+        )
+        return {**record, "status": "unmeasured", "why": why, "passed": False, "rounds": rows}
+    return {**record, "status": "measured", "agreement": worst, "passed": passed, "rounds": rows}

@@ -30,6 +30,7 @@ from tuner import stored_trial
 from tuner.config import TunerConfig, chosen_levers
 from tuner.engine.argv import flag_args
 from tuner.errors import ConfigError
+from tuner.quality_guard import screen_quality
 from tuner.score import needs_capacity
 from tuner.space import defaults
 from tuner.stored_study import screen_levers, store_screen
@@ -144,6 +145,9 @@ class LeverRow:
     """Each failed server's reason (``launch_failed``, ``interrupted``, ...)."""
     censored: bool = False
     """A server held at the capacity search's highest load: its capacity is a lower bound."""
+    quality: dict[str, Any] | None = None
+    """A lever that changes numerics: :func:`tuner.quality_guard.screen_quality`'s record (its
+    servers' eval replays against the defaults'; ``dummy`` on random weights)."""
     follow_up: bool = False
     """Its point change is at least ``screen.follow_up``, measured on fewer than
     :data:`FOLLOW_UP_SERVERS` servers (or ``screen.servers`` where more are asked): worth the
@@ -224,12 +228,15 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
         )
         censored = any((stored_trial.metric(t, "capacity_censored") or 0) > 0 for t in trials)
         flag = d.get("flag") or "--" + str(d["param"]).replace("_", "-")
+        numerics = numerics_changes({str(d["param"]): d["value"]})
+        changes = [f"{k}={v}" for k, v in numerics.items()]
+        quality = screen_quality(cfg, changes, trials, by_arm.get(DEFAULTS, [])) if caps else None
         out.append(
             LeverRow(
                 name,
                 " ".join(flag_args(flag, d["value"])),
                 d["value"],
-                bool(numerics_changes({str(d["param"]): d["value"]})),
+                bool(numerics),
                 caps,
                 base,
                 g,
@@ -240,6 +247,7 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
                 ),
                 failures,
                 censored,
+                quality if numerics else None,
                 g.value is not None
                 and g.value >= cfg.screen.follow_up
                 and len(caps) < max(FOLLOW_UP_SERVERS, cfg.screen.servers),

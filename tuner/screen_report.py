@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tuner.quality_guard import describe
 from tuner.screen import LeverRow
 from tuner.verdict import CONFIDENCE, pct
 
@@ -27,13 +28,16 @@ def _interval(r: LeverRow) -> str:
 
 
 def _next_step(r: LeverRow) -> str:
-    """What to do with the lever next: more servers, or (a gain that changes numerics) the
-    quality check, since capacity says nothing about the outputs."""
-    if r.follow_up:
-        return " → follow up"
-    if r.word == "gain" and r.numerics:
+    """What to do with the lever next (more servers), and for a lever that changes numerics what
+    its eval replays found, since capacity says nothing about the outputs; a gain they could
+    not measure points to the quality check on real weights."""
+    q = r.quality or {}
+    out = " → follow up" if r.follow_up else ""
+    if q.get("status") == "measured":
+        return out + "; " + describe(q)
+    if r.numerics and r.word == "gain" and not r.follow_up:
         return " → check quality on real weights (docs/quality.md)"
-    return ""
+    return out
 
 
 def print_table(rows: Sequence[LeverRow], console: Console) -> None:
@@ -83,7 +87,8 @@ def write_json(rows: Sequence[LeverRow], out_dir: Path) -> Path:
 
 
 def metrics(rows: Sequence[LeverRow]) -> dict[str, float]:
-    """``screen_<lever>_change`` (a fraction) and ``_ci_low`` / ``_ci_high`` where measured."""
+    """``screen_<lever>_change`` (a fraction), ``_ci_low`` / ``_ci_high`` and ``_quality`` (the
+    worst agreement of its eval replays with the defaults') where measured."""
     out: dict[str, float] = {}
     for r in rows:
         g = r.change
@@ -93,6 +98,8 @@ def metrics(rows: Sequence[LeverRow]) -> dict[str, float]:
         if g.low is not None and g.high is not None:
             out[f"screen_{r.lever}_ci_low"] = g.low
             out[f"screen_{r.lever}_ci_high"] = g.high
+        if r.quality and r.quality.get("status") == "measured":
+            out[f"screen_{r.lever}_quality"] = float(r.quality["agreement"])
     return out
 
 

@@ -50,6 +50,7 @@ from tuner.errors import FailureReason, LaunchFailed, ReplayFailed, TrialFailed
 from tuner.measure import Measured, Replay, measure, reset_caches
 from tuner.memory import ModelShape
 from tuner.precheck import precheck, with_fixed
+from tuner.quality_guard import screen_hook
 from tuner.records import LaunchInfo, RequestSpec, TrialResult
 from tuner.recovery import LEASE_ENV, Lease, lease_dir
 from tuner.score import constraints, mean_result, needs_capacity, objective_values, summarize
@@ -175,11 +176,7 @@ class ServerRun:
         return (self.server.lifetime_s if self.server is not None else 0.0) + self.clash_s
 
     def result(
-        self,
-        rp: Replay,
-        m: Measured,
-        fail: TrialFailed | None,
-        duration_s: float | None = None,
+        self, rp: Replay, m: Measured, fail: TrialFailed | None, duration_s: float | None = None
     ) -> TrialResult:
         """One replay's :class:`TrialResult`, with the metrics every replay of this server
         shares."""
@@ -231,9 +228,11 @@ async def run_server(
     """Precheck, launch one server with ``params``, run each replay on it, stop it: a result per
     replay. A failure ends the server's replays: the one it hit and those after it carry it.
     ``capacity_start``: the capacity search's first load after the first replay (ServerRun);
-    ``after``: awaited with the server's URL before it stops (the confirm's quality replay)."""
+    ``after``: awaited with the server's URL before it stops (the confirm's quality replay; in
+    a screen, :func:`tuner.quality_guard.screen_hook`'s)."""
     cfg = ctx.cfg
     make_dir(tdir)
+    after = after if after is not None else screen_hook(cfg, params, baseline, tdir)
     port = free_port(cfg.engine.host)
     run = ServerRun(
         ctx,

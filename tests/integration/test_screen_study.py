@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 from helpers.capacity import BINDING_SLOS
+from rich.console import Console
 
-from tuner import report
+from tuner import report, screen, screen_report
 from tuner import study as study_mod
 from tuner.config import LeverSpec, TunerConfig, screen_space
 from tuner.screen import DEFAULTS
@@ -69,6 +70,9 @@ def test_a_tiny_screen_on_the_simulator(
     assert rows["mns_2"]["change"]["value"] < -0.2  # 2 in flight at most, against 4 asked
     assert rows["mns_2"]["word"] == "loss"
     assert rows["kv_fp8"]["numerics"] is True
+    # dummy weights: no eval replay, and the record says why
+    assert rows["kv_fp8"]["quality"]["status"] == "dummy" and rows["mns_2"]["quality"] is None
+    assert not list(run_dir.glob("trial_*/quality.json"))
     assert rows["bogus"]["word"] == "failed" and rows["bogus"]["failures"]
     assert rows["bogus"]["change"]["value"] is None
     assert (run_dir / "screen.csv").is_file() and (run_dir / "screen.html").is_file()
@@ -82,3 +86,34 @@ def test_a_tiny_screen_on_the_simulator(
     # the same command again: nothing left to run, the table unchanged
     second = study_mod.run(replace(cfg, paths=replace(cfg.paths, output_dir=str(tmp_path / "r2"))))
     assert len(second.study.trials) == len(study.trials)
+
+
+def test_a_screen_on_real_weights_judges_a_numerics_lever_on_the_eval_set(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    """With real weights (here the simulator as if its weights were real, as in the confirm
+    stage's quality test) the defaults' servers and the fp8 KV cache's replay the eval set after
+    their capacity search; the simulated fp8 KV cache changes 16 of the first 40 outputs (exact
+    match 0.6, as the H200's changed 69 % of all), so under exact match >= 0.7 its row says it
+    falls below, in screen.json and in the table."""
+    cfg = make_cfg(
+        *SMALL,
+        "model.load_format=null",
+        "screen.only=[kv_fp8]",
+        "confirm.quality.measure=exact_match",
+        "confirm.quality.min_agreement=0.7",
+        "confirm.quality.limit=40",
+    )
+    outcome = study_mod.run(cfg)
+    arms = [screen_arm(t) for t in outcome.study.trials]
+    assert arms == [DEFAULTS, "kv_fp8", DEFAULTS]
+    run_dir = Path(cfg.paths.output_dir)
+    assert len(list(run_dir.glob("trial_*/quality.json"))) == 3
+    (row,) = json.loads((run_dir / "screen.json").read_text())["levers"]
+    q = row["quality"]
+    assert q["status"] == "measured" and q["changes"] == ["kv_cache_dtype=fp8"]
+    assert len(q["rounds"]) == 2 and all(r["n"] == 40 for r in q["rounds"])
+    assert q["agreement"] == pytest.approx(0.6) and q["passed"] is False
+    console = Console(width=300, record=True)  # the run's own table wraps at the terminal's
+    screen_report.print_table(screen.rows(outcome.study, cfg), console)
+    assert "quality: exact match 0.60 with vLLM's defaults, below" in console.export_text()

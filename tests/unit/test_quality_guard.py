@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
+from optuna.trial import FrozenTrial, create_trial
 
 from tuner import quality_guard
+from tuner.artifacts import TrialFolder
 from tuner.config import ConfirmConfig, TunerConfig
 from tuner.errors import ConfigError
-from tuner.quality import Completion, QualityReport, load_evalset
+from tuner.quality import Completion, QualityReport, load_evalset, save
 from tuner.quality_guard import DUMMY, Guard, agreement, gate, note
 from tuner.records import Candidate, ConfirmResult
 from tuner.sim import answers
@@ -171,6 +174,45 @@ def test_a_round_without_both_replays_demotes_on_real_weights(
     assert "not among the confirm candidates" in (
         alone.judge(held(1), candidates()[1], 1).reason or ""
     )
+
+
+def test_a_screened_lever_is_judged_on_every_pair_of_its_servers_and_the_defaults(
+    make_cfg: Callable[..., TunerConfig], tmp_path: Path
+) -> None:
+    """mode=screen: each server's eval replay lies in its trial folder (quality.json); a lever's
+    record compares every lever server with every defaults' server, the worst pair decides, and
+    a folder not on this machine (a report elsewhere) leaves it unmeasured, never passed."""
+    cfg = make_cfg(*REAL, "mode=screen", "confirm.quality.limit=120")
+
+    def server(number: int, flags: dict[str, Any], loss: float) -> FrozenTrial:
+        d = tmp_path / f"trial_{number:04d}"
+        d.mkdir()
+        save(sim_replay(flags, 120, loss), TrialFolder(d).quality)
+        t = create_trial(value=1.0, user_attrs={"trial_dir": str(d)})
+        t.number = number
+        return t
+
+    fp8 = {"kv_cache_dtype": "fp8"}
+    defaults = [server(0, {}, 0.0), server(2, {}, 0.0)]
+    kept, lost = server(1, fp8, 0.0), server(3, fp8, 1.0)
+    q = quality_guard.screen_quality(cfg, ["kv_cache_dtype=fp8"], [kept, lost], defaults)
+    assert q["status"] == "measured" and len(q["rounds"]) == 4
+    assert [r["round"] for r in q["rounds"]][:2] == ["trial 1 vs 0", "trial 1 vs 2"]
+    assert [r["agreement"] for r in q["rounds"]][:2] == [1.0, 1.0]  # answers kept
+    assert q["agreement"] < 0.9 and not q["passed"]  # the server that lost them decides
+    assert quality_guard.screen_quality(cfg, [], [kept], defaults)["passed"]
+    elsewhere = create_trial(value=1.0, user_attrs={"trial_dir": str(tmp_path / "gone")})
+    away = quality_guard.screen_quality(cfg, [], [elsewhere], defaults)
+    assert away["status"] == "unmeasured" and not away["passed"] and "trial folders" in away["why"]
+    dummy = make_cfg("+workload=chat", "mode=screen")
+    assert quality_guard.screen_quality(dummy, [], [kept], defaults)["status"] == "dummy"
+    # which servers replay: the defaults' and a lever that changes numerics, on real weights
+    hook = quality_guard.screen_hook
+    assert hook(cfg, {}, True, tmp_path) is not None
+    assert hook(cfg, fp8, False, tmp_path) is not None
+    assert hook(cfg, {"block_size": 32}, False, tmp_path) is None
+    assert hook(dummy, fp8, False, tmp_path) is None
+    assert hook(make_cfg(*REAL), fp8, False, tmp_path) is None  # a search: the confirm's guard
 
 
 def test_dummy_weights_and_a_guard_turned_off_say_so_and_replay_nothing(
