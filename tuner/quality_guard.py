@@ -209,13 +209,10 @@ class Guard:
             return f"confirm: {DUMMY}: {what} change(s) numerics"
         q = self.cfg.confirm.quality
         return (
-            f"confirm: quality guard on {what}: the eval set {self._evalset().name} replayed on "
+            f"confirm: quality guard on {what}: the eval set {evalset(self.cfg).name} replayed on "
             f"their servers and on vLLM's defaults' in every round; {q.measure} >= "
             f"{q.min_agreement:g} (confirm.quality.min_agreement)"
         )
-
-    def _evalset(self) -> Path:
-        return evalset(self.cfg)
 
     def hook(self, c: Candidate, rnd: int) -> Callable[[str], Awaitable[None]] | None:
         """What :func:`tuner.trial.run_server` awaits with the URL of candidate ``c``'s server in

@@ -230,7 +230,8 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
         flag = d.get("flag") or "--" + str(d["param"]).replace("_", "-")
         numerics = numerics_changes({str(d["param"]): d["value"]})
         changes = [f"{k}={v}" for k, v in numerics.items()]
-        quality = screen_quality(cfg, changes, trials, by_arm.get(DEFAULTS, [])) if caps else None
+        defaults_run = by_arm.get(DEFAULTS, [])
+        quality = screen_quality(cfg, changes, trials, defaults_run) if numerics and caps else None
         out.append(
             LeverRow(
                 name,
@@ -247,7 +248,7 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
                 ),
                 failures,
                 censored,
-                quality if numerics else None,
+                quality,
                 g.value is not None
                 and g.value >= cfg.screen.follow_up
                 and len(caps) < max(FOLLOW_UP_SERVERS, cfg.screen.servers),
