@@ -239,8 +239,9 @@ def incumbent_capacity(study: optuna.Study, metric: str | None = "capacity_rps")
     """The best SLO capacity measured so far as a load factor on the workload's (the
     ``capacity_factor`` of the feasible trial with the highest ``metric``, not one censored
     above), or None before one: where a new trial's capacity search probes first. ``metric``
-    ``capacity_per_gpu_rps`` ranks per GPU, and the start carries the incumbent's GPUs
-    (``capacity_rps`` / per GPU) so that a server on other GPUs scales it
+    ``capacity_per_gpu_rps`` ranks per GPU, and the start carries the incumbent's GPUs (those
+    it leased; for a trial stored without them, ``capacity_rps`` / per GPU) so that a server on
+    other GPUs scales it
     (:func:`tuner.capacity.for_gpus`)."""
     metric = metric or "capacity_rps"
     best: tuple[float, float, float, int | None] | None = None
@@ -254,7 +255,7 @@ def incumbent_capacity(study: optuna.Study, metric: str | None = "capacity_rps")
             continue
         if (stored_trial.metric(t, "capacity_censored") or 0.0) < 0:
             continue
-        gpus = round(rps / value) if metric == PER_GPU else None
+        gpus = (stored_trial.gpu_count(t) or round(rps / value)) if metric == PER_GPU else None
         if best is None or value > best[0]:
             best = (value, rps, factor, gpus)
     return None if best is None else Start(best[2], best[1], best[3])

@@ -60,6 +60,7 @@ __all__ = [
     "counted",
     "failure_reason",
     "feasible",
+    "gpu_count",
     "is_baseline",
     "mark_interrupted",
     "mark_tuner_error",
@@ -284,6 +285,12 @@ def trial_dir(t: Stored, *, here: bool = True) -> Path | None:
     the path as recorded, e.g. to find the folder copied elsewhere."""
     d = t.user_attrs.get("trial_dir")
     return Path(d) if d and (not here or Path(d).is_dir()) else None
+
+
+def gpu_count(t: Stored) -> int | None:
+    """How many GPUs the trial's server leased (the ``gpus`` it ran on, as :func:`tell` stores
+    them; ``capacity_per_gpu_rps`` divides by this), or None when none were recorded."""
+    return len(t.user_attrs.get("gpus") or ()) or None
 
 
 def worker(t: Stored) -> str:

@@ -16,7 +16,7 @@ from helpers.fake_engine import Loaded, folder
 from helpers.models import DEFAULTS, SHAPE
 
 import tuner.capacity_probe as capacity_probe
-from tuner import stored_study
+from tuner import stored_study, stored_trial
 from tuner.capacity import PER_GPU, Capacity, Start, for_gpus
 from tuner.engine.argv import trial_argv
 from tuner.engine.pool import GpuPool, gpus_per_server
@@ -125,6 +125,18 @@ def test_capacity_per_gpu_and_the_incumbent_probe_scaled_to_the_trials_gpus() ->
     assert by_rps == Start(4.0, 40.0)
     assert by_gpu == Start(2.5, 25.0, 1)
     assert for_gpus(by_gpu, 2) == Start(5.0, 50.0, 2)
+    # a trial stored with its lease: the GPUs it ran on are read, not a ratio of its metrics
+    # (here made to disagree with them, 90 / 30 = 3, so the test tells which one is read)
+    metrics = {"capacity_rps": 90.0, PER_GPU: 30.0, "capacity_factor": 9.0, "error_rate": 0.0}
+    leased = {"metrics": metrics, "constraints": [-1.0], "gpus": [0, 1]}
+    study.add_trial(
+        optuna.trial.create_trial(
+            value=30.0, user_attrs=leased, system_attrs={"constraints": [-1.0]}
+        )
+    )
+    assert stored_study.incumbent_capacity(study, PER_GPU) == Start(9.0, 90.0, 2)
+    assert stored_trial.gpu_count(study.trials[-1]) == 2
+    assert stored_trial.gpu_count(study.trials[0]) is None
 
 
 MODEL = str(ROOT / "models" / "qwen3-8b-dummy")
