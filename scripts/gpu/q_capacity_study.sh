@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Device work (nvidia-h200), issue #29 item 7: the README's GPU study under the capacity objective,
+# 8 counted trials, then the confirm stage with the best capacity and vLLM's defaults (the baseline),
+# 2 rounds, each on a fresh server. Runs in the background (it takes longer than one call):
+#   bash /tmp/stage/bin/bg.sh start cs bash $PWD/scripts/gpu/q_capacity_study.sh   (carry .whl)
+# then, back to back, `bash /tmp/stage/bin/bg.sh wait cs 520; bash scripts/gpu/q_capacity_study.sh keep`
+# (keep: the study's storage and log into $OUT, small, so a machine lost mid-study loses no
+# trial: carry the storage back to $W/cs/outputs/state/ and the same command continues the study);
+# at the end `bash scripts/gpu/q_capacity_study.sh pack` ($OUT/cs.tgz.part-*: logs, trial files,
+# exports; the per-trial figures and MLflow store stay on the machine).
+# Here, on the simulator: LOCAL_TEST=1 ENGINE=sim N=3 bash scripts/gpu/q_capacity_study.sh
+set -u
+T="${T:-1700}"
+source "$(dirname "$0")/common.sh"
+case "${1:-run}" in
+  keep)
+    cp "$W/cs/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
+    cp "$LOGS/cs.log" "$OUT/cs.log" 2>/dev/null
+    grep -h "SLO capacity\|launching\|ready in\|confirm\|verdict\|Recommended" "$LOGS/cs.log" 2>/dev/null \
+      | cut -c1-220 | tail -25
+    exit 0 ;;
+  pack)
+    cp "$W/cs/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
+    nvidia-smi --query-gpu=index,memory.used --format=csv > "$LOGS/nvidia-smi-cs.txt" 2>&1
+    tar czf "$OUT/cs.tgz" -C "$W" --exclude='vllm_cache' --exclude='*.html' --exclude='mlruns' \
+      --exclude='*.png' cs/outputs/runs logs 2>/dev/null
+    ls -la "$OUT"
+    exit 0 ;;
+esac
+mkdir -p "$W/cs" && cd "$W/cs"
+# shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
+timeout -s INT -k 60 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
+  model=qwen3-8b objective=capacity "study.n_trials=${N:-8}" 'confirm.picks=[capacity,baseline]' \
+  confirm.rounds=2 ${EXTRA:-} > "$LOGS/cs.log" 2>&1
+echo "$(date -u +%T) study: rc=$?"
+grep -h "SLO capacity\|verdict\|Recommended" "$LOGS/cs.log" | cut -c1-240 | tail -20
+echo "used ${SECONDS}s of $T"
