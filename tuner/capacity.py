@@ -11,13 +11,7 @@ server a trial already started are cheap. :func:`search` brackets the load and n
    margins give no crossing or the failed end was pruned: a pruned step's margin comes from a
    partial replay, and on the H200 such margins were not monotone in the load, so the line held
    one end still for 4 replays, docs/gpu-runs/2026-12-02-screen-fp8.md), until the bracket is
-   within ``rel_width`` or ``max_steps`` replays have run. The bracket is within ``rel_width``
-   when its loads are, or when its requests/s are: the most the failed load can serve
-   (:func:`_rate_top`: a saturating closed loop's rate is concave in its concurrency, so it
-   rises no faster than the secant from a held load below) is within ``rel_width`` of the rate
-   that held. Past saturation the load where the SLO breaks still moves, the rate does not: on
-   the H200 this ended vLLM's defaults' search after 5 replays, not 8, and a confirm server's
-   after 4–5, not 8 (docs/gpu-runs/2026-12-03-capacity-study.md).
+   within ``rel_width`` or ``max_steps`` replays have run.
 
 **Incumbent probe** (``start``): once the study has a measured capacity, a trial's search
 tries the incumbent's load (its capacity factor) right after the workload's own replay. With
@@ -27,8 +21,9 @@ below the load that failed, from the bracket's margin line or, without a step th
 failed step's margin; ``capacity_censored`` is −1 and the tables show it as "< X"; the estimate
 lies between the rate that held and the incumbent's, never at it: a loser must not tie with the
 best in the sampler's eyes). A hold there
-climbs from it, jumping by the margin's extrapolation ``1 / (1 − margin)`` (between ×2 and
-:data:`MAX_JUMP`) instead of doubling. Before the study has a capacity, a ``study.warm_start``
+climbs from it, jumping by the margin's extrapolation ``1 / (1 − margin)`` (between
+×(1 + 2 ``rel_width``) and :data:`MAX_JUMP`) instead of doubling: wide margins jump further, and
+a narrow one, near its own edge, a little. Before the study has a capacity, a ``study.warm_start``
 study's best capacity is the start as a prediction (``Start.binding`` False,
 :func:`tuner.storage.search_start`): a loss there narrows the bracket below it instead of ending
 the trial. Without ``start`` the search is as above.
@@ -206,10 +201,6 @@ def objective_metric(metrics: Sequence[str]) -> str | None:
     return next((m for m in metrics if m in OBJECTIVES), None)
 
 
-SEPARATION = 1.5
-"""A held step bounds the rate's slope above ``lo`` only from a load at most ``lo / SEPARATION``
-(:func:`_rate_top`): two loads closer than that differ in rate by little more than the noise."""
-
 MAX_JUMP = 4.0
 """The most a step that held with a wide margin multiplies the load by (incumbent mode)."""
 
@@ -267,7 +258,7 @@ async def search(
     # it does not
     while len(steps) < settings.max_steps:
         if lo is not None and hi is None:
-            f = lo.factor * (_jump(lo.margin) if start is not None else 2)
+            f = lo.factor * (_jump(lo.margin, settings.rel_width) if start is not None else 2)
             if start is not None and f > settings.max_factor >= lo.factor * 2:
                 f = settings.max_factor
             if f > settings.max_factor:
@@ -289,8 +280,6 @@ async def search(
     while lo is not None and hi is not None and len(steps) < settings.max_steps:
         if (hi.factor - lo.factor) / lo.factor <= settings.rel_width:
             break
-        if _rate_top(lo, hi, steps) <= lo.rps * (1 + settings.rel_width):
-            break  # the rate has stopped moving with the load (a saturated closed loop)
         f = _next_factor(lo, hi)
         if not lo.factor < real(f) < hi.factor:
             f = lo.factor * (1 + 1e-9)  # the next load up from the one that held, if any
@@ -322,12 +311,16 @@ def from_steps(steps: Sequence[Step]) -> Capacity:
     return _answer(lo, hi, steps)
 
 
-def _jump(margin: float) -> float:
+def _jump(margin: float, rel_width: float) -> float:
     """How far a step that held with ``margin`` climbs: the load where the margin's proportional
-    extrapolation reaches zero, ``1 / (1 − margin)``, between ×2 and ×:data:`MAX_JUMP`."""
+    extrapolation reaches zero, ``1 / (1 − margin)``, between ×(1 + 2 ``rel_width``) and
+    ×:data:`MAX_JUMP`. A narrow margin climbs little: a confirm server that held at its pick's
+    capacity with a margin of 0.03–0.04 doubled on the H200, and spent 5 replays coming back
+    down (docs/gpu-runs/2026-12-03-capacity-study.md); one failure within ×1.1 leaves a single
+    bisection to ``rel_width``."""
     if margin >= 1.0:
         return MAX_JUMP
-    return min(MAX_JUMP, max(2.0, 1.0 / (1.0 - margin)))
+    return min(MAX_JUMP, max(1.0 + 2.0 * rel_width, 1.0 / (1.0 - margin)))
 
 
 def _capped(
@@ -348,25 +341,6 @@ def _capped(
         return a
     top = max(ceiling, a.low)
     return replace(a, rps=min(a.rps, top), high=top)
-
-
-def _rate_top(lo: Step, hi: Step, steps: Sequence[Step]) -> float:
-    """The most requests/s the failed load ``hi`` can serve, given what was measured: its own
-    rate (never below ``lo``'s), or, for a pruned step (no full rate of its own), ``lo``'s rate
-    extended to ``hi``'s load by the steepest line a concave rate allows. A closed loop's served
-    rate is concave in its concurrency (it saturates), so above ``lo`` it rises no faster than
-    the secant from a held step below (the nearest one at most ``lo / SEPARATION``: nearer, the
-    slope would be mostly noise), nor than the chord from zero, ``lo``'s rate scaled by the load
-    (all an open loop's or a trace's rate does: there the two lines are one)."""
-    if hi.pruned is None:
-        return max(hi.rps, lo.rps)
-    top = lo.rps / lo.factor * hi.factor
-    below = [s for s in steps if s.held and s.factor * SEPARATION <= lo.factor]
-    if below:
-        b = max(below, key=lambda s: s.factor)
-        slope = max(0.0, (lo.rps - b.rps) / (lo.factor - b.factor))
-        top = min(top, lo.rps + slope * (hi.factor - lo.factor))
-    return max(top, lo.rps)
 
 
 def _next_factor(lo: Step, hi: Step) -> float:
@@ -395,13 +369,15 @@ def _answer(
         return Capacity(0.0, 0.0, top, 0.0, tuple(steps))
     if hi is None:  # held everywhere tried: at least this much
         return Capacity(lo.rps, lo.rps, lo.rps, lo.factor, tuple(steps), censored=True)
-    # requests/s on the line between the held rate and the most the failed load can serve
-    # (_rate_top), at the crossing: a closed loop's served rate grows more slowly than its
-    # concurrency (it saturates), so scaling the held step's rate in proportion to the load
-    # overstates it. Never below the rate that held: that one was served within the SLOs; never
-    # above ``ceiling`` (an incumbent's rate where this server lost) when given.
+    # requests/s on the line between the two steps' own rates, at the crossing: a closed loop's
+    # served rate grows more slowly than its concurrency (it saturates), so scaling the held
+    # step's rate in proportion to the load overstates it. A failed step stopped early (pruned)
+    # has no full rate of its own: its load's share of the held step's rate stands in. Never
+    # below the rate that held: that one was served within the SLOs; never above ``ceiling``
+    # (an incumbent's rate where this server lost) when given.
     f = _interpolate(lo, hi)
-    top = _rate_top(lo, hi, steps)
+    top = hi.rps if hi.pruned is None else lo.rps / lo.factor * hi.factor
+    top = max(top, lo.rps)
     if ceiling is not None:
         top = max(min(top, ceiling), lo.rps)
     t = (f - lo.factor) / (hi.factor - lo.factor)

@@ -101,7 +101,7 @@ async def test_a_hold_at_the_incumbent_climbs_from_there() -> None:
     probe, tried = probe_of(margin)
     cap = await search(probe, SETTINGS, first_at_one(margin), start=Start(5.0), stop_on_loss=True)
     assert tried[0] == 5.0
-    assert tried[1] == pytest.approx(10.0)  # margin 0.44 at 5: the jump is the floor, x2
+    assert tried[1] == pytest.approx(5.0 / (5.0 / 9.0))  # margin 0.44 at 5: x1.8, to 9's edge
     assert not cap.capped and cap.rps == pytest.approx(90.0, rel=0.02)
 
 
