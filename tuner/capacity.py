@@ -329,7 +329,9 @@ def _capped(
     """The incumbent probe lost at ``hi``: capacity below its rate, and below ``ceiling`` (the
     incumbent's requests/s: the trial lost where the incumbent held, so it cannot beat it; a
     failed step's own served rate, e.g. a closed loop past its SLOs, can be far above it). The
-    estimate: on the margin line between a step that held and ``hi`` (as :func:`_answer`), else
+    estimate: on the margin line between a step that held and ``hi`` (as :func:`_answer`, with
+    ``ceiling`` as the most ``hi`` could serve: a closed loop's failed load, or the held rate
+    scaled to it, can read far above the incumbent's rate where this server lost), else
     ``hi``'s margin extrapolated down (``1 − margin`` as the overshoot), at most ×4 below."""
     if lo is not None and lo.factor < hi.factor:
         a = replace(_answer(lo, hi, steps, ceiling), capped=True)
