@@ -226,18 +226,23 @@ def recorded(rows, in_flight: int, edge: int | None = None):
     return probe, whole, tried
 
 
+async def search_recorded(rows, in_flight: int, incumbent: tuple[float, float], **kw):
+    """The search the H200's server would run now from its first recorded step, with the
+    ``incumbent`` (load factor, req/s) as its start: the answer and the loads asked for."""
+    edge = kw.pop("edge", None)
+    probe, whole, tried = recorded(rows, in_flight, edge)
+    first = await probe(1.0)
+    settings = CapacityConfig(rel_width=0.05, max_steps=8)
+    cap = await search(probe, settings, first=first, loads=whole, start=Start(*incumbent), **kw)
+    return cap, tried
+
+
 async def test_a_confirm_server_that_holds_narrowly_at_its_pick_climbs_a_little() -> None:
     # the H200's confirm server held at the search's capacity (433 in flight) with margin 0.043,
     # doubled to 866, and took 5 more replays coming back down to 447 (8 in all). Now it climbs
     # x1.1: a failure there leaves one or two bisections to 5 %.
-    probe, whole, tried = recorded(H200_CONFIRM_ROUND1, 128, edge=447)
-    first = await probe(1.0)
-    cap = await search(
-        probe,
-        CapacityConfig(rel_width=0.05, max_steps=8),
-        first=first,
-        loads=whole,
-        start=Start(6.756838807048056 / 2, 67.57),
+    cap, tried = await search_recorded(
+        H200_CONFIRM_ROUND1, 128, (6.756838807048056 / 2, 67.57), edge=447
     )
     assert tried[:3] == [1.0, 3.3828125, 477 / 128]
     assert len(tried) <= 5
@@ -253,16 +258,7 @@ async def test_a_loser_is_estimated_below_the_incumbent_not_at_it() -> None:
     # (200 req/s) used to put the estimate at the incumbent's 67.57, a tie with the best; now it
     # lies on the margin line between the held rate and the incumbent's.
     rows = [(1.0, 29.64, 0.643, True, False), (6.765625, 53.72, -0.869, False, True)]
-    probe, whole, tried = recorded(rows, 64)
-    first = await probe(1.0)
-    cap = await search(
-        probe,
-        CapacityConfig(rel_width=0.05, max_steps=8),
-        first=first,
-        loads=whole,
-        start=Start(6.756838807048056, 67.57),
-        stop_on_loss=True,
-    )
+    cap, tried = await search_recorded(rows, 64, (6.756838807048056, 67.57), stop_on_loss=True)
     assert cap.capped and len(tried) == 2
     t = 0.643 / (0.643 + 0.869)
     assert cap.rps == pytest.approx(29.64 + t * (67.57 - 29.64))
