@@ -6,8 +6,8 @@
 # then, back to back, `bash /tmp/stage/bin/bg.sh wait cs 520; bash scripts/gpu/q_capacity_study.sh keep`
 # (keep: the study's storage and log into $OUT, small, so a machine lost mid-study loses no
 # trial: carry the storage back to $W/cs/outputs/state/ and the same command continues the study);
-# at the end `bash scripts/gpu/q_capacity_study.sh pack` ($OUT/cs.tgz.part-*: logs, trial files,
-# exports; the per-trial figures and MLflow store stay on the machine).
+# at the end `bash scripts/gpu/q_capacity_study.sh pack` (common.sh's pack: $OUT/cs.tgz.part-* in
+# 15 MiB pieces: logs and the run folder; the MLflow store stays on the machine).
 # Here, on the simulator: LOCAL_TEST=1 ENGINE=sim N=3 bash scripts/gpu/q_capacity_study.sh
 set -u
 T="${T:-1700}"
@@ -22,9 +22,7 @@ case "${1:-run}" in
   pack)
     cp "$W/cs/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
     nvidia-smi --query-gpu=index,memory.used --format=csv > "$LOGS/nvidia-smi-cs.txt" 2>&1
-    tar czf "$OUT/cs.tgz" -C "$W" --exclude='vllm_cache' --exclude='*.html' --exclude='mlruns' \
-      --exclude='*.png' cs/outputs/runs logs 2>/dev/null
-    ls -la "$OUT"
+    pack cs cs/outputs/runs logs
     exit 0 ;;
 esac
 mkdir -p "$W/cs" && cd "$W/cs"
