@@ -75,6 +75,7 @@ def to_config(cfg: DictConfig) -> TunerConfig:
     _fit_lengths(cfg, model.max_model_len)
     obj = config.convert(cfg)
     if obj.mode == "screen":  # the screen's trials are asked from its levers' space
+        screen.real_weights_only(obj)  # e.g. speculative decoding: real weights only
         obj.space = config.screen_space(obj.screen)
     if score.needs_capacity(obj.objective) and tuple(obj.confirm.picks) == config.DEFAULT_PICKS:
         obj.confirm.picks = ["capacity", *config.DEFAULT_PICKS]  # confirm the best capacity

@@ -18,6 +18,7 @@ against the defaults with a 95 % interval (:func:`change`) and a verdict word (:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,8 @@ from tuner.stored_study import screen_levers, store_screen
 from tuner.verdict import Gain, gain, gain_of_one
 from tuner.vllm_rules import numerics_changes
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "DEFAULTS",
     "FOLLOW_UP_SERVERS",
@@ -47,6 +50,7 @@ __all__ = [
     "check",
     "plan",
     "prepare",
+    "real_weights_only",
     "rows",
     "word",
 ]
@@ -80,6 +84,32 @@ def check(cfg: TunerConfig) -> None:
             "mode=screen measures SLO capacity: its objective must start with capacity_rps "
             "(objective=capacity, which mode=screen selects)"
         )
+
+
+def real_weights_only(cfg: TunerConfig) -> list[str]:
+    """On dummy weights, leave out the levers marked ``real_weights`` (speculative decoding) and
+    log why; one named in ``screen.only`` is refused in one line instead. The names left out."""
+    sc = cfg.screen
+    if cfg.mode != "screen" or not cfg.model.dummy_weights:
+        return []
+    named = [n for n in sc.only if n in sc.levers and sc.levers[n].real_weights]
+    if named:
+        raise ConfigError(
+            f"screen.only names {named}, which need the model's real weights (their gain is the "
+            f"drafts' acceptance); model {cfg.model.name} has dummy weights (load_format dummy): "
+            "use a model with real weights (e.g. model=smollm2-135m) or leave them out"
+        )
+    names = [n for n, lever in sc.levers.items() if lever.enabled and lever.real_weights]
+    for name in names:
+        sc.levers[name].enabled = False
+    if names:
+        log.info(
+            "screen levers %s not screened: model %s has dummy weights (load_format dummy), and "
+            "they need real ones",
+            ", ".join(names),
+            cfg.model.name,
+        )
+    return names
 
 
 def plan(levers: Sequence[str], need: Mapping[str, int], defaults_every: int) -> list[str]:
@@ -148,6 +178,9 @@ class LeverRow:
     quality: dict[str, Any] | None = None
     """A lever that changes numerics: :func:`tuner.quality_guard.screen_quality`'s record (its
     servers' eval replays against the defaults'; ``dummy`` on random weights)."""
+    acceptance: tuple[float, ...] = ()
+    """Speculative decoding: each measured server's draft acceptance (accepted ÷ drafted tokens,
+    ``spec_decode_acceptance`` from vLLM's ``/metrics``); empty for a lever that drafts none."""
     follow_up: bool = False
     """Its point change is at least ``screen.follow_up``, measured on fewer than
     :data:`FOLLOW_UP_SERVERS` servers (or ``screen.servers`` where more are asked): worth the
@@ -226,6 +259,12 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
             if caps
             else Gain(None, n_base=len(base), why="no server measured it")
         )
+        acceptance = tuple(
+            a
+            for t in trials
+            if _capacity(t) is not None
+            and (a := stored_trial.metric(t, "spec_decode_acceptance")) is not None
+        )
         censored = any((stored_trial.metric(t, "capacity_censored") or 0) > 0 for t in trials)
         flag = d.get("flag") or "--" + str(d["param"]).replace("_", "-")
         numerics = numerics_changes({str(d["param"]): d["value"]})
@@ -249,6 +288,7 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
                 failures,
                 censored,
                 quality,
+                acceptance,
                 g.value is not None
                 and g.value >= cfg.screen.follow_up
                 and len(caps) < max(FOLLOW_UP_SERVERS, cfg.screen.servers),

@@ -55,6 +55,8 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     for r in rows:
         caps = ", ".join(f"{c:.3g}" for c in r.capacities) + (" (≥)" if r.censored else "")
         verdict = r.word + _next_step(r)
+        if r.acceptance:
+            verdict += "; drafts accepted " + ", ".join(f"{a:.0%}" for a in r.acceptance)
         if r.failures:
             verdict += f" ({', '.join(r.failures)})"
         table.add_row(
@@ -68,7 +70,7 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
         )
     console.print(table)
     console.print(
-        "* changes numerics (fp8 weights or KV). servers: the lever's / the defaults'. With one "
+        "* changes numerics (fp8 weights or KV, speculative decoding). servers: the lever's / the defaults'. With one "
         "lever server the interval assumes the defaults' spread between servers (tuner.verdict."
         "gain_of_one); with more, Welch's t on both (tuner.verdict.gain)."
     )
@@ -87,8 +89,9 @@ def write_json(rows: Sequence[LeverRow], out_dir: Path) -> Path:
 
 
 def metrics(rows: Sequence[LeverRow]) -> dict[str, float]:
-    """``screen_<lever>_change`` (a fraction), ``_ci_low`` / ``_ci_high`` and ``_quality`` (the
-    worst agreement of its eval replays with the defaults') where measured."""
+    """``screen_<lever>_change`` (a fraction), ``_ci_low`` / ``_ci_high``, ``_quality`` (the
+    worst agreement of its eval replays with the defaults') and ``_acceptance`` (speculative
+    decoding's mean draft acceptance) where measured."""
     out: dict[str, float] = {}
     for r in rows:
         g = r.change
@@ -100,6 +103,8 @@ def metrics(rows: Sequence[LeverRow]) -> dict[str, float]:
             out[f"screen_{r.lever}_ci_high"] = g.high
         if r.quality and r.quality.get("status") == "measured":
             out[f"screen_{r.lever}_quality"] = float(r.quality["agreement"])
+        if r.acceptance:
+            out[f"screen_{r.lever}_acceptance"] = sum(r.acceptance) / len(r.acceptance)
     return out
 
 

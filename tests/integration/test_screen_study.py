@@ -99,17 +99,23 @@ def test_a_screen_on_real_weights_judges_a_numerics_lever_on_the_eval_set(
     cfg = make_cfg(
         *SMALL,
         "model.load_format=null",
-        "screen.only=[kv_fp8]",
+        "screen.only=[kv_fp8,spec_ngram]",
         "confirm.quality.measure=exact_match",
         "confirm.quality.min_agreement=0.7",
         "confirm.quality.limit=40",
     )
     outcome = study_mod.run(cfg)
     arms = [screen_arm(t) for t in outcome.study.trials]
-    assert arms == [DEFAULTS, "kv_fp8", DEFAULTS]
+    assert arms == [DEFAULTS, "kv_fp8", "spec_ngram", DEFAULTS]
     run_dir = Path(cfg.paths.output_dir)
-    assert len(list(run_dir.glob("trial_*/quality.json"))) == 3
-    (row,) = json.loads((run_dir / "screen.json").read_text())["levers"]
+    assert len(list(run_dir.glob("trial_*/quality.json"))) == 4
+    row, ngram = json.loads((run_dir / "screen.json").read_text())["levers"]
+    # n-gram drafts: its servers' acceptance is in the row; its outputs are the defaults' (the
+    # simulator changes none for speculative decoding, as the H200 changed none), so it passes
+    assert ngram["lever"] == "spec_ngram" and ngram["numerics"] is True
+    assert len(ngram["acceptance"]) == 1 and 0 < ngram["acceptance"][0] < 1
+    assert ngram["quality"]["agreement"] == pytest.approx(1.0) and ngram["quality"]["passed"]
+    assert row["acceptance"] == []
     q = row["quality"]
     assert q["status"] == "measured" and q["changes"] == ["kv_cache_dtype=fp8"]
     assert len(q["rounds"]) == 2 and all(r["n"] == 40 for r in q["rounds"])
@@ -118,4 +124,6 @@ def test_a_screen_on_real_weights_judges_a_numerics_lever_on_the_eval_set(
     assert csv[0].endswith(",quality,quality_passed") and csv[1].endswith(",0.6,False")
     console = Console(width=300, record=True)  # the run's own table wraps at the terminal's
     screen_report.print_table(screen.rows(outcome.study, cfg), console)
-    assert "quality: exact match 0.60 with vLLM's defaults, below" in console.export_text()
+    text = console.export_text()
+    assert "quality: exact match 0.60 with vLLM's defaults, below" in text
+    assert f"drafts accepted {ngram['acceptance'][0]:.0%}" in text

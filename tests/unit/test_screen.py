@@ -3,6 +3,7 @@ tuner/screen_report.py, tuner/plots/screen.py, tuner.verdict.gain_of_one), on in
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ from rich.console import Console
 from scipy import stats
 
 from tuner import screen, screen_report
-from tuner.config import TunerConfig
+from tuner.config import TunerConfig, chosen_levers
 from tuner.engine.argv import command_prefix, flag_args, passed
 from tuner.errors import ConfigError
 from tuner.plots import screen_data, screen_figure
@@ -246,15 +247,32 @@ def test_a_screen_needs_known_levers_and_the_capacity_objective(
 def test_every_default_lever_is_a_valid_one_flag_trial(
     make_cfg: Callable[..., TunerConfig],
 ) -> None:
-    cfg = make_cfg("+workload=chat", "mode=screen")
+    cfg = make_cfg("+workload=chat", "mode=screen", "model.load_format=null")  # real weights
     assert len(cfg.screen.levers) >= 10
     for name, lever in cfg.screen.levers.items():
-        assert lever.changes and lever.source.startswith("vllm/"), name
+        assert lever.enabled and lever.changes and lever.source.startswith("vllm/"), name
         spec = cfg.space.params[lever.param]
         assert spec.default is None and lever.value in (spec.choices or [])
     # which change numerics is vllm_rules.NUMERICS' to say (the quality guard reads it too)
     numerics = {n for n, lv in cfg.screen.levers.items() if numerics_changes({lv.param: lv.value})}
-    assert numerics == {"quant_fp8", "kv_fp8"}
+    assert numerics == {"quant_fp8", "kv_fp8", "spec_ngram"}
+
+
+def test_speculative_decoding_is_screened_on_real_weights_only(
+    make_cfg: Callable[..., TunerConfig], caplog: pytest.LogCaptureFixture
+) -> None:
+    """On dummy weights the n-gram lever is left out with a log line (its gain is the drafts'
+    acceptance), and refused in one line when ``screen.only`` names it."""
+    with caplog.at_level(logging.INFO, logger="tuner.screen"):
+        cfg = make_cfg("+workload=chat", "mode=screen")
+    assert not cfg.screen.levers["spec_ngram"].enabled
+    assert "spec_ngram" not in chosen_levers(cfg.screen)
+    assert "speculative_config" not in cfg.space.params
+    assert "spec_ngram not screened" in caplog.text and "dummy weights" in caplog.text
+    with pytest.raises(ConfigError, match=r"spec_ngram.*real weights.*smollm2-135m"):
+        make_cfg("+workload=chat", "mode=screen", "screen.only=[spec_ngram,kv_fp8]")
+    real = make_cfg("+workload=chat", "mode=screen", "model.load_format=null")
+    assert "spec_ngram" in chosen_levers(real.screen)
 
 
 def test_every_lever_is_a_vllm_0_24_flag_the_simulator_accepts_and_the_doc_lists(
@@ -269,7 +287,7 @@ def test_every_lever_is_a_vllm_0_24_flag_the_simulator_accepts_and_the_doc_lists
     root = Path(__file__).resolve().parents[2]
     dump = json.loads((root / "tests/data/vllm-0.24.0-serve-flags.json").read_text())["options"]
     doc = (root / "docs/levers.md").read_text()
-    cfg = make_cfg("+workload=chat", "mode=screen")
+    cfg = make_cfg("+workload=chat", "mode=screen", "model.load_format=null")  # every lever
     for name, lever in cfg.screen.levers.items():
         words = flag_args(flag_name(lever.param, cfg.space.params[lever.param]), lever.value)
         option = words[0].split("=")[0].split(".")[0]

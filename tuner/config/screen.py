@@ -30,6 +30,10 @@ class LeverSpec:
     """Where vLLM 0.24.0 defines it (a path in github.com/vllm-project/vllm)."""
     sim: str = ""
     """What the simulator models of it ("" : nothing, so the screen on the sim shows no change)."""
+    real_weights: bool = False
+    """Screened only when the model's weights are real (speculative decoding: its gain is the
+    drafts' acceptance, which says nothing on dummy weights); left out otherwise, with a log
+    line (:func:`tuner.screen.real_weights_only`)."""
     enabled: bool = True
 
 
