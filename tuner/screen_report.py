@@ -71,8 +71,8 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     console.print(table)
     console.print(
         "* changes numerics (fp8 weights or KV, speculative decoding). servers: the lever's / "
-        "the defaults'. With one lever server the interval assumes the defaults' spread between servers (tuner.verdict."
-        "gain_of_one); with more, Welch's t on both (tuner.verdict.gain)."
+        "the defaults'. With one lever server the interval assumes the defaults' spread between "
+        "servers (tuner.verdict.gain_of_one); with more, Welch's t on both (tuner.verdict.gain)."
     )
 
 
