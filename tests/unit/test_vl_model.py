@@ -6,6 +6,7 @@ scripts/check_vl_model.py checks the same directory with transformers and vLLM o
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -184,16 +185,20 @@ def test_tokenizer_vision_tokens() -> None:
     assert min(added) == 151643 and max(added) == 151668 and len(added) == 26
 
 
-def test_tokenizer_vocabulary_is_the_8b_dummys() -> None:
-    """Only the added tokens differ from models/qwen3-8b-dummy/tokenizer.json."""
+def test_the_text_models_share_the_vl_tokenizer_and_declare_its_added_tokens() -> None:
+    """The text dummies' ``tokenizer.json`` is a link to this one (stored once: the tree's size
+    limit), each with one link (a path through two links can fail a device call), and their
+    ``tokenizer_config.json`` declares the same 26 added tokens as the file holds."""
     vl = json.loads((VL / "tokenizer.json").read_text(encoding="utf-8"))
-    text = json.loads((TEXT_8B / "tokenizer.json").read_text(encoding="utf-8"))
-    assert {k: v for k, v in vl.items() if k != "added_tokens"} == {
-        k: v for k, v in text.items() if k != "added_tokens"
-    }
-    sample = "The quick brown fox, 12 times: <|im_start|>!"
-    ids = Tokenizer.from_file(str(VL / "tokenizer.json")).encode(sample).ids
-    assert ids == Tokenizer.from_file(str(TEXT_8B / "tokenizer.json")).encode(sample).ids
+    added = {str(a["id"]): a["content"] for a in vl["added_tokens"]}
+    for name in ("qwen3-8b-dummy", "qwen-0.5b-dummy"):
+        link = ROOT / "models" / name / "tokenizer.json"
+        assert link.is_symlink() and os.readlink(link) == "../qwen3-vl-8b-dummy/tokenizer.json"
+        decoder = json.loads((link.parent / "tokenizer_config.json").read_text())
+        assert {k: v["content"] for k, v in decoder["added_tokens_decoder"].items()} == added
+    sample = "<think>The quick brown fox</think>, 12 times: <|im_start|>!"
+    ids = Tokenizer.from_file(str(TEXT_8B / "tokenizer.json")).encode(sample).ids
+    assert ids[0] == 151667 and 151668 in ids and 151644 in ids  # one token each
 
 
 def test_chat_template_renders_image_placeholders() -> None:
