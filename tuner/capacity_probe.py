@@ -127,7 +127,7 @@ async def probe_capacity(
             "trial %d: capacity probe at %.3gx the workload's load first%s",
             number,
             start.factor,
-            "" if start.binding else " (the warm-start study's capacity)",
+            "" if start.binding else " (a prediction: a loss there caps nothing)",
         )
     cap = await search(
         probe,

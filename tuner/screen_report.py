@@ -17,7 +17,7 @@ from tuner.quality_guard import describe
 from tuner.screen import LeverRow
 from tuner.verdict import CONFIDENCE, pct
 
-__all__ = ["follow_up", "metrics", "print_table", "write_json"]
+__all__ = ["follow_up", "metrics", "print_table", "row_verdict", "write_json"]
 
 
 def _interval(r: LeverRow) -> str:
@@ -40,6 +40,17 @@ def _next_step(r: LeverRow) -> str:
     return out
 
 
+def row_verdict(r: LeverRow) -> str:
+    """The table's verdict cell: the word, the next step or the quality found, the drafts'
+    acceptance (speculative decoding) and the failures' reasons."""
+    out = r.word + _next_step(r)
+    if r.acceptance:
+        out += "; drafts accepted " + ", ".join(f"{a:.0%}" for a in r.acceptance)
+    if r.failures:
+        out += f" ({', '.join(r.failures)})"
+    return out
+
+
 def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     """One line per lever: flag, capacity change, its interval, servers, verdict word."""
     base = rows[0].base if rows else ()
@@ -54,11 +65,7 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     table.add_column("verdict")
     for r in rows:
         caps = ", ".join(f"{c:.3g}" for c in r.capacities) + (" (≥)" if r.censored else "")
-        verdict = r.word + _next_step(r)
-        if r.acceptance:
-            verdict += "; drafts accepted " + ", ".join(f"{a:.0%}" for a in r.acceptance)
-        if r.failures:
-            verdict += f" ({', '.join(r.failures)})"
+        verdict = row_verdict(r)
         table.add_row(
             escape(r.lever) + (" *" if r.numerics else ""),
             escape(r.flag),

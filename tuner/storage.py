@@ -357,10 +357,19 @@ def search_start(study: optuna.Study, cfg: TunerConfig) -> Start | None:
     (:func:`tuner.stored_study.incumbent_capacity`; a search trial that loses there ends), else
     the best capacity of the ``study.warm_start`` study as a prediction (``binding`` False: the
     search goes on from a loss there; its load factor is on that study's workload, so a warm
-    start of the same workload predicts best)."""
-    if not (needs_capacity(cfg.objective) and cfg.objective.capacity.incumbent_probe):
+    start of the same workload predicts best). In the lever screen (``screen.predict_start``)
+    every server after the defaults' first starts from the defaults' capacity as a prediction:
+    each lever still gets its own capacity, in fewer replays than from the workload's load."""
+    if not needs_capacity(cfg.objective):
         return None
     metric = capacity_metric(cfg.objective)
+    if cfg.mode == "screen":
+        if not cfg.screen.predict_start:
+            return None
+        measured = incumbent_capacity(study, metric, baseline_only=True)
+        return None if measured is None else measured._replace(rps=None, binding=False)
+    if not cfg.objective.capacity.incumbent_probe:
+        return None
     own = incumbent_capacity(study, metric)
     if own is not None or not cfg.study.warm_start:
         return own

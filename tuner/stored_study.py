@@ -235,10 +235,13 @@ def recommended_trial(study: optuna.Study) -> int | None:
 # --- the study's trials -------------------------------------------------------------------------
 
 
-def incumbent_capacity(study: optuna.Study, metric: str | None = "capacity_rps") -> Start | None:
+def incumbent_capacity(
+    study: optuna.Study, metric: str | None = "capacity_rps", *, baseline_only: bool = False
+) -> Start | None:
     """The best SLO capacity measured so far as a load factor on the workload's (the
     ``capacity_factor`` of the feasible trial with the highest ``metric``, not one censored
-    above), or None before one: where a new trial's capacity search probes first. ``metric``
+    above; with ``baseline_only``, of vLLM's defaults' trials only), or None before one: where a
+    new trial's capacity search probes first. ``metric``
     ``capacity_per_gpu_rps`` ranks per GPU, and the start carries the incumbent's GPUs (those
     it leased; for a trial stored without them, ``capacity_rps`` / per GPU) so that a server on
     other GPUs scales it
@@ -246,7 +249,7 @@ def incumbent_capacity(study: optuna.Study, metric: str | None = "capacity_rps")
     metric = metric or "capacity_rps"
     best: tuple[float, float, float, int | None] | None = None
     for t in study.get_trials(deepcopy=False):
-        if not stored_trial.feasible(t):
+        if not stored_trial.feasible(t) or (baseline_only and not stored_trial.is_baseline(t)):
             continue
         rps = stored_trial.metric(t, "capacity_rps")
         factor = stored_trial.metric(t, "capacity_factor")

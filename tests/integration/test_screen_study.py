@@ -123,7 +123,9 @@ def test_a_screen_on_real_weights_judges_a_numerics_lever_on_the_eval_set(
     csv = (run_dir / "screen.csv").read_text().splitlines()
     assert csv[0].endswith(",quality,quality_passed") and csv[1].endswith(",0.6,False")
     console = Console(width=300, record=True)  # the run's own table wraps at the terminal's
-    screen_report.print_table(screen.rows(outcome.study, cfg), console)
-    text = console.export_text()
-    assert "quality: exact match 0.60 with vLLM's defaults, below" in text
-    assert f"drafts accepted {ngram['acceptance'][0]:.0%}" in text
+    rows = screen.rows(outcome.study, cfg)
+    screen_report.print_table(rows, console)
+    assert "quality: exact match 0.60 with vLLM's defaults, below" in console.export_text()
+    # the n-gram row's cell (the table may wrap it): its quality and its drafts' acceptance
+    cell = screen_report.row_verdict(rows[1])
+    assert "exact match 1.00" in cell and f"drafts accepted {ngram['acceptance'][0]:.0%}" in cell

@@ -132,9 +132,16 @@ async def test_without_a_start_the_search_doubles_as_before() -> None:
 
 
 def _capacity_trial(
-    study: optuna.Study, rps: float, factor: float, censored: float = 0.0, ok: bool = True
+    study: optuna.Study,
+    rps: float,
+    factor: float,
+    censored: float = 0.0,
+    ok: bool = True,
+    baseline: bool = False,
 ) -> None:
     t = study.ask()
+    if baseline:
+        t.set_user_attr("baseline", True)
     t.set_user_attr("metrics", {"capacity_rps": rps, "capacity_factor": factor,
                                 "capacity_censored": censored, "ttft_p95_ms": 50.0})  # fmt: skip
     system, user = stored_trial.constraint_attrs({"error_rate": -0.05 if ok else 0.5})
@@ -287,3 +294,22 @@ def test_the_first_trial_starts_from_the_warm_start_studys_capacity(
     plain = make_cfg("+workload=chat", "objective=capacity")
     fresh = optuna.create_study(directions=["maximize", "minimize"])
     assert search_start(fresh, plain) is None  # no warm start, nothing measured: as before
+
+
+def test_a_screen_server_starts_from_the_defaults_capacity_as_a_prediction(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    """The lever screen (incumbent probe off): the first defaults' server searches from the
+    workload's load; every later server tries the defaults' best capacity first, not a lever's
+    and not binding (a lever that loses there gets its own capacity below it)."""
+    from tuner.storage import search_start
+
+    cfg = make_cfg("+workload=chat", "mode=screen")
+    study = _study()
+    assert search_start(study, cfg) is None  # nothing measured yet
+    _capacity_trial(study, 60.0, 1.2, baseline=True)
+    _capacity_trial(study, 80.0, 1.6)  # a lever above the defaults: not the prediction
+    _capacity_trial(study, 66.0, 1.3, baseline=True)
+    assert search_start(study, cfg) == Start(1.3, None, None, binding=False)
+    off = make_cfg("+workload=chat", "mode=screen", "screen.predict_start=false")
+    assert search_start(study, off) is None

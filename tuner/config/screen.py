@@ -51,6 +51,11 @@ class ScreenConfig:
     """Screen only these levers (names in ``screen.levers``); empty: every enabled one."""
     follow_up: float = 0.05
     """A lever whose point change is at least this (a fraction) is marked for the follow-up."""
+    predict_start: bool = True
+    """Each server's capacity search, after the workload's own replay, tries the defaults' best
+    capacity so far first, as a prediction (a loss there narrows the bracket below it, a hold
+    climbs from it; nothing is capped): fewer replays than climbing from the workload's load.
+    False: every server searches from the workload's load alone."""
     levers: dict[str, LeverSpec] = field(default_factory=dict)
 
 
