@@ -40,6 +40,13 @@ PY
 }
 LOGS="$W/logs"
 mkdir -p "$LOGS"
+keep() {  # keep NAME PATTERN: the study's storage ($W/NAME/outputs/state) and log ($LOGS/NAME.log)
+  # into $OUT (small: a machine lost mid-study loses no stored trial), and the log's lines that
+  # match PATTERN (grep -e), the last 25
+  cp "$W/$1/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
+  cp "$LOGS/$1.log" "$OUT/$1.log" 2>/dev/null
+  grep -h -e "$2" "$LOGS/$1.log" 2>/dev/null | cut -c1-220 | tail -25
+}
 pack() {  # pack NAME DIR...: folders under $W (study outputs, MLflow store, logs) -> $OUT/NAME.tgz.part-aa, -ab, ...
   # (the device returns at most 8 files of 16 MiB); here: cat NAME.tgz.part-* | tar xzf -
   local name=$1; shift

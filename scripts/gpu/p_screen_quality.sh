@@ -22,12 +22,7 @@ set -u
 T="${T:-560}"
 source "$(dirname "$0")/common.sh"
 case "${1:-run}" in
-  keep)
-    cp "$W/sq/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
-    cp "$LOGS/sq.log" "$OUT/sq.log" 2>/dev/null
-    grep -h "SLO capacity\|launching\|ready in\|eval replay\|quality" "$LOGS/sq.log" 2>/dev/null \
-      | cut -c1-220 | tail -25
-    exit 0 ;;
+  keep) keep sq "SLO capacity\|launching\|ready in\|eval replay\|quality"; exit 0 ;;
   pack)
     cp "$W/sq/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
     pack sq sq/outputs/runs logs

@@ -13,12 +13,7 @@ set -u
 T="${T:-1700}"
 source "$(dirname "$0")/common.sh"
 case "${1:-run}" in
-  keep)
-    cp "$W/cs/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
-    cp "$LOGS/cs.log" "$OUT/cs.log" 2>/dev/null
-    grep -h "SLO capacity\|launching\|ready in\|confirm\|verdict\|Recommended" "$LOGS/cs.log" 2>/dev/null \
-      | cut -c1-220 | tail -25
-    exit 0 ;;
+  keep) keep cs "SLO capacity\|launching\|ready in\|confirm\|verdict\|Recommended"; exit 0 ;;
   pack)
     cp "$W/cs/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
     nvidia-smi --query-gpu=index,memory.used --format=csv > "$LOGS/nvidia-smi-cs.txt" 2>&1

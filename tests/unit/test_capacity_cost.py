@@ -4,29 +4,15 @@ PASS / FAIL / n/a."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers.benchmarks import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def cc() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # its ``from _cli import ...``
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "capacity_cost", ROOT / "benchmarks" / "capacity_cost.py"
-        )
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return mod
+    return load_benchmark("capacity_cost")
 
 
 def _trial(steps: float | None, censored: float | None = 0.0, **kw: Any) -> dict[str, Any]:

@@ -3,29 +3,15 @@ the first (which no prediction can help), a server without a capacity search lef
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers.benchmarks import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def sc() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # its ``from _cli import ...``
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "screen_cost", ROOT / "benchmarks" / "screen_cost.py"
-        )
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return mod
+    return load_benchmark("screen_cost")
 
 
 def test_the_first_server_and_a_server_without_replays_are_left_out(sc: Any) -> None:
