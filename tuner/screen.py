@@ -20,7 +20,6 @@ against the defaults with a 95 % interval (:func:`change`) and a verdict word (:
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -35,12 +34,10 @@ from tuner.engine.argv import flag_args
 from tuner.errors import ConfigError
 from tuner.quality_guard import screen_quality
 from tuner.score import needs_capacity
-from tuner.space import defaults
+from tuner.space import defaults, disable_real_weights
 from tuner.stored_study import screen_levers, store_screen
 from tuner.verdict import Gain, gain, gain_of_one
 from tuner.vllm_rules import numerics_changes
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULTS",
@@ -101,17 +98,7 @@ def real_weights_only(cfg: TunerConfig) -> list[str]:
             f"drafts' acceptance); model {cfg.model.name} has dummy weights (load_format dummy): "
             "use a model with real weights (e.g. model=smollm2-135m) or leave them out"
         )
-    names = [n for n, lever in sc.levers.items() if lever.enabled and lever.real_weights]
-    for name in names:
-        sc.levers[name].enabled = False
-    if names:
-        log.info(
-            "screen levers %s not screened: model %s has dummy weights (load_format dummy), and "
-            "they need real ones",
-            ", ".join(names),
-            cfg.model.name,
-        )
-    return names
+    return disable_real_weights(sc.levers, "screen levers %s not screened", cfg.model)
 
 
 def plan(levers: Sequence[str], need: Mapping[str, int], defaults_every: int) -> list[str]:

@@ -32,6 +32,7 @@ __all__ = [
     "flag_name",
     "numerics_flags",
     "numerics_params",
+    "disable_real_weights",
     "real_weights_only",
     "validate_space",
 ]
@@ -234,15 +235,21 @@ def numerics_params(space: SpaceConfig, params: Mapping[str, Any]) -> dict[str, 
 def real_weights_only(space: SpaceConfig, model: ModelConfig) -> list[str]:
     """On dummy weights, disable the params marked ``real_weights`` (they stay at vLLM's
     default) and log why; the names disabled."""
+    return disable_real_weights(space.params, "space.params %s not searched", model)
+
+
+def disable_real_weights(items: Mapping[str, Any], what: str, model: ModelConfig) -> list[str]:
+    """On dummy weights, disable the enabled entries of ``items`` marked ``real_weights`` (search
+    params, screen levers: each has ``enabled`` and ``real_weights``) and log ``what`` (with a
+    ``%s`` for their names) and why; the names disabled."""
     if not model.dummy_weights:
         return []
-    names = [n for n, s in space.params.items() if s.enabled and s.real_weights]
+    names = [n for n, s in items.items() if s.enabled and s.real_weights]
     for name in names:
-        space.params[name].enabled = False
+        items[name].enabled = False
     if names:
         log.info(
-            "space.params %s not searched: model %s has dummy weights (load_format dummy), and "
-            "they need real ones",
+            what + ": model %s has dummy weights (load_format dummy), and they need real ones",
             ", ".join(names),
             model.name,
         )

@@ -263,7 +263,7 @@ def test_speculative_decoding_is_screened_on_real_weights_only(
 ) -> None:
     """On dummy weights the n-gram lever is left out with a log line (its gain is the drafts'
     acceptance), and refused in one line when ``screen.only`` names it."""
-    with caplog.at_level(logging.INFO, logger="tuner.screen"):
+    with caplog.at_level(logging.INFO, logger="tuner.space"):
         cfg = make_cfg("+workload=chat", "mode=screen")
     assert not cfg.screen.levers["spec_ngram"].enabled
     assert "spec_ngram" not in chosen_levers(cfg.screen)
