@@ -22,7 +22,7 @@ failed step's margin; ``capacity_censored`` is −1 and the tables show it as "<
 lies between the rate that held and the incumbent's, never at it: a loser must not tie with the
 best in the sampler's eyes). A hold there
 climbs from it, jumping by the margin's extrapolation ``1 / (1 − margin)`` (between
-×(1 + 2 ``rel_width``) and :data:`MAX_JUMP`) instead of doubling: wide margins jump further, and
+×(1 + 0.9 ``rel_width``) and :data:`MAX_JUMP`) instead of doubling: wide margins jump further, and
 a narrow one, near its own edge, a little. Before the study has a capacity, a ``study.warm_start``
 study's best capacity is the start as a prediction (``Start.binding`` False,
 :func:`tuner.storage.search_start`): a loss there narrows the bracket below it instead of ending
@@ -311,16 +311,23 @@ def from_steps(steps: Sequence[Step]) -> Capacity:
     return _answer(lo, hi, steps)
 
 
+NARROW_CLIMB = 0.9
+"""A step that held with a narrow margin climbs ×(1 + this × ``rel_width``): a failure there
+closes the bracket at once, with room for a closed loop's concurrency rounded up by one slot
+(0.2 % at 433 in flight)."""
+
+
 def _jump(margin: float, rel_width: float) -> float:
     """How far a step that held with ``margin`` climbs: the load where the margin's proportional
-    extrapolation reaches zero, ``1 / (1 − margin)``, between ×(1 + 2 ``rel_width``) and
-    ×:data:`MAX_JUMP`. A narrow margin climbs little: a confirm server that held at its pick's
-    capacity with a margin of 0.03–0.04 doubled on the H200, and spent 5 replays coming back
-    down (docs/gpu-runs/2026-12-03-capacity-study.md); one failure within ×1.1 leaves a single
-    bisection to ``rel_width``."""
+    extrapolation reaches zero, ``1 / (1 − margin)``, between ×(1 + :data:`NARROW_CLIMB`
+    ``rel_width``) and ×:data:`MAX_JUMP`. A narrow margin climbs just past the bracket's
+    resolution: a confirm server that held at its pick's capacity with a margin of 0.03–0.04
+    doubled on the H200, and spent 5 replays coming back down
+    (docs/gpu-runs/2026-12-03-capacity-study.md); from ×1.1 a failure still left one bisection
+    to ``rel_width``, from ×1.045 it leaves none."""
     if margin >= 1.0:
         return MAX_JUMP
-    return min(MAX_JUMP, max(1.0 + 2.0 * rel_width, 1.0 / (1.0 - margin)))
+    return min(MAX_JUMP, max(1.0 + NARROW_CLIMB * rel_width, 1.0 / (1.0 - margin)))
 
 
 def _capped(
