@@ -10,7 +10,7 @@
 # (carry .whl):
 #   bash scripts/gpu/p_screen_quality.sh        (foreground, W=$OUT/w: nothing lost with the machine)
 # or, longer than one call, in the background (W=/tmp/w), with `keep` after each wait (the study's
-# storage, the log and the run folder's small files into $OUT) and `pack` at the end:
+# storage and its log into $OUT) and `pack` at the end (the run folders and logs, 15 MiB pieces):
 #   bash /tmp/stage/bin/bg.sh start sq env T=1300 SERVERS=2 EVERY=2 LEVERS=spec_ngram,kv_fp8 \
 #     CONC=64 STEPS=5 EXTRA="workload.slo.tpot_ms=10" bash $PWD/scripts/gpu/p_screen_quality.sh
 #   bash /tmp/stage/bin/bg.sh wait sq 520; bash scripts/gpu/p_screen_quality.sh keep
