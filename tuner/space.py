@@ -27,12 +27,12 @@ __all__ = [
     "check",
     "defaults",
     "defaults_outside",
+    "disable_real_weights",
     "grid",
     "distributions",
     "flag_name",
     "numerics_flags",
     "numerics_params",
-    "disable_real_weights",
     "real_weights_only",
     "validate_space",
 ]

@@ -47,6 +47,10 @@ keep() {  # keep NAME PATTERN: the study's storage ($W/NAME/outputs/state) and l
   cp "$LOGS/$1.log" "$OUT/$1.log" 2>/dev/null
   grep -h -e "$2" "$LOGS/$1.log" 2>/dev/null | cut -c1-220 | tail -25
 }
+pack_study() {  # pack_study NAME: the study's storage into $OUT, then pack NAME's run folders and the logs
+  cp "$W/$1/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
+  pack "$1" "$1/outputs/runs" logs
+}
 pack() {  # pack NAME DIR...: folders under $W (study outputs, MLflow store, logs) -> $OUT/NAME.tgz.part-aa, -ab, ...
   # (the device returns at most 8 files of 16 MiB); here: cat NAME.tgz.part-* | tar xzf -
   local name=$1; shift

@@ -23,10 +23,7 @@ T="${T:-560}"
 source "$(dirname "$0")/common.sh"
 case "${1:-run}" in
   keep) keep sq "SLO capacity\|launching\|ready in\|eval replay\|quality"; exit 0 ;;
-  pack)
-    cp "$W/sq/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
-    pack sq sq/outputs/runs logs
-    exit 0 ;;
+  pack) pack_study sq; exit 0 ;;
 esac
 GGUF="${GGUF:-/tmp/stage/SmolLM2-135M-Instruct.Q4_1.gguf}"
 M="${M:-$W/smollm2}"

@@ -15,9 +15,8 @@ source "$(dirname "$0")/common.sh"
 case "${1:-run}" in
   keep) keep cs "SLO capacity\|launching\|ready in\|confirm\|verdict\|Recommended"; exit 0 ;;
   pack)
-    cp "$W/cs/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
     nvidia-smi --query-gpu=index,memory.used --format=csv > "$LOGS/nvidia-smi-cs.txt" 2>&1
-    pack cs cs/outputs/runs logs
+    pack_study cs
     exit 0 ;;
 esac
 mkdir -p "$W/cs" && cd "$W/cs"
