@@ -7,7 +7,9 @@
 # vLLM. study.timeout_s stops asking for servers when one more would not end before T; the one
 # running finishes. The screen's table is screen.json / screen.csv / screen.html in the run folder.
 #   bash /tmp/stage/bin/bg.sh start scr env T=1500 bash $PWD/scripts/gpu/o_screen.sh   (carry .whl),
-#   then bash /tmp/stage/bin/bg.sh wait scr 540; cp $W/logs/scr.log $OUT/ ... ; results: $OUT/scr.tgz.part-*
+#   then bash /tmp/stage/bin/bg.sh wait scr 520; bash scripts/gpu/o_screen.sh keep   (each call),
+#   finally bash scripts/gpu/o_screen.sh pack: $OUT/scr.tgz.part-*. SERVERS=1 EVERY=3
+#   LEVERS=a,b,... screens several levers at one server each (D L L L D L L L D ...)
 #   (copy the log out on every wait: a machine lost mid-job takes the job's files with it,
 #   docs/gpu-runs/2026-12-02-screen-fp8.md)
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
@@ -16,13 +18,17 @@
 set -u
 T="${T:-1500}"
 source "$(dirname "$0")/common.sh"
+case "${1:-run}" in  # after each bg.sh wait: keep (storage + log into $OUT); at the end: pack
+  keep) keep scr "SLO capacity\|launching\|ready in"; exit 0 ;;
+  pack) pack_study scr; exit 0 ;;
+esac
 mkdir -p "$W/scr" && cd "$W/scr"
 PER="${PER:-240}"  # seconds a server is planned to take (start-up, 4-6 replays, stop)
 # shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
 timeout -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
   model=qwen3-8b mode=screen "workload.arrival.concurrency=${CONC:-256}" \
   "workload.num_requests=${REQS:-800}" "objective.capacity.max_steps=${STEPS:-6}" \
-  "screen.servers=${SERVERS:-3}" screen.defaults_every=2 "screen.only=[${LEVERS:-quant_fp8}]" \
+  "screen.servers=${SERVERS:-3}" "screen.defaults_every=${EVERY:-2}" "screen.only=[${LEVERS:-quant_fp8}]" \
   "study.timeout_s=$(( T - SECONDS - PER - 30 ))" ${EXTRA:-} > "$LOGS/scr.log" 2>&1
 echo "$(date -u +%T) screen: rc=$?"
 grep -h "SLO capacity\|launching" "$LOGS/scr.log" | cut -c1-240 | tail -20
