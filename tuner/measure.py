@@ -108,11 +108,20 @@ async def measure(
     lost = asyncio.Event()
     why: list[str] = []
     pruner = PruneWatch(n_measured, prune, w.slo, skip) if prune is not None else None
+    # a steady replay ends once its counted requests have all finished: the drain's requests
+    # still in flight then change nothing counted (they kept the load up until the last counted
+    # one finished), so they are cancelled instead of waited for (about a third of a step)
+    counted = {r.index for r in rp.requests if not r.warmup} - skip if skip else set()
+    measured_all = asyncio.Event()
 
     def on_record(r: RequestRecord) -> None:
         done.append(r)
         if len(done) % step == 0 and len(done) < total:
             log.info("  replay %d/%d requests", len(done), total)
+        if counted:
+            counted.discard(r.index)
+            if not counted:
+                measured_all.set()
         if pruner is not None and not lost.is_set():
             reason = pruner.add(r)
             if reason:
@@ -141,16 +150,25 @@ async def measure(
                 )
             )
             watch = asyncio.create_task(lost.wait())
-            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+            enough = asyncio.create_task(measured_all.wait())
+            await asyncio.wait({task, watch, enough}, return_when=asyncio.FIRST_COMPLETED)
             watch.cancel()
+            enough.cancel()
+            pruned = None
             if task.done():
                 records = task.result()
-                pruned = None
-            else:  # pruned: keep what finished, drop what was in flight
+            elif lost.is_set():  # pruned: keep what finished, drop what was in flight
                 await cancel_and_wait(task)
                 records = list(done)
                 pruned = why[0]
                 log.info("  pruned after %d requests: %s", len(records), pruned)
+            else:  # every counted request finished: the drain is not waited for
+                await cancel_and_wait(task)
+                records = list(done)
+                log.info(
+                    "  steady state measured: %d of the drain's requests cancelled",
+                    total - len(records),
+                )
     folder = TrialFolder(tdir)
     write_jsonl(folder.metrics, prom.samples)
     write_jsonl(folder.gpu, gpu.samples)

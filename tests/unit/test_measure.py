@@ -1,0 +1,53 @@
+"""tuner.measure.measure against the fake vLLM server (``tests/helpers/fake_vllm.py``): a capacity
+step (a steady replay) ends once its counted requests have finished, without waiting for the
+closed loop's drain."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from helpers.fake_vllm import FakeVLLM, spec
+
+from tuner.config import ArrivalConfig, TunerConfig
+from tuner.measure import Replay, measure
+
+SLOTS = 3
+DRAIN_S = 1.5  # the drain's requests take this long to their first token
+
+
+async def _replay(
+    base: str, cfg: TunerConfig, tmp_path: Path, steady: bool
+) -> tuple[list[int], float]:
+    # 3 requests per slot: the start (0-2) and the drain (6-8) are not counted, 3-5 are
+    specs = [
+        spec(i, endpoint="chat", max_tokens=3, x_ttft=DRAIN_S if i >= 2 * SLOTS else 0.01)
+        for i in range(3 * SLOTS)
+    ]
+    w = dataclasses.replace(
+        cfg.workload,
+        arrival=ArrivalConfig(kind="concurrency", concurrency=SLOTS),
+        num_requests=len(specs),
+        warmup_requests=0,
+    )
+    rp = Replay("capacity_1", specs, w, steady=steady)
+    assert rp.unsteady == frozenset({0, 1, 2, 6, 7, 8})
+    t0 = time.perf_counter()
+    m = await measure(cfg, base, tmp_path / f"steady-{steady}", [], rp, None)
+    return sorted(r.index for r in m.records), time.perf_counter() - t0
+
+
+async def test_a_steady_replay_does_not_wait_for_the_drain(
+    server: tuple[str, FakeVLLM], make_cfg: Callable[..., TunerConfig], tmp_path: Path
+) -> None:
+    base, fake = server
+    cfg = make_cfg("+workload=chat", "engine=sim")
+    got, took = await _replay(base, cfg, tmp_path, steady=True)
+    assert {3, 4, 5} <= set(got) and not set(got) & {6, 7, 8}, got  # every counted one, no drain
+    assert took < DRAIN_S, took
+    assert fake.in_flight == 0  # the drain's requests were cancelled, not left running
+    # the workload's own replay (not steady) still waits for every request
+    got, took = await _replay(base, cfg, tmp_path, steady=False)
+    assert got == list(range(3 * SLOTS)) and took >= DRAIN_S, (got, took)
