@@ -53,7 +53,7 @@ def test_the_flags_that_change_numerics_are_one_list() -> None:
 
 def test_the_space_names_params_that_change_numerics(make_cfg: Callable[..., TunerConfig]) -> None:
     cfg = make_cfg(*REAL, "space=ngram")
-    assert numerics_flags(cfg.space) == ["kv_cache_dtype", "speculative_config"]
+    assert numerics_flags(cfg.space) == ["kv_cache_dtype", "quantization", "speculative_config"]
     params = {"kv_cache_dtype": "fp8", "speculative_config": None, "block_size": 32}
     assert numerics_params(cfg.space, params) == {"kv_cache_dtype": "fp8"}
     assert numerics_params(cfg.space, {"kv_cache_dtype": "auto"}) == {}
