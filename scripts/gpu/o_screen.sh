@@ -22,7 +22,10 @@ case "${1:-run}" in  # after each bg.sh wait: keep (storage + log into $OUT); at
   keep) keep scr "SLO capacity\|launching\|ready in"; exit 0 ;;
   pack) pack_study scr; exit 0 ;;
 esac
-mkdir -p "$W/scr" && cd "$W/scr"
+mkdir -p "$W/scr/outputs/state" && cd "$W/scr"
+# DB=path: continue a stored screen (e.g. docs/gpu-runs/2026-12-03-levers-screen/optuna.db): the
+# same command then adds only the servers it lacks, and the table pools them with the stored ones
+if [ -n "${DB:-}" ] && [ ! -f outputs/state/optuna.db ]; then cp "$ROOT/$DB" outputs/state/optuna.db; fi
 PER="${PER:-240}"  # seconds a server is planned to take (start-up, 4-6 replays, stop)
 # shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
 timeout -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
