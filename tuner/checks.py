@@ -78,7 +78,7 @@ def to_config(cfg: DictConfig) -> TunerConfig:
         screen.real_weights_only(obj)  # e.g. speculative decoding: real weights only
         obj.space = config.screen_space(obj.screen)
     if score.needs_capacity(obj.objective) and tuple(obj.confirm.picks) == config.DEFAULT_PICKS:
-        obj.confirm.picks = ["capacity", *config.DEFAULT_PICKS]  # confirm the best capacity
+        obj.confirm.picks = list(config.CAPACITY_PICKS)  # by the study's objective
     space.real_weights_only(obj.space, obj.model)  # e.g. speculative decoding: real weights only
     check(obj)
     return obj

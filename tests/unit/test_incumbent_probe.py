@@ -204,12 +204,15 @@ def test_figures_show_a_capacity_censored_above_as_less_than() -> None:
 # --- confirm ------------------------------------------------------------------------------------
 
 
-def test_confirm_picks_the_best_capacity_first_under_a_capacity_objective(
+def test_confirm_picks_by_the_capacity_objective_under_it(
     make_cfg: Callable[..., TunerConfig],
 ) -> None:
+    # the best capacity in place of goodput at the workload's own load (issue 29, item 2)
     cfg = make_cfg("+workload=chat", "objective=capacity", "workload.slo.ttft_ms=500")
-    assert cfg.confirm.picks[0] == "capacity"
+    assert cfg.confirm.picks == ["capacity", "latency", "knee", "baseline"]
     assert make_cfg("+workload=chat").confirm.picks[0] == "goodput"  # other objectives: as before
+    picked = make_cfg("+workload=chat", "objective=capacity", "confirm.picks=[goodput,baseline]")
+    assert picked.confirm.picks == ["goodput", "baseline"]  # the user's own picks: kept
     study = _study()
     _capacity_trial(study, 30.0, 3.0)
     _capacity_trial(study, 69.7, 6.97)
