@@ -110,7 +110,7 @@ async def measure(
     pruner = PruneWatch(n_measured, prune, w.slo, skip) if prune is not None else None
     # a steady replay ends once its counted requests have all finished: the drain's requests
     # still in flight then change nothing counted (they kept the load up until the last counted
-    # one finished), so they are cancelled instead of waited for (about a third of a step)
+    # one finished), so they are cancelled instead of waited for
     counted = {r.index for r in rp.requests if not r.warmup} - skip if skip else set()
     measured_all = asyncio.Event()
 
@@ -166,7 +166,7 @@ async def measure(
                 await cancel_and_wait(task)
                 records = list(done)
                 log.info(
-                    "  steady state measured: %d of the drain's requests cancelled",
+                    "  steady state measured: %d of the drain's requests cancelled or not sent",
                     total - len(records),
                 )
     folder = TrialFolder(tdir)
