@@ -24,6 +24,20 @@ def test_default_space_distributions(make_cfg) -> None:
         assert d[name]._contains(d[name].to_internal_repr(value)), name
 
 
+def test_the_levers_space_searches_the_screens_measured_values(make_cfg) -> None:
+    # space=levers searches together the flags the screen measured moving capacity: each choice
+    # but null (the flag left out) is the value of a screen lever of the same param, so a search
+    # there passes the flags the screen measured, and vLLM's defaults are inside it
+    cfg = make_cfg("+workload=chat", "space=levers")
+    d = distributions(cfg.space)
+    assert set(d) == {"quantization", "stream_interval", "disable_cascade_attn"}
+    measured = {(lv.param, lv.value) for lv in cfg.screen.levers.values()}
+    for name, spec in cfg.space.params.items():
+        assert spec.choices is not None and spec.choices[0] is None and spec.default is None
+        assert all((name, v) in measured for v in spec.choices[1:]), name
+    assert defaults(cfg.space) == dict.fromkeys(d)
+
+
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
