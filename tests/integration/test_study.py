@@ -406,6 +406,7 @@ def test_rejections_count_past_max_rejected(
         "study.name=norej",
         "space.params.gpu_memory_utilization.low=0.10",
         "space.params.gpu_memory_utilization.high=0.11",
+        "space.params.quantization.enabled=false",  # fp8 weights would fit
         *FAST,
     )
     out = run_study(cfg, capsys, caplog)

@@ -30,6 +30,7 @@ def test_a_space_that_cannot_start_is_named(make_cfg) -> None:
         "+workload=chat",
         "space.params.gpu_memory_utilization.low=0.10",
         "space.params.gpu_memory_utilization.high=0.11",  # not even the weights fit
+        "space.params.quantization.enabled=false",  # (fp8 weights would fit)
     )
     shares = refusal_shares(cfg, draws=200)
     assert sum(shares.values()) == pytest.approx(1.0)  # vLLM's validation speaks first
@@ -65,7 +66,7 @@ def test_the_baseline_argv_has_no_searched_flag(make_cfg) -> None:
     assert (
         "searched trials: the same plus their value of --gpu-memory-utilization --max-model-len "
         "--block-size --max-num-seqs --max-num-batched-tokens --enable-chunked-prefill "
-        "--enable-prefix-caching -cc.cudagraph_mode --kv-cache-dtype\n"
+        "--enable-prefix-caching -cc.cudagraph_mode --kv-cache-dtype --quantization\n"
     ) in out
     assert "--gpu-memory-utilization 0.92" not in out
     out = plan_text(
