@@ -53,6 +53,10 @@ def test_every_space_and_study_option_composes(make_cfg, space: str, study: str)
     cfg = make_cfg("+workload=chat", f"space={space}", f"study={study}", "engine.gpus=[0,1]")
     if space == "none":  # repeated measurements of vLLM's defaults
         assert cfg.space.params == {}
+    elif space == "levers":  # only the flags the lever screen measured moving capacity
+        assert (
+            "quantization" in cfg.space.params and "gpu_memory_utilization" not in cfg.space.params
+        )
     else:
         assert cfg.space.params["gpu_memory_utilization"].default == 0.92
     assert cfg.study.sampler in ("tpe", "random", "gp", "nsga2", "grid")
