@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers.benchmarks import load_benchmark
 from hydra.core.global_hydra import GlobalHydra
 
 from tuner.checks import load_config
@@ -321,16 +322,7 @@ def test_sample_efficiency_quick_writes_json(tmp_path: Path) -> None:
 
 
 def _sample_efficiency_module() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "sample_efficiency", ROOT / "benchmarks" / "sample_efficiency.py"
-    )
-    assert spec is not None and spec.loader is not None
-    se = importlib.util.module_from_spec(spec)
-    sys.modules["sample_efficiency"] = se  # its dataclasses look their module up
-    spec.loader.exec_module(se)
-    return se
+    return load_benchmark("sample_efficiency")
 
 
 def test_sample_efficiency_counts_launches_with_pre() -> None:

@@ -5,28 +5,19 @@ requests sampled by a child process (``server_queue``)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
+from helpers.benchmarks import load_benchmark
 
 from tuner.records import RequestRecord
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def rvb() -> Any:
-    name = "replay_vs_vllm_bench"
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("replay_vs_vllm_bench")
 
 
 def _scrapers(out: Path) -> list[int]:
