@@ -4,12 +4,12 @@
 that fails raises :class:`~tuner.errors.ConfigError` (one line), before anything is launched.
 ``tuner.config`` checks what its schema alone can judge (choices, ranges, the loopback host, the
 model directory); each stage checks what only it knows, in its own ``check(cfg)``:
-``engine.argv`` the flags the tuner sets itself (``--host``, ``--port``), ``engine.pool`` the
-cores of ``engine.cpu_pinning``, ``prescreen`` what the simulator's landscape models, ``score``
-the objectives' metrics, ``replay`` the endpoint and event loop of its client, ``workload.trace``
-the trace settings, ``workload.images`` the image sizes against the model, and
-``space`` every searched bound against vLLM's range, ``quality_guard`` the baseline pick it
-compares with. This module imports the stages, so
+``engine.argv`` the flags the tuner sets itself (``--host``, ``--port``), ``engine.clock`` the
+simulator's speed-up, ``engine.pool`` the cores of ``engine.cpu_pinning``, ``prescreen`` what
+the simulator's landscape models, ``score`` the objectives' metrics, ``replay`` the endpoint and
+event loop of its client, ``workload.trace`` the trace settings, ``workload.images`` the image
+sizes against the model, and ``space`` every searched bound against vLLM's range,
+``quality_guard`` the baseline pick it compares with. This module imports the stages, so
 ``tuner.config`` imports none of them.
 """
 
@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 
 from tuner import config, model_source, prescreen, quality_guard, replay, score, screen, space
 from tuner.config import TunerConfig
-from tuner.engine import argv, pool
+from tuner.engine import argv, clock, pool
 from tuner.workload import images, trace
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ __all__ = ["CHECKS", "check", "load_config", "to_config"]
 CHECKS: tuple[Callable[[TunerConfig], None], ...] = (
     config.check_engine,
     argv.check,
+    clock.check,
     pool.check,
     config.check_study,
     prescreen.check,

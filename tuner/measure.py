@@ -24,6 +24,7 @@ from tuner.aio import cancel_and_wait
 from tuner.artifacts import TrialFolder, make_dir, write_jsonl
 from tuner.config import ObjectiveConfig, TunerConfig, WorkloadConfig
 from tuner.engine.argv import api_key
+from tuner.engine.clock import Clock
 from tuner.engine.pool import describe_cores
 from tuner.records import RequestRecord, RequestSpec
 from tuner.replay import STREAMS_PER_PROCESS, ClientChoice, choose_client, is_closed_loop, replay
@@ -97,8 +98,12 @@ async def measure(
     prune: ObjectiveConfig | None,
 ) -> Measured:
     """Replay with telemetry beside it; stop early (pruned) once a constraint of ``prune`` is
-    lost (None: never). ``cfg`` gives the engine and the model, not the objective."""
+    lost (None: never). ``cfg`` gives the engine and the model, not the objective. The replay
+    runs on the engine's clock (:class:`tuner.engine.clock.Clock`): the records come back in
+    the engine's own seconds, the modelled GPU's on the simulator."""
     w = rp.workload
+    clock = Clock.of(cfg.engine)
+    wall_requests = clock.wall_requests(rp.requests)
     make_dir(tdir)
     total = len(rp.requests)
     skip = rp.unsteady if rp.steady else frozenset()
@@ -114,7 +119,8 @@ async def measure(
     counted = {r.index for r in rp.requests if not r.warmup} - skip if skip else set()
     measured_all = asyncio.Event()
 
-    def on_record(r: RequestRecord) -> None:
+    def on_record(wall: RequestRecord) -> None:
+        r = clock.modelled(wall)
         done.append(r)
         if len(done) % step == 0 and len(done) < total:
             log.info("  replay %d/%d requests", len(done), total)
@@ -129,7 +135,7 @@ async def measure(
                 lost.set()
 
     client = ClientStats()
-    choice = choose_client(w, cfg.engine, rp.requests)  # this replay's load, on these cores
+    choice = choose_client(w, cfg.engine, wall_requests)  # this replay's load, on these cores
     if choice.processes > 1:
         log.info("  replay client: %s", choice.describe())
     with GpuSampler(gpus if cfg.engine.kind == "vllm" else [], 0.5) as gpu:
@@ -138,10 +144,10 @@ async def measure(
                 replay(
                     base_url,
                     cfg.model.served_name,
-                    rp.requests,
+                    wall_requests,
                     w.arrival,
-                    duration_s=w.duration_s,
-                    request_timeout_s=w.request_timeout_s,
+                    duration_s=clock.wall_s(w.duration_s),
+                    request_timeout_s=clock.wall_s(w.request_timeout_s),
                     api_key=api_key(cfg.engine, cfg.model),
                     on_record=on_record,
                     processes=choice.processes,
@@ -156,7 +162,7 @@ async def measure(
             enough.cancel()
             pruned = None
             if task.done():
-                records = task.result()
+                records = [clock.modelled(r) for r in task.result()]
             elif lost.is_set():  # pruned: keep what finished, drop what was in flight
                 await cancel_and_wait(task)
                 records = list(done)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from helpers.fake_vllm import FakeVLLM, spec
 
 from tuner.config import ArrivalConfig, TunerConfig
@@ -51,3 +52,28 @@ async def test_a_steady_replay_does_not_wait_for_the_drain(
     # the workload's own replay (not steady) still waits for every request
     got, took = await _replay(base, cfg, tmp_path, steady=False)
     assert got == list(range(3 * SLOTS)) and took >= DRAIN_S, (got, took)
+
+
+async def test_a_replay_on_the_simulator_is_measured_in_the_modelled_gpus_time(
+    server: tuple[str, FakeVLLM], make_cfg: Callable[..., TunerConfig], tmp_path: Path
+) -> None:
+    """At ``TUNER_SIM_SPEEDUP`` 4 an open loop's sends leave 4 times sooner than their
+    ``arrival_s`` and every time measured is 4 times the wall clock's: the modelled GPU's."""
+    base, _ = server
+    ttft = 0.2  # wall seconds the fake server waits before its first token
+    specs = [spec(i, arrival_s=0.4 * i, x_ttft=ttft) for i in range(3)]
+
+    async def run(*engine: str) -> tuple[list[float], list[float], float]:
+        cfg = make_cfg("+workload=chat", *engine)
+        w = dataclasses.replace(cfg.workload, num_requests=3, warmup_requests=0)
+        t0 = time.perf_counter()
+        m = await measure(cfg, base, tmp_path / engine[-1], [], Replay("r", specs, w), None)
+        took = time.perf_counter() - t0
+        return [r.t_sent_s for r in m.records], [r.ttft_s or 0.0 for r in m.records], took
+
+    sent, ttfts, took = await run("engine=sim", "engine.env.TUNER_SIM_SPEEDUP=4")
+    assert sent == pytest.approx([0.0, 0.4, 0.8], abs=0.1) and took < 0.8 + ttft, (sent, took)
+    assert all(4 * ttft <= t < 4 * (ttft + 0.1) for t in ttfts), ttfts
+    sent, ttfts, took = await run("engine=vllm")  # vLLM: the wall clock's own seconds
+    assert sent == pytest.approx([0.0, 0.4, 0.8], abs=0.05) and took >= 0.8 + ttft, (sent, took)
+    assert all(ttft <= t < ttft + 0.1 for t in ttfts), ttfts
