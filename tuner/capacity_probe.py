@@ -8,6 +8,7 @@ goes to ``capacity.json``. A step's :func:`margin`: the least headroom to the SL
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -32,7 +33,9 @@ __all__ = [
     "margin",
     "probe_capacity",
     "step_of",
+    "step_replay",
     "step_requests",
+    "whole_load",
 ]
 
 log = logging.getLogger("tuner")
@@ -91,14 +94,10 @@ async def probe_capacity(
 
     async def probe(factor: float) -> Step:
         k = next(numbers)
-        w = at_load(base.workload, factor)
-        n = max(objective.capacity.requests or w.num_requests, MIN_STEP_REQUESTS)
-        if _closed(base):  # its start and end are not counted: 1 request per slot between, at least
-            c = w.arrival.concurrency
-            n = max(n + 2 * c, MIN_STEP_REQUESTS + 2 * c, CLOSED_LOOP_REQUESTS_PER_SLOT * c)
-        w = replace(w, num_requests=n)
-        requests = await asyncio.to_thread(step_requests, w, model_files, _closed(base))
-        rp = Replay(f"capacity_{k}", requests, w, steady=True)
+        rp = await asyncio.to_thread(
+            step_replay, objective, base, factor, model_files, f"capacity_{k}"
+        )
+        w = rp.workload
         if not await wait_idle(base_url):  # a step stopped early left requests running
             log.warning("trial %d: the server was still busy 120 s after a replay", number)
         await reset_caches(base_url, api_key)
@@ -115,12 +114,6 @@ async def probe_capacity(
         write_requests(step_dir, m.records)
         return step_of(_factor(base, rp, factor), rp, m, judged)
 
-    def loads(factor: float) -> float:  # a closed loop runs a whole number of requests
-        if not _closed(base):
-            return factor
-        c = base.workload.arrival.concurrency
-        return at_load(base.workload, factor).arrival.concurrency / c
-
     first_step = step_of(1.0, base, first, judged)
     if start is not None:
         log.info(
@@ -133,7 +126,7 @@ async def probe_capacity(
         probe,
         objective.capacity,
         first=first_step,
-        loads=loads,
+        loads=functools.partial(whole_load, base),
         start=start,
         stop_on_loss=stop_on_loss,
     )
@@ -151,6 +144,31 @@ async def probe_capacity(
         len(cap.steps),
     )
     return cap
+
+
+def step_replay(
+    objective: ObjectiveConfig, base: Replay, factor: float, model_files: Path, subdir: str
+) -> Replay:
+    """The capacity step at ``factor`` times ``base``'s load: its requests (at least
+    :data:`MIN_STEP_REQUESTS` measured; a closed loop's start and end, not counted, come on
+    top, and at least :data:`CLOSED_LOOP_REQUESTS_PER_SLOT` per slot in all), counted in their
+    steady state."""
+    w = at_load(base.workload, factor)
+    n = max(objective.capacity.requests or w.num_requests, MIN_STEP_REQUESTS)
+    if _closed(base):  # its start and end are not counted: 1 request per slot between, at least
+        c = w.arrival.concurrency
+        n = max(n + 2 * c, MIN_STEP_REQUESTS + 2 * c, CLOSED_LOOP_REQUESTS_PER_SLOT * c)
+    w = replace(w, num_requests=n)
+    return Replay(subdir, step_requests(w, model_files, _closed(base)), w, steady=True)
+
+
+def whole_load(base: Replay, factor: float) -> float:
+    """The load factor a step asked for at ``factor`` really runs at: a closed loop's
+    concurrency is a whole number."""
+    if not _closed(base):
+        return factor
+    c = base.workload.arrival.concurrency
+    return at_load(base.workload, factor).arrival.concurrency / c
 
 
 def step_requests(w: WorkloadConfig, model_files: Path, closed: bool) -> list[RequestSpec]:

@@ -26,7 +26,9 @@ measured no better than the defaults; docs/sim-calibration.md).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -37,17 +39,26 @@ from typing import Any
 
 import optuna
 
+from tuner.capacity import Start, Step, search
+from tuner.capacity_probe import step_of, step_replay, whole_load
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, TrialFailed
+from tuner.measure import Measured, Replay
 from tuner.memory import GPU_PROFILES, ModelShape
 from tuner.precheck import passed_params, precheck
 from tuner.records import RequestSpec
-from tuner.score import KEY_METRICS, constraints, failure_values, objective_values
-from tuner.sim.landscape import LandscapeResult, PreparedStream, evaluate, prepare_stream
+from tuner.score import (
+    KEY_METRICS,
+    constraints,
+    failure_values,
+    needs_capacity,
+    objective_values,
+)
+from tuner.sim.landscape import LandscapeResult, PreparedStream, evaluate, prepare_stream, records
 from tuner.space import defaults, distributions, resolved
 from tuner.workload import build_requests
 
-__all__ = ["METRICS", "Pick", "prescreen", "quiet_optuna"]
+__all__ = ["METRICS", "Pick", "predict_start", "prescreen", "quiet_optuna"]
 
 log = logging.getLogger("tuner")
 
@@ -277,3 +288,74 @@ def quiet_optuna() -> Iterator[None]:
 
 def _fmt(v: float) -> str:
     return f"{v:.3g}" if math.isfinite(v) else str(v)
+
+
+async def predict_start(
+    cfg: TunerConfig, shape: ModelShape, requests: Sequence[RequestSpec], params: Mapping[str, Any]
+) -> Start | None:
+    """Where a trial's capacity search goes after its own replay before the study has a
+    capacity (``objective.capacity.predict_start``): the highest load that held in the
+    landscape's search for ``params``' SLO capacity (live, a narrow hold there climbs ×1.045 and
+    a failure just above it closes the bracket). That search is :func:`tuner.capacity.search`
+    over the real search's steps (:func:`tuner.capacity_probe.step_replay`), judged as they are
+    (:func:`tuner.capacity_probe.step_of`), each replayed in virtual time
+    (:func:`tuner.sim.landscape.records`) instead of on the server. A prediction (``binding``
+    False): a loss there narrows the bracket below it and caps nothing. On the simulator it is
+    the simulated server's own model, so the live search needs about 3 replays instead of 8; on
+    a GPU it is the calibrated model's guess (on the H200's chat the simulator's crossing lies
+    at more requests in flight than the GPU's, docs/sim-calibration.md). None where the
+    landscape cannot say: no capacity objective, an open loop, no GPU profile, a config it
+    refuses, or nothing held. ``requests``: the workload's own stream (the first step)."""
+    w = cfg.workload
+    if not (
+        needs_capacity(cfg.objective)
+        and cfg.objective.capacity.predict_start
+        and w.arrival.kind == "concurrency"
+        and w.trace is None
+        and cfg.engine.gpu in GPU_PROFILES
+    ):
+        return None
+    gpu = GPU_PROFILES[cfg.engine.gpu]
+    passed = passed_params(cfg.space, params)
+    judged = replace(cfg.objective, slo_constraints=True)  # as the real steps are judged
+
+    def step(rp: Replay, factor: float) -> Step | None:
+        recs = records(
+            shape,
+            gpu,
+            passed,
+            rp.requests,
+            concurrency=rp.workload.arrival.concurrency,
+            system_prompt_tokens=w.system_prompt_tokens,
+        )
+        return None if recs is None else step_of(factor, rp, Measured(recs, {}, None), judged)
+
+    first = await asyncio.to_thread(step, Replay("", list(requests), w), 1.0)
+    if first is None:
+        return None
+    base = Replay("", list(requests), w)
+
+    async def probe(factor: float) -> Step:
+        rp = await asyncio.to_thread(step_replay, judged, base, factor, cfg.model.files, "")
+        got = await asyncio.to_thread(step, rp, whole_load(base, factor))
+        assert got is not None  # the same config started for the first step
+        return got
+
+    t0 = time.perf_counter()
+    cap = await search(
+        probe, cfg.objective.capacity, first=first, loads=functools.partial(whole_load, base)
+    )
+    held = [s.factor for s in cap.steps if s.held and s.factor <= cap.factor]
+    if cap.rps <= 0 or not held:
+        return None
+    log.info(
+        "  the simulator predicts an SLO capacity of %.3gx the workload's load (%.2f req/s; "
+        "%d steps in virtual time, %.1f s); the search goes to the highest load that held there, "
+        "%.3gx",
+        cap.factor,
+        cap.rps,
+        len(cap.steps),
+        time.perf_counter() - t0,
+        max(held),
+    )
+    return Start(max(held), binding=False)

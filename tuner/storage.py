@@ -31,7 +31,7 @@ from tuner.config import ObjectiveConfig, TunerConfig
 from tuner.engine.argv import cache_root, params_key
 from tuner.errors import ConfigError, StorageError
 from tuner.memory import ModelShape
-from tuner.prescreen import prescreen
+from tuner.prescreen import predict_start, prescreen
 from tuner.records import RequestSpec
 from tuner.recovery import worker_id
 from tuner.score import capacity_metric, needs_capacity
@@ -57,6 +57,7 @@ __all__ = [
     "retry_schema_race",
     "sampler_seed",
     "search_start",
+    "trial_start",
     "storage_url",
     "check_objective",
     "objective_label",
@@ -375,6 +376,19 @@ def search_start(study: optuna.Study, cfg: TunerConfig) -> Start | None:
         return own
     other = incumbent_capacity(_warm_source(cfg), metric)
     return None if other is None else other._replace(rps=None, binding=False)
+
+
+async def trial_start(
+    study: optuna.Study,
+    cfg: TunerConfig,
+    shape: ModelShape,
+    requests: list[RequestSpec],
+    params: dict[str, Any],
+) -> Start | None:
+    """:func:`search_start`, else the capacity the simulator predicts for ``params``
+    (:func:`tuner.prescreen.predict_start`, ``objective.capacity.predict_start``): where a
+    trial of ``study`` goes after its own replay."""
+    return search_start(study, cfg) or await predict_start(cfg, shape, requests, params)
 
 
 def _warm_source(cfg: TunerConfig) -> optuna.Study:

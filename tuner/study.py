@@ -51,8 +51,8 @@ from tuner.storage import (
     fill_queue,
     open_study,
     retry_schema_race,
-    search_start,
     study_name,
+    trial_start,
 )
 from tuner.stored_study import ConfirmRecord
 from tuner.stored_trial import (
@@ -225,8 +225,8 @@ async def _trials(
     async def one(trial: optuna.Trial) -> None:
         nonlocal finished, free
         baseline = is_baseline(trial)
-        # the SLO capacity: the study's best first, else the warm-start study's (or None)
-        incumbent = search_start(study, cfg)
+        # the SLO capacity: the study's best, else the warm-start study's or the sim's guess
+        incumbent = await trial_start(study, cfg, ctx.shape, ctx.requests, trial.params)
         try:
             result = await run_trial(ctx, trial.number, dict(trial.params), baseline, incumbent)
         except (KeyboardInterrupt, asyncio.CancelledError):

@@ -28,6 +28,7 @@ from tuner.sim.landscape import (
     config_refusal,
     evaluate,
     prepare_stream,
+    records,
 )
 from tuner.sim.logs import SimLog
 from tuner.sim.runtime import AsyncEngine
@@ -246,6 +247,32 @@ def test_too_long_requests_are_rejected(shape: ModelShape, chat: Any) -> None:
     assert too_long > 0
     r = run(shape, chat, {"max_model_len": mml})
     assert r.rejected == too_long and r.completed == 120 - too_long
+
+
+def test_records_are_the_replay_evaluate_measures(shape: ModelShape, chat: Any) -> None:
+    """:func:`records` gives the requests :func:`evaluate` summarises, as the replay client
+    records them (what the predicted capacity start judges with tuner.score)."""
+    from tuner.score import summarize
+
+    w, reqs = chat
+    mml = 1024  # some are refused: HTTP 400 errors, as vLLM answers them
+    got = records(
+        shape,
+        H200,
+        {"max_model_len": mml},
+        reqs,
+        concurrency=w.arrival.concurrency,
+        system_prompt_tokens=w.system_prompt_tokens,
+    )
+    r = run(shape, chat, {"max_model_len": mml})
+    assert got is not None and len(got) == 120
+    assert [x.index for x in got] == sorted(s.index for s in reqs if not s.warmup)
+    assert sum(x.status == "error" and x.http_status == 400 for x in got) == r.rejected
+    m = summarize(got, w.slo)
+    assert m["ttft_p95_ms"] == pytest.approx(r.ttft_p95_ms)
+    assert m["tpot_p95_ms"] == pytest.approx(r.tpot_p95_ms)
+    assert m["output_throughput"] == pytest.approx(r.output_throughput, rel=1e-6)
+    assert records(shape, H200, {"gpu_memory_utilization": 0.05}, reqs, concurrency=64) is None
 
 
 def test_same_inputs_same_result(shape: ModelShape, chat: Any) -> None:

@@ -142,6 +142,11 @@ class CapacityConfig:
     its own and ends there on a loss, its capacity censored above (``capacity_censored`` -1).
     false: every trial brackets its own capacity from the workload's load (e.g. to measure the
     spread of one config's capacity)."""
+    predict_start: bool = True
+    """Before the study has a capacity (and without ``study.warm_start``), a trial's search goes
+    after its own replay to the capacity the simulator's landscape predicts for its config
+    (:func:`tuner.prescreen.predict_start`: a prediction, a loss there caps nothing); false:
+    it doubles from the workload's load."""
 
 
 @dataclass

@@ -39,7 +39,7 @@ from tuner.config import SLOConfig
 from tuner.errors import FailureReason
 from tuner.memory import GpuProfile, MemoryEstimate, ModelShape, estimate
 from tuner.memory import resolve_params as _resolve
-from tuner.records import RequestSpec
+from tuner.records import RequestRecord, RequestSpec
 from tuner.sim.engine import Request, Scheduler, SpeedModel, block_hashes, build_scheduler
 from tuner.sim.startup import Refusal, Settings, engine_check
 from tuner.vllm_rules import api_refusal
@@ -51,6 +51,7 @@ __all__ = [
     "config_refusal",
     "evaluate",
     "prepare_stream",
+    "records",
 ]
 
 MAX_STEPS = 5_000_000
@@ -294,6 +295,7 @@ def _stream_hashes(stream: PreparedStream, block_size: int) -> tuple[list[bytes]
 
 @dataclasses.dataclass
 class _Done:
+    index: int
     arrival: float
     first: float
     finish: float
@@ -309,21 +311,23 @@ def _run_phase(
     concurrency: int,
     max_model_len: int,
     now: float,
-) -> tuple[float, list[_Done], int]:
+) -> tuple[float, list[_Done], list[int]]:
     """Closed loop over ``indices`` from ``now``: returns the end time, completions, rejections."""
     pending = iter(indices)
     done: list[_Done] = []
-    rejected = 0
+    ids: dict[str, int] = {}
+    rejected: list[int] = []
     in_flight = 0
 
     def send() -> bool:
-        nonlocal rejected, in_flight
+        nonlocal in_flight
         for i in pending:
             prompt = stream.prompts[i]
             if len(prompt) + stream.max_tokens[i] > max_model_len:
-                rejected += 1  # vLLM answers 400 at once; the worker sends its next request
+                rejected.append(i)  # vLLM answers 400 at once; the worker sends its next one
                 continue
             rid = f"r{i}"
+            ids[rid] = i
             if hashes is not None:
                 # the scheduler's own per-request hash memo, filled from the per-stream cache
                 sched._hashes[rid] = hashes[i]
@@ -346,7 +350,9 @@ def _run_phase(
             if req.num_output == 1:
                 req.first_token_s = now
         for req in res.finished:
-            done.append(_Done(req.arrival_s, req.first_token_s or now, now, req.num_output))
+            done.append(
+                _Done(ids[req.rid], req.arrival_s, req.first_token_s or now, now, req.num_output)
+            )
             in_flight -= 1
             send()
     return now, done, rejected
@@ -360,28 +366,33 @@ def _meets(d: _Done, slo: SLOConfig) -> bool:
     return all(lim is None or v * 1000.0 <= lim for lim, v in checks)
 
 
-def evaluate(
+@dataclasses.dataclass(frozen=True)
+class _Served:
+    """One closed-loop replay in virtual time: the measured phase's completions, its
+    rejections, where it started, the replica count and the scheduler's counters around it."""
+
+    done: list[_Done]
+    rejected: list[int]
+    start: float
+    dp: int
+    kv_tokens: int
+    before: Any
+    after: Any
+    prompts: Sequence[Sequence[int]]
+
+
+def _serve(
     shape: ModelShape,
     gpu: GpuProfile,
     params: Mapping[str, Any],
     requests: Sequence[RequestSpec] | PreparedStream,
     *,
     concurrency: int,
-    slo: SLOConfig,
-    system_prompt_tokens: int | None = None,
-    speed_base: SpeedModel | None = None,
-) -> LandscapeResult:
-    """What a trial with engine ``params`` measures on the simulator for ``requests``.
-
-    ``params`` uses the tuner's parameter names (as :func:`tuner.memory.estimate`); absent or
-    ``None`` means vLLM's default. ``requests`` is a stream from
-    :func:`tuner.workload.build_requests` (warm-ups are sent first and not measured) or one
-    :func:`prepare_stream` made (faster when evaluating many configurations).
-    ``system_prompt_tokens`` is passed to :func:`prepare_stream`. ``speed_base``: step-time
-    constants for the reference model instead of :class:`~tuner.sim.engine.SpeedModel`'s defaults
-    (scaled to ``shape`` and TP as usual; ``benchmarks/sim_calibration.py --fit``).
-    Deterministic: the same inputs give the same result.
-    """
+    system_prompt_tokens: int | None,
+    speed_base: SpeedModel | None,
+) -> _Served | LandscapeResult:
+    """The replay :func:`evaluate` and :func:`records` measure; an infeasible result when the
+    engine would not start."""
     mem = estimate(shape, gpu, params)
     refusal = config_refusal(shape, gpu, params, mem)
     if refusal is not None:
@@ -428,7 +439,53 @@ def evaluate(
         max_model_len=mem.max_model_len,
         now=start,
     )
-    st = sched.stats
+    return _Served(
+        done,
+        rejected,
+        start,
+        dp,
+        mem.kv_tokens,
+        before,
+        dataclasses.replace(sched.stats),
+        stream.prompts,
+    )
+
+
+def evaluate(
+    shape: ModelShape,
+    gpu: GpuProfile,
+    params: Mapping[str, Any],
+    requests: Sequence[RequestSpec] | PreparedStream,
+    *,
+    concurrency: int,
+    slo: SLOConfig,
+    system_prompt_tokens: int | None = None,
+    speed_base: SpeedModel | None = None,
+) -> LandscapeResult:
+    """What a trial with engine ``params`` measures on the simulator for ``requests``.
+
+    ``params`` uses the tuner's parameter names (as :func:`tuner.memory.estimate`); absent or
+    ``None`` means vLLM's default. ``requests`` is a stream from
+    :func:`tuner.workload.build_requests` (warm-ups are sent first and not measured) or one
+    :func:`prepare_stream` made (faster when evaluating many configurations).
+    ``system_prompt_tokens`` is passed to :func:`prepare_stream`. ``speed_base``: step-time
+    constants for the reference model instead of :class:`~tuner.sim.engine.SpeedModel`'s defaults
+    (scaled to ``shape`` and TP as usual; ``benchmarks/sim_calibration.py --fit``).
+    Deterministic: the same inputs give the same result.
+    """
+    served = _serve(
+        shape,
+        gpu,
+        params,
+        requests,
+        concurrency=concurrency,
+        system_prompt_tokens=system_prompt_tokens,
+        speed_base=speed_base,
+    )
+    if isinstance(served, LandscapeResult):
+        return served
+    done, rejected, start, dp = served.done, len(served.rejected), served.start, served.dp
+    before, st = served.before, served.after
     queries = st.prefix_queries - before.prefix_queries
     end = max((d.finish for d in done), default=start)
     duration = (end - start) / dp  # DP replicas serve the stream side by side
@@ -450,8 +507,58 @@ def evaluate(
         preemptions=st.preemptions - before.preemptions,
         completed=len(done),
         rejected=rejected,
-        kv_tokens=mem.kv_tokens,
+        kv_tokens=served.kv_tokens,
         prefix_hit_rate=(st.prefix_hits - before.prefix_hits) / queries if queries else 0.0,
         ttft_p50_ms=pct_ms(ttfts, 50),
         tpot_p50_ms=pct_ms(tpots, 50),
     )
+
+
+def records(
+    shape: ModelShape,
+    gpu: GpuProfile,
+    params: Mapping[str, Any],
+    requests: Sequence[RequestSpec],
+    *,
+    concurrency: int,
+    system_prompt_tokens: int | None = None,
+) -> list[RequestRecord] | None:
+    """The measured requests of :func:`evaluate`'s replay as the replay client records them
+    (send time from the measured start, TTFT, E2E, token counts; no ITL; a request over
+    ``max_model_len`` an HTTP 400 error), so :mod:`tuner.score` and the capacity search judge
+    them as a real replay's; None when the engine would not start. With DP replicas the send
+    times are shared out over them (one replica is simulated, :func:`evaluate`)."""
+    served = _serve(
+        shape,
+        gpu,
+        params,
+        requests,
+        concurrency=concurrency,
+        system_prompt_tokens=system_prompt_tokens,
+        speed_base=None,
+    )
+    if isinstance(served, LandscapeResult):
+        return None
+    out = [
+        RequestRecord(
+            index=requests[d.index].index,
+            status="ok",
+            t_sent_s=(d.arrival - served.start) / served.dp,
+            ttft_s=d.first - d.arrival,
+            e2e_s=d.finish - d.arrival,
+            prompt_tokens=len(served.prompts[d.index]),
+            output_tokens=d.output,
+        )
+        for d in served.done
+    ]
+    out += [
+        RequestRecord(
+            index=requests[i].index,
+            status="error",
+            t_sent_s=0.0,
+            http_status=400,
+            error="prompt + max_tokens > max_model_len",
+        )
+        for i in served.rejected
+    ]
+    return sorted(out, key=lambda r: r.index)
