@@ -302,8 +302,9 @@ async def predict_start(
     (:func:`tuner.sim.landscape.records`) instead of on the server. A prediction (``binding``
     False): a loss there narrows the bracket below it and caps nothing. On the simulator it is
     the simulated server's own model, so the live search needs about 3 replays instead of 8; on
-    a GPU it is the calibrated model's guess (on the H200's chat the simulator's crossing lies
-    at more requests in flight than the GPU's, docs/sim-calibration.md). None where the
+    a GPU it is the calibrated model's guess (chat's defaults: ~470 in flight on the simulator,
+    285-430 in the H200 records docs/gpu-runs/2026-12-02-capacity-probe.md and
+    2026-12-03-capacity-study.md; not yet run on a GPU). None where the
     landscape cannot say: no capacity objective, an open loop, no GPU profile, a config it
     refuses, or nothing held. ``requests``: the workload's own stream (the first step)."""
     w = cfg.workload
