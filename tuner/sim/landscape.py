@@ -40,7 +40,14 @@ from tuner.errors import FailureReason
 from tuner.memory import GpuProfile, MemoryEstimate, ModelShape, estimate
 from tuner.memory import resolve_params as _resolve
 from tuner.records import RequestRecord, RequestSpec
-from tuner.sim.engine import Request, Scheduler, SpeedModel, block_hashes, build_scheduler
+from tuner.sim.engine import (
+    EngineStats,
+    Request,
+    Scheduler,
+    SpeedModel,
+    block_hashes,
+    build_scheduler,
+)
 from tuner.sim.startup import Refusal, Settings, engine_check
 from tuner.vllm_rules import api_refusal
 
@@ -376,8 +383,8 @@ class _Served:
     start: float
     dp: int
     kv_tokens: int
-    before: Any
-    after: Any
+    before: EngineStats
+    after: EngineStats
     prompts: Sequence[Sequence[int]]
 
 
