@@ -331,10 +331,11 @@ async def predict_start(
         )
         return None if recs is None else step_of(factor, rp, Measured(recs, {}, None), judged)
 
-    first = await asyncio.to_thread(step, Replay("", list(requests), w), 1.0)
+    t0 = time.perf_counter()
+    base = Replay("", list(requests), w)
+    first = await asyncio.to_thread(step, base, 1.0)
     if first is None:
         return None
-    base = Replay("", list(requests), w)
 
     async def probe(factor: float) -> Step:
         rp = await asyncio.to_thread(step_replay, judged, base, factor, cfg.model.files, "")
@@ -342,7 +343,6 @@ async def predict_start(
         assert got is not None  # the same config started for the first step
         return got
 
-    t0 = time.perf_counter()
     cap = await search(
         probe, cfg.objective.capacity, first=first, loads=functools.partial(whole_load, base)
     )
