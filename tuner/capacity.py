@@ -57,6 +57,7 @@ from tuner.config import CapacityConfig
 __all__ = [
     "CAPACITY_METRICS",
     "MAX_JUMP",
+    "NARROW_CLIMB",
     "OBJECTIVES",
     "PER_GPU",
     "Capacity",
