@@ -58,6 +58,7 @@ __all__ = [
     "CAPACITY_METRICS",
     "MAX_JUMP",
     "NARROW_CLIMB",
+    "narrow_climb",
     "OBJECTIVES",
     "PER_GPU",
     "Capacity",
@@ -328,7 +329,12 @@ def _jump(margin: float, rel_width: float) -> float:
     to ``rel_width``, from ×1.045 it leaves none."""
     if margin >= 1.0:
         return MAX_JUMP
-    return min(MAX_JUMP, max(1.0 + NARROW_CLIMB * rel_width, 1.0 / (1.0 - margin)))
+    return min(MAX_JUMP, max(narrow_climb(rel_width), 1.0 / (1.0 - margin)))
+
+
+def narrow_climb(rel_width: float) -> float:
+    """The least a step that held climbs by: ×(1 + :data:`NARROW_CLIMB` ``rel_width``)."""
+    return 1.0 + NARROW_CLIMB * rel_width
 
 
 def _capped(

@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 
 from tuner import stored_trial
-from tuner.capacity import NARROW_CLIMB, Start
+from tuner.capacity import Start, narrow_climb
 from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, TunerConfig, WorkloadConfig
 from tuner.quality_guard import note
 from tuner.records import Candidate, ConfirmResult, TrialResult
@@ -146,7 +146,7 @@ def capacity_start(candidate: Candidate, cfg: TunerConfig) -> Start | None:
     """Where a confirm server's capacity search starts: just under the candidate's search
     capacity, as a load factor on the stressed workload (``confirm.load_factor`` × the
     workload's load), or None without one (it doubles from the stressed load, as a search
-    trial's first did). Just under: one narrow climb (×(1 + ``NARROW_CLIMB`` ``rel_width``))
+    trial's first did). Just under: one narrow climb (:func:`tuner.capacity.narrow_climb`)
     below it, so that a fresh server that holds there climbs to it and a failure there closes
     the bracket. In the simulator's quick start under ``objective=capacity`` (2026-12-03,
     docs/configuration.md), started at the capacity itself 4 of 9 servers failed their first
@@ -156,7 +156,7 @@ def capacity_start(candidate: Candidate, cfg: TunerConfig) -> Start | None:
     if factor is None or factor <= 0:
         return None
     rps = candidate.search_metrics.get("capacity_rps")
-    under = 1.0 + NARROW_CLIMB * cfg.objective.capacity.rel_width
+    under = narrow_climb(cfg.objective.capacity.rel_width)
     return Start(float(factor) / cfg.confirm.load_factor / under, rps)
 
 

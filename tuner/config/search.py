@@ -217,8 +217,8 @@ class ConfirmConfig:
     picks: list[str] = field(default_factory=lambda: list(DEFAULT_PICKS))
     """Which configs to confirm and export (``best-<pick>.yaml``): ``capacity`` (max SLO
     capacity; in place of ``goodput`` among the default picks under a capacity objective,
-    :data:`CAPACITY_PICKS`: each of its confirm servers starts the capacity search at the pick's
-    search capacity), ``goodput`` (max goodput
+    :data:`CAPACITY_PICKS`: each of its confirm servers starts the capacity search one narrow
+    climb under the pick's search capacity), ``goodput`` (max goodput
     within the SLOs), ``throughput`` (max output tok/s), ``latency`` (lowest value of the first
     minimised objective), ``knee`` (the Pareto point nearest the ideal), ``baseline`` (vLLM's
     defaults, trial 0, re-measured beside the others: the reference every gain is measured against;
