@@ -18,7 +18,7 @@ import sys
 import time
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,7 +29,7 @@ from tuner.capacity import Start
 from tuner.compile_cache import warm_first
 from tuner.config import ObjectiveConfig, TunerConfig
 from tuner.engine.argv import cache_root, params_key
-from tuner.errors import ConfigError, StorageError
+from tuner.errors import INTERRUPTED, ConfigError, StorageError
 from tuner.memory import ModelShape
 from tuner.prescreen import predict_start, prescreen
 from tuner.records import RequestSpec
@@ -46,7 +46,7 @@ from tuner.stored_study import (
     store_names,
     store_prescreen,
 )
-from tuner.stored_trial import BASELINE, LIVE, prescreen_attrs
+from tuner.stored_trial import BASELINE, LIVE, is_baseline, prescreen_attrs
 from tuner.stores import check_database, hide_url, mask_credentials
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "open_study",
     "retry_schema_race",
     "sampler_seed",
+    "mark_baseline",
     "search_start",
     "trial_start",
     "storage_url",
@@ -164,6 +165,23 @@ def sampler_seed(cfg: TunerConfig, n_existing: int) -> int:
     return seed
 
 
+class GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler without its ``study.stop()`` once the last cell is told: the tuner
+    asks and tells outside ``study.optimize``, where that call raises (after the trial's state is
+    stored), and it looks up a ``grid_id`` that an enqueued trial (the baseline, an interrupted
+    cell run again) does not have. The tuner's loop stops at ``study.n_trials``; past the grid,
+    Optuna runs random cells again, with its warning."""
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: optuna.trial.FrozenTrial,
+        state: optuna.trial.TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        return None
+
+
 def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
     seed = sampler_seed(cfg, n_existing)
     s = cfg.study.sampler
@@ -174,7 +192,7 @@ def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
     if s == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if s == "grid":
-        return optuna.samplers.GridSampler(grid(cfg.space), seed=seed)
+        return GridSampler(grid(cfg.space), seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
 
 
@@ -313,9 +331,13 @@ def fill_queue(
             if n_stored:
                 log.info(
                     "the baseline trial (vLLM's defaults) has not finished yet; enqueued again"
+                    if baseline_trial(study, which="any") is not None
+                    else "the study has no baseline trial (vLLM's defaults) yet; enqueued"
                 )
     # the rest in any order: the configs whose compile key is warm in the shared cache first
     pending: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    if cfg.study.sampler == "grid":  # Optuna's grid counts an interrupted cell as visited
+        pending += [(dict(t.params), None) for t in _interrupted_cells(study)]
     if cfg.study.warm_start:
         pending += _warm_start(cfg, dists)
     pending += [({**defaults(cfg.space), **entry}, None) for entry in cfg.study.enqueue]
@@ -332,6 +354,33 @@ def fill_queue(
         added += int(new and attrs is not None)  # the prescreen's picks carry attrs
     if summary is not None:  # recorded: a resumed study does not prescreen again
         store_prescreen(study, {**summary, "enqueued": added})
+
+
+def _interrupted_cells(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The grid sampler's trials that were interrupted (FAIL, ``failure_reason`` interrupted):
+    Optuna's :class:`~optuna.samplers.GridSampler` counts a finished trial's cell as visited,
+    FAIL included, so without this the same command never measures that cell (the H200's
+    levers grid lost ``quantization=fp8 stream_interval=8`` so, 2026-12-03). Enqueued again
+    (:func:`enqueue_once`: not where the same params completed or are live)."""
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+        if "grid_id" in t.system_attrs and t.user_attrs.get("failure_reason") == INTERRUPTED
+    ]
+
+
+def mark_baseline(trial: optuna.Trial, cfg: TunerConfig) -> bool:
+    """Whether ``trial`` runs vLLM's defaults: enqueued as the baseline, or sampled at them (the
+    grid's cell of the defaults, or a draw), flagged here as :data:`BASELINE` so that the
+    confirm stage's ``baseline`` pick and the verdict find it."""
+    if is_baseline(trial):
+        return True
+    if defaults_outside(cfg.space) or not _same_params(trial.params, defaults(cfg.space)):
+        return False
+    for k, v in BASELINE.items():
+        trial.set_user_attr(k, v)
+    log.info("trial %d: sampled at vLLM's defaults, so it is a baseline trial", trial.number)
+    return True
 
 
 def _warm_start(cfg: TunerConfig, dists: Distributions) -> list[tuple[dict[str, Any], None]]:

@@ -49,6 +49,7 @@ from tuner.space import distributions
 from tuner.storage import (
     check_enqueue,
     fill_queue,
+    mark_baseline,
     open_study,
     retry_schema_race,
     study_name,
@@ -56,7 +57,6 @@ from tuner.storage import (
 )
 from tuner.stored_study import ConfirmRecord
 from tuner.stored_trial import (
-    is_baseline,
     mark_interrupted,
     mark_tuner_error,
     mark_worker,
@@ -224,7 +224,7 @@ async def _trials(
 
     async def one(trial: optuna.Trial) -> None:
         nonlocal finished, free
-        baseline = is_baseline(trial)
+        baseline = mark_baseline(trial, cfg)
         # the SLO capacity: the study's best, else the warm-start study's or the sim's guess
         incumbent = await trial_start(study, cfg, ctx.shape, ctx.requests, trial.params)
         try:

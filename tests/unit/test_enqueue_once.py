@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import optuna
 
-from tuner.storage import enqueue_once
+from tuner.space import defaults, distributions, grid
+from tuner.storage import GridSampler, enqueue_once, fill_queue, mark_baseline
 from tuner.stored_study import baseline_trial
+from tuner.stored_trial import is_baseline, mark_interrupted
 
 DISTS = {
     "gmu": optuna.distributions.FloatDistribution(0.1, 0.95),
@@ -37,3 +39,45 @@ def test_a_live_baseline_ignores_a_failed_one() -> None:
     assert baseline_trial(study, which="live") is not None  # running
     study.tell(t, state=optuna.trial.TrialState.FAIL)
     assert baseline_trial(study, which="live") is None
+
+
+def test_a_draw_at_the_defaults_is_a_baseline_trial(make_cfg) -> None:
+    """A grid's cell of vLLM's defaults (or any draw at them) is flagged as the baseline, so the
+    confirm stage's ``baseline`` pick finds it in a study run with study.baseline_first=false."""
+    cfg = make_cfg("+workload=chat", "space=levers", "study=grid")
+    study = optuna.create_study()
+    study.enqueue_trial(defaults(cfg.space))  # as the grid draws it: no user attribute
+    study.enqueue_trial({**defaults(cfg.space), "quantization": "fp8"})
+    dists = distributions(cfg.space)
+    at_defaults, fp8 = study.ask(dists), study.ask(dists)
+    assert not is_baseline(at_defaults)
+    assert mark_baseline(at_defaults, cfg) and is_baseline(at_defaults)
+    assert not mark_baseline(fp8, cfg) and not is_baseline(fp8)
+    study.tell(at_defaults, 1.0)
+    assert baseline_trial(study, which="measured") is not None
+
+
+def test_an_interrupted_grid_cell_runs_again_and_only_once(make_cfg) -> None:
+    """Optuna's grid sampler counts a FAIL trial's cell as visited: the next run enqueues the
+    interrupted cell, once, and not after it completed."""
+    cfg = make_cfg("+workload=chat", "space=levers", "study=grid", "study.baseline_first=false")
+    study = optuna.create_study(sampler=GridSampler(grid(cfg.space), seed=1))
+    dists = distributions(cfg.space)
+    lost = study.ask(dists)
+    mark_interrupted(study, lost, "the machine went away")
+    failed = study.ask(dists)  # a FAIL without failure_reason interrupted (a tuner bug)
+    study.tell(failed, state=optuna.trial.TrialState.FAIL)
+    fill_queue(study, cfg, dists, None, [], n_stored=2)  # type: ignore[arg-type]
+    again = study.ask(dists)
+    assert again.params == lost.params
+    fill_queue(study, cfg, dists, None, [], n_stored=3)  # type: ignore[arg-type]
+    study.tell(again, 1.0)
+    fill_queue(study, cfg, dists, None, [], n_stored=3)  # type: ignore[arg-type]
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert waiting == []  # enqueued once (live) and not after it completed
+    assert study.ask(dists).params not in (lost.params, failed.params)  # the grid goes on
+    for _ in range(7):  # every cell told, the enqueued one among them: Optuna's grid sampler
+        t = study.ask(dists)  # would raise from study.stop() outside study.optimize here
+        study.tell(t, 1.0)
+    done = {tuple(t.params.values()) for t in study.trials if t.state.is_finished()}
+    assert len(done) == 8  # every combination, the lost one measured again
