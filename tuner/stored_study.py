@@ -13,6 +13,9 @@ Its user attributes (the system attributes are Optuna's own):
   ``seeds``, ``rounds``, ``min_effect``, ``n_trials`` (the study's trials then), ``candidates``,
   ``results`` and ``verdict``; a record stored before rounds, ``min_effect``, ``n_trials`` or the
   verdict lacks them (read as one round, and None).
+- ``confirm_runs``: each confirm server's results as soon as it ends (:class:`ConfirmRuns`): the
+  stress it ran under (``key``) and, per ``trial/round``, each seed's metrics, constraints and
+  failure; a run of the same command after an interruption reuses them.
 - ``recommended_trial``: the trial the last publish recommended (:func:`store_recommended`).
 - ``screen``: a lever screen's levers as it ran them (name → flag, value, numerics, changes,
   source, sim), updated by each run of the screen (:func:`store_screen`); a search study has none.
@@ -20,6 +23,8 @@ Its user attributes (the system attributes are Optuna's own):
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,12 +34,13 @@ import optuna
 from tuner import stored_trial
 from tuner.capacity import PER_GPU, Start
 from tuner.config import ConfirmConfig, TunerConfig
-from tuner.records import Candidate, ConfirmResult, to_jsonable
+from tuner.records import Candidate, ConfirmResult, TrialResult, to_jsonable
 from tuner.verdict import Verdict
 
 __all__ = [
     "BaselineFilter",
     "ConfirmRecord",
+    "ConfirmRuns",
     "baseline_trial",
     "baseline_trials",
     "engine_kind",
@@ -199,6 +205,75 @@ class ConfirmRecord:
             and self.seeds == tuple(cc.seeds)
             and self.rounds == cc.rounds
         )
+
+
+_CONFIRM_RUNS = "confirm_runs"
+
+
+@dataclass
+class ConfirmRuns:
+    """The confirm servers that ended, stored one by one (``confirm_runs``), so that a confirm
+    stage cut short (Ctrl-C, a lost machine) goes on where it stopped: the same command runs only
+    the ``(trial, round)`` servers not stored under the same stress. ``key`` is a digest of what
+    decides a server's numbers: the stressed workloads (one per seed), the objective and its
+    SLOs, and the confirm settings that act on a server (load, duration, seeds, the capacity
+    search's settings)."""
+
+    key: str
+    runs: dict[str, list[dict[str, Any]]]
+    """``"trial/round"`` → one entry per seed: ``seed``, ``metrics``, ``constraints``,
+    ``failure_reason``, ``failure_detail``."""
+
+    @staticmethod
+    def digest(*parts: Any) -> str:
+        text = json.dumps(to_jsonable(list(parts)), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @staticmethod
+    def of(study: optuna.Study, key: str) -> ConfirmRuns:
+        """The runs ``study`` stored under ``key`` (none under another key)."""
+        data = study.user_attrs.get(_CONFIRM_RUNS)
+        if not isinstance(data, dict) or data.get("key") != key:
+            return ConfirmRuns(key, {})
+        return ConfirmRuns(key, dict(data.get("runs", {})))
+
+    def get(self, trial: int, rnd: int) -> list[tuple[int, TrialResult]] | None:
+        """The stored server of ``trial`` in round ``rnd``: ``(seed, result)`` per seed."""
+        rows = self.runs.get(f"{trial}/{rnd}")
+        if rows is None:
+            return None
+        return [
+            (
+                int(r["seed"]),
+                TrialResult(
+                    number=trial,
+                    params={},
+                    argv=(),
+                    values=None,
+                    constraints=dict(r["constraints"]),
+                    metrics=dict(r["metrics"]),
+                    failure_reason=r.get("failure_reason"),
+                    failure_detail=r.get("failure_detail"),
+                ),
+            )
+            for r in rows
+        ]
+
+    def put(
+        self, study: optuna.Study, trial: int, rnd: int, got: Sequence[tuple[int, TrialResult]]
+    ) -> None:
+        """Store the server of ``trial`` in round ``rnd`` (``(seed, result)`` per seed)."""
+        self.runs[f"{trial}/{rnd}"] = [
+            {
+                "seed": seed,
+                "metrics": to_jsonable(r.metrics),
+                "constraints": to_jsonable(r.constraints),
+                "failure_reason": r.failure_reason,
+                "failure_detail": r.failure_detail,
+            }
+            for seed, r in got
+        ]
+        study.set_user_attr(_CONFIRM_RUNS, {"key": self.key, "runs": self.runs})
 
 
 def _verdict(data: Any) -> Verdict | None:

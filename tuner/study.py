@@ -55,7 +55,7 @@ from tuner.storage import (
     study_name,
     trial_start,
 )
-from tuner.stored_study import ConfirmRecord
+from tuner.stored_study import ConfirmRecord, ConfirmRuns
 from tuner.stored_trial import (
     mark_interrupted,
     mark_tuner_error,
@@ -142,32 +142,17 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     if cfg.engine.cpu_pinning:
         own, servers_cores = cpu_layout(cfg.engine.gpus, cfg.engine.cpu_reserve)
     ctx = TrialContext(
-        cfg,
-        shape,
-        requests,
-        secrets,
-        run_dir,
-        cache_dir,
-        study_name=study.study_name,
-        parent_run_id=tracker.parent_run_id,
-        pool=GpuPool(cfg.engine.gpus),
-        repeat_requests=repeat_requests,
-        cpu_sets=servers_cores,
-    )
+        cfg, shape, requests, secrets, run_dir, cache_dir, study_name=study.study_name,
+        parent_run_id=tracker.parent_run_id, pool=GpuPool(cfg.engine.gpus),
+        repeat_requests=repeat_requests, cpu_sets=servers_cores,
+    )  # fmt: skip
     outcome = StudyOutcome(study)
     log.info(
         "study %s: %d trials stored, running %d more (%s engine, model %s, workload %s, %d "
-        "requests/trial%s); run dir %s",
-        study.study_name,
-        n_stored,
-        cfg.study.n_trials,
-        cfg.engine.kind,
-        cfg.model.name,
-        cfg.workload.name,
-        sum(not r.warmup for r in requests),
-        fixed_note(cfg.model),
-        run_dir,
-    )
+        "requests/trial%s); run dir %s", study.study_name, n_stored, cfg.study.n_trials,
+        cfg.engine.kind, cfg.model.name, cfg.workload.name, sum(not r.warmup for r in requests),
+        fixed_note(cfg.model), run_dir,
+    )  # fmt: skip
     status, reason = "FINISHED", None
     try:
         with on_cores(own) as cores:
@@ -309,12 +294,16 @@ async def _trials(
         raise
 
 
-async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[ConfirmResult]:
+async def _confirm(
+    study: optuna.Study, ctx: TrialContext, candidates: list[Candidate]
+) -> list[ConfirmResult]:
     """Every candidate once per round (``confirm.rounds``), interleaved (A, B, defaults, A, B,
     defaults, ...) so a drift of the machine hits them alike, each run on a fresh server with one
     stress replay per seed; one server at a time (no co-running trial biases the numbers that
     decide the recommendation); within a round, candidates whose compile key is warm first. A
-    run's folder, ``confirm/trial_NNNN/round_R/seed_S/``, is written as soon as it ends. A
+    run's folder, ``confirm/trial_NNNN/round_R/seed_S/``, is written as soon as it ends, and its
+    results are stored in the study (:class:`~tuner.stored_study.ConfirmRuns`): the same command
+    after an interruption runs only the servers not stored (those with an eval replay again). A
     candidate that changes numerics, and the defaults, replay the eval set on each server after
     its stress replays (:mod:`tuner.quality_guard`), and are judged on it too."""
     cfg, root = ctx.cfg, ctx.cache_root
@@ -325,6 +314,8 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
         replays.append(Replay(f"seed_{seed}", build_requests(w, cfg.model.files), w))
     runs: dict[int, list[tuple[int, int, TrialResult]]] = {c.trial: [] for c in candidates}
     guard = Guard(cfg, candidates)  # the eval replays of picks that change numerics
+    key = ConfirmRuns.digest([r.workload for r in replays], cfg.objective, cc.load_factor)
+    stored = ConfirmRuns.of(study, key)  # servers an earlier run of this stage finished
     log.info(
         "confirm: %d candidate(s) x %d round(s), each on a fresh server: %d server starts at %gx "
         "load, %gx duration, seeds %s", len(candidates), cc.rounds, len(candidates) * cc.rounds,
@@ -336,19 +327,20 @@ async def _confirm(ctx: TrialContext, candidates: list[Candidate]) -> list[Confi
     for rnd in range(1, cc.rounds + 1):  # within a round the order is free: warm keys first
         for c in warm_first(candidates, lambda c: params_key(cfg, c.params, c.baseline), root):
             step += 1
+            after = guard.hook(c, rnd)  # the eval replay, if this pick is judged on quality
+            kept = None if after is not None else stored.get(c.trial, rnd)
             log.info(
-                "confirm %d/%d: round %d, trial %d (%s)",
-                step,
-                len(candidates) * cc.rounds,
-                rnd,
-                c.trial,
-                ", ".join(c.picks),
-            )
+                "confirm %d/%d: round %d, trial %d (%s)%s", step, len(candidates) * cc.rounds,
+                rnd, c.trial, ", ".join(c.picks), " stored by an earlier run" if kept else "",
+            )  # fmt: skip
+            if kept is not None:  # a server that ended before this stage was cut short
+                runs[c.trial] += [(rnd, seed, r) for seed, r in kept]
+                continue
             tdir = trial_dir(ctx.run_dir / "confirm", c.trial) / f"round_{rnd}"
             start = capacity_start(c, cfg) if needs_capacity(cfg.objective) else None
-            after = guard.hook(c, rnd)  # the eval replay, if this pick is judged on quality
             run = (ctx, c.trial, c.params, c.baseline, tdir, replays)
             got = await run_server(*run, prune=False, capacity_start=start, after=after)
+            stored.put(study, c.trial, rnd, list(zip(cc.seeds, got, strict=True)))
             runs[c.trial] += [(rnd, seed, r) for seed, r in zip(cc.seeds, got, strict=True)]
             failed = sorted({r.failure_reason for r in got if r.failure_reason})
             if failed:
@@ -396,7 +388,7 @@ def _after_search(
         todo = [c for c in candidates if c.trial not in done]
         if done and len(todo) < len(candidates):
             log.info("confirm: reusing the stored verdicts of trials %s", sorted(set(done)))
-        fresh = _run_on_loop(cfg, _confirm(ctx, todo)) if todo else []
+        fresh = _run_on_loop(cfg, _confirm(study, ctx, todo)) if todo else []
         results = [done[c.trial] if c.trial in done else fresh.pop(0) for c in candidates]
         results = [replace(r, picks=c.picks) for r, c in zip(results, candidates, strict=True)]
         conclude(study, candidates, results, cfg).store(study)
