@@ -12,6 +12,7 @@ What a trial stores is :mod:`tuner.stored_trial`, what the study stores :mod:`tu
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import sys
@@ -53,6 +54,7 @@ __all__ = [
     "check_enqueue",
     "enqueue_once",
     "fill_queue",
+    "grid_left",
     "open_study",
     "retry_schema_race",
     "sampler_seed",
@@ -367,6 +369,24 @@ def _interrupted_cells(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
         if "grid_id" in t.system_attrs and t.user_attrs.get("failure_reason") == INTERRUPTED
     ]
+
+
+def grid_left(study: optuna.Study, cfg: TunerConfig) -> int | None:
+    """Under ``study=grid``, how many of the grid's cells no trial has measured yet (COMPLETE or
+    PRUNED; the baseline's run counts for the defaults' cell), else None: the trial loop stops
+    at 0 rather than let Optuna run random cells again."""
+    if cfg.study.sampler != "grid":
+        return None
+    cells = grid(cfg.space)
+    names = list(cells)
+    done = {
+        tuple(t.params.get(n) for n in names)
+        for t in study.get_trials(
+            deepcopy=False,
+            states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED),
+        )
+    }
+    return sum(tuple(c) not in done for c in itertools.product(*cells.values()))
 
 
 def mark_baseline(trial: optuna.Trial, cfg: TunerConfig) -> bool:

@@ -49,6 +49,7 @@ from tuner.space import distributions
 from tuner.storage import (
     check_enqueue,
     fill_queue,
+    grid_left,
     mark_baseline,
     open_study,
     retry_schema_race,
@@ -73,6 +74,7 @@ log = logging.getLogger("tuner")
 
 T = TypeVar("T")
 
+WAITING = optuna.trial.TrialState.WAITING
 STOPPED = "the tuner was stopped (Ctrl-C or SIGTERM) while this trial ran"
 """The ``failure_detail`` of a trial interrupted in this process."""
 
@@ -277,6 +279,10 @@ async def _trials(
                     counted(),
                     n,
                 )
+                break
+            if grid_left(study, cfg) == 0 and not study.get_trials(states=(WAITING,)):
+                slots.release()
+                log.info("study=grid: every cell of the grid has run; no new trial")
                 break
             trial = study.ask(dists)
             untold[trial.number] = trial

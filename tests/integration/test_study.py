@@ -833,3 +833,24 @@ def test_dry_run_names_the_prescreen(
     out = " ".join(stdout.split())
     assert "first: prescreen 50 configs on the simulator's landscape, then launch its best 3" in out
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()
+
+
+def test_a_grid_study_stops_when_every_cell_has_run(
+    make_cfg: Callable[..., TunerConfig],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """study=grid with more trials than cells: every cell measured, then no new trial (Optuna's
+    grid sampler would run random cells again); the baseline's run counts for the defaults'."""
+    cfg = make_cfg(
+        "+workload=chat", "tracking=none", "confirm.enabled=false", *FAST, "study.name=g",
+        "space=levers", "space.params.disable_cascade_attn.enabled=false", "study=grid",
+        "study.n_trials=20",
+    )  # fmt: skip
+    out = run_study(cfg, capsys, caplog)
+    assert "every cell of the grid has run; no new trial" in out
+    trials = optuna.load_study(study_name="g", storage=storage_url(cfg)).trials
+    cells = {(t.params["quantization"], t.params["stream_interval"]) for t in trials}
+    assert cells == {(None, None), ("fp8", None), (None, 8), ("fp8", 8)}
+    assert 4 <= len(trials) <= 5  # the defaults twice at most: the baseline, and their cell
+    assert trials[0].user_attrs["baseline"]
