@@ -171,8 +171,7 @@ class GridSampler(optuna.samplers.GridSampler):
     """Optuna's grid sampler without its ``study.stop()`` once the last cell is told: the tuner
     asks and tells outside ``study.optimize``, where that call raises (after the trial's state is
     stored), and it looks up a ``grid_id`` that an enqueued trial (the baseline, an interrupted
-    cell run again) does not have. The tuner's loop stops at ``study.n_trials``; past the grid,
-    Optuna runs random cells again, with its warning."""
+    cell run again) does not have. The tuner's loop stops instead, once :func:`grid_left` is 0."""
 
     def after_trial(
         self,
