@@ -171,7 +171,10 @@ class GridSampler(optuna.samplers.GridSampler):
     """Optuna's grid sampler without its ``study.stop()`` once the last cell is told: the tuner
     asks and tells outside ``study.optimize``, where that call raises (after the trial's state is
     stored), and it looks up a ``grid_id`` that an enqueued trial (the baseline, an interrupted
-    cell run again) does not have. The tuner's loop stops instead, once :func:`grid_left` is 0."""
+    cell run again) does not have. The tuner's loop stops instead, once :func:`grid_left` is 0.
+    Its seed (:func:`_sampler`) is the study's alone: Optuna shuffles the cells' ids with it, and
+    a run that continued the H200's levers grid with another seed (``study.seed`` + the trials
+    stored, as the other samplers get) ran 3 cells twice and left one out (2026-12-03)."""
 
     def after_trial(
         self,
@@ -192,8 +195,8 @@ def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
     if s == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
-    if s == "grid":
-        return GridSampler(grid(cfg.space), seed=seed)
+    if s == "grid":  # its seed shuffles the cells' ids: the same in every run and worker
+        return GridSampler(grid(cfg.space), seed=cfg.study.seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=cfg.study.n_startup_trials)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 
 from tuner.space import defaults, distributions, grid
-from tuner.storage import GridSampler, enqueue_once, fill_queue, mark_baseline
+from tuner.storage import GridSampler, enqueue_once, fill_queue, mark_baseline, open_study
 from tuner.stored_study import baseline_trial
 from tuner.stored_trial import is_baseline, mark_interrupted
 
@@ -81,3 +81,19 @@ def test_an_interrupted_grid_cell_runs_again_and_only_once(make_cfg) -> None:
         study.tell(t, 1.0)
     done = {tuple(t.params.values()) for t in study.trials if t.state.is_finished()}
     assert len(done) == 8  # every combination, the lost one measured again
+
+
+def test_a_grid_study_continued_runs_each_cell_once(make_cfg) -> None:
+    """Optuna shuffles the grid's cell ids with the sampler's seed: a run that continues a grid
+    study (another process, more stored trials) must see the same ids, else it runs cells twice
+    and leaves others out."""
+    cfg = make_cfg("+workload=chat", "space=levers", "study=grid", "study.baseline_first=false")
+    dists = distributions(cfg.space)
+    cells = []
+    for n in (3, 2, 3):  # three runs of the same command, each opening the study again
+        study = open_study(cfg)
+        for _ in range(n):
+            t = study.ask(dists)
+            cells.append(tuple(t.params.values()))
+            study.tell(t, 1.0)
+    assert len(set(cells)) == 8
