@@ -331,11 +331,12 @@ def fill_queue(
                 ", ".join(outside),
             )
         elif not outside:
+            ran = baseline_trial(study, which="any") is not None  # and was interrupted
             study.enqueue_trial(defaults(cfg.space), user_attrs=dict(BASELINE))
             if n_stored:
                 log.info(
                     "the baseline trial (vLLM's defaults) has not finished yet; enqueued again"
-                    if baseline_trial(study, which="any") is not None
+                    if ran
                     else "the study has no baseline trial (vLLM's defaults) yet; enqueued"
                 )
     # the rest in any order: the configs whose compile key is warm in the shared cache first

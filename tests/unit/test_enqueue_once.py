@@ -97,3 +97,23 @@ def test_a_grid_study_continued_runs_each_cell_once(make_cfg) -> None:
             cells.append(tuple(t.params.values()))
             study.tell(t, 1.0)
     assert len(set(cells)) == 8
+
+
+def test_a_study_without_a_baseline_says_so_when_it_gets_one(make_cfg, caplog) -> None:
+    """baseline_first on a study whose trials ran without it (a grid run with
+    study.baseline_first=false): the log says it has none yet, not that it was interrupted."""
+    cfg = make_cfg("+workload=chat", "space=levers")
+    study = optuna.create_study()
+    dists = distributions(cfg.space)
+    study.enqueue_trial({**defaults(cfg.space), "quantization": "fp8"})
+    study.tell(study.ask(dists), 1.0)
+    caplog.set_level("INFO", logger="tuner")
+    fill_queue(study, cfg, dists, None, [], n_stored=1)  # type: ignore[arg-type]
+    assert "the study has no baseline trial (vLLM's defaults) yet; enqueued" in caplog.text
+    assert "not finished yet" not in caplog.text
+    t = study.ask(dists)
+    assert is_baseline(t)
+    study.tell(t, state=optuna.trial.TrialState.FAIL)  # interrupted
+    caplog.clear()
+    fill_queue(study, cfg, dists, None, [], n_stored=2)  # type: ignore[arg-type]
+    assert "has not finished yet; enqueued again" in caplog.text
