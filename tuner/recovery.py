@@ -183,11 +183,20 @@ def lease_dir(cfg: TunerConfig) -> Path:
     return Path(cfg.paths.state_dir) / "leases"
 
 
-def recover(study: optuna.Study, lease_dir: Path, secrets: list[str] | None = None) -> Recovered:
+def recover(
+    study: optuna.Study,
+    lease_dir: Path,
+    secrets: list[str] | None = None,
+    *,
+    moved: bool = False,
+) -> Recovered:
     """Clean up after dead tuners of this study on this host: stop the servers (and remove the
     containers) they left, mask
     ``secrets`` in the server logs of their trial folders, mark their RUNNING trials FAIL
-    (interrupted). MLflow is :func:`close_runs`'s."""
+    (interrupted). With ``moved`` (a SQLite study: one file, that only this host's tuners
+    write), a RUNNING trial of a tuner on another host is interrupted too: its file was copied
+    here (a study carried from one GPU machine to the next), so nothing runs that trial.
+    MLflow is :func:`close_runs`'s."""
     host = socket.gethostname()
     out = Recovered()
     leased: set[int] = set()
@@ -232,6 +241,13 @@ def recover(study: optuna.Study, lease_dir: Path, secrets: list[str] | None = No
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = stored_trial.worker(t)
         w_host, _, w_pid = worker.rpartition(":")
+        if moved and w_host and w_host != host and t.number not in leased:
+            detail = f"its tuner ran on host {w_host}; this SQLite study was copied here since"
+            params = _fail_trial(study, t.number, detail)
+            if params is not None:
+                out.interrupted.append(Interrupted(t.number, params, detail, worker))
+            out.notes.append(f"trial {t.number}: {detail}; marked failed")
+            continue
         if t.number in leased or w_host != host or not w_pid.isdigit():
             continue
         if not _pid_alive(int(w_pid)):

@@ -53,6 +53,7 @@ from tuner.storage import (
     mark_baseline,
     open_study,
     retry_schema_race,
+    storage_url,
     study_name,
     trial_start,
 )
@@ -114,7 +115,8 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     run_dir.mkdir(parents=True, exist_ok=True)
     secrets = secret_values(cfg.engine, model=cfg.model)
     # what a killed tuner left behind, first: a trial it was running is FAIL from here on
-    recovered = recover(study, lease_dir(cfg), secrets)
+    moved = storage_url(cfg).startswith("sqlite")  # one host's file: others' trials are dead
+    recovered = recover(study, lease_dir(cfg), secrets, moved=moved)
     for note in recovered.notes:
         log.warning("recovered: %s", note)
     if cfg.mode == "screen":  # the lever screen: its fixed trials only, no sampled one

@@ -1,0 +1,50 @@
+"""A SQLite study carried from one machine to the next (a GPU machine taken back mid-trial): the
+trial RUNNING in the copied file belongs to a tuner on a host that is gone. The next run marks it
+interrupted, so a grid runs that cell again and the trial's state is true."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import optuna
+
+from tuner.recovery import recover
+from tuner.stored_trial import failure_reason, mark_worker
+
+DISTS = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+
+
+def _study_with_running(tmp_path: Path, host: str) -> optuna.Study:
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}")
+    mark_worker(study.ask(DISTS), f"{host}:99999999")
+    return study
+
+
+def test_a_trial_running_on_another_host_of_a_moved_sqlite_study_is_interrupted(
+    tmp_path: Path,
+) -> None:
+    study = _study_with_running(tmp_path, "gpu-machine-gone")
+    out = recover(study, tmp_path / "leases", [], moved=True)
+    (t,) = study.trials
+    assert t.state == optuna.trial.TrialState.FAIL
+    assert failure_reason(t) == "interrupted"
+    assert "gpu-machine-gone" in t.user_attrs["failure_detail"]
+    assert [i.number for i in out.interrupted] == [0]
+    assert out.notes and "marked failed" in out.notes[0]
+
+
+def test_a_shared_store_leaves_another_hosts_trial_to_it(tmp_path: Path) -> None:
+    """PostgreSQL (not moved): the other host's tuner may be running it."""
+    study = _study_with_running(tmp_path, "another-host")
+    out = recover(study, tmp_path / "leases", [], moved=False)
+    assert study.trials[0].state == optuna.trial.TrialState.RUNNING
+    assert not out.interrupted
+
+
+def test_this_hosts_dead_tuner_is_told_apart_from_a_move(tmp_path: Path) -> None:
+    """A trial of this host's tuner is judged by its process, as before (here a pid that is no
+    tuner: dead), not as a moved file's."""
+    study = _study_with_running(tmp_path, socket.gethostname())
+    recover(study, tmp_path / "leases", [], moved=True)
+    assert "died before launching" in study.trials[0].user_attrs["failure_detail"]
