@@ -12,14 +12,13 @@ What a trial stores is :mod:`tuner.stored_trial`, what the study stores :mod:`tu
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
 import sys
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,7 +29,8 @@ from tuner.capacity import Start
 from tuner.compile_cache import warm_first
 from tuner.config import ObjectiveConfig, TunerConfig
 from tuner.engine.argv import cache_root, params_key
-from tuner.errors import INTERRUPTED, ConfigError, StorageError
+from tuner.errors import ConfigError, StorageError
+from tuner.grid import GridSampler, interrupted_cells
 from tuner.memory import ModelShape
 from tuner.prescreen import predict_start, prescreen
 from tuner.records import RequestSpec
@@ -54,7 +54,6 @@ __all__ = [
     "check_enqueue",
     "enqueue_once",
     "fill_queue",
-    "grid_left",
     "open_study",
     "retry_schema_race",
     "sampler_seed",
@@ -165,25 +164,6 @@ def sampler_seed(cfg: TunerConfig, n_existing: int) -> int:
     if not storage_url(cfg).startswith("sqlite"):
         seed += zlib.crc32(worker_id().encode()) % 65_536
     return seed
-
-
-class GridSampler(optuna.samplers.GridSampler):
-    """Optuna's grid sampler without its ``study.stop()`` once the last cell is told: the tuner
-    asks and tells outside ``study.optimize``, where that call raises (after the trial's state is
-    stored), and it looks up a ``grid_id`` that an enqueued trial (the baseline, an interrupted
-    cell run again) does not have. The tuner's loop stops instead, once :func:`grid_left` is 0.
-    Its seed (:func:`_sampler`) is the study's alone: Optuna shuffles the cells' ids with it, and
-    a run that continued the H200's levers grid with another seed (``study.seed`` + the trials
-    stored, as the other samplers get) ran 3 cells twice and left one out (2026-12-03)."""
-
-    def after_trial(
-        self,
-        study: optuna.Study,
-        trial: optuna.trial.FrozenTrial,
-        state: optuna.trial.TrialState,
-        values: Sequence[float] | None,
-    ) -> None:
-        return None
 
 
 def _sampler(cfg: TunerConfig, n_existing: int) -> optuna.samplers.BaseSampler:
@@ -342,7 +322,7 @@ def fill_queue(
     # the rest in any order: the configs whose compile key is warm in the shared cache first
     pending: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
     if cfg.study.sampler == "grid":  # Optuna's grid counts an interrupted cell as visited
-        pending += [(dict(t.params), None) for t in _interrupted_cells(study)]
+        pending += [(dict(t.params), None) for t in interrupted_cells(study)]
     if cfg.study.warm_start:
         pending += _warm_start(cfg, dists)
     pending += [({**defaults(cfg.space), **entry}, None) for entry in cfg.study.enqueue]
@@ -359,37 +339,6 @@ def fill_queue(
         added += int(new and attrs is not None)  # the prescreen's picks carry attrs
     if summary is not None:  # recorded: a resumed study does not prescreen again
         store_prescreen(study, {**summary, "enqueued": added})
-
-
-def _interrupted_cells(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The grid sampler's trials that were interrupted (FAIL, ``failure_reason`` interrupted):
-    Optuna's :class:`~optuna.samplers.GridSampler` counts a finished trial's cell as visited,
-    FAIL included, so without this the same command never measures that cell (the H200's
-    levers grid lost ``quantization=fp8 stream_interval=8`` so, 2026-12-03). Enqueued again
-    (:func:`enqueue_once`: not where the same params completed or are live)."""
-    return [
-        t
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-        if "grid_id" in t.system_attrs and t.user_attrs.get("failure_reason") == INTERRUPTED
-    ]
-
-
-def grid_left(study: optuna.Study, cfg: TunerConfig) -> int | None:
-    """Under ``study=grid``, how many of the grid's cells no trial has measured yet (COMPLETE or
-    PRUNED; the baseline's run counts for the defaults' cell), else None: the trial loop stops
-    at 0 rather than let Optuna run random cells again."""
-    if cfg.study.sampler != "grid":
-        return None
-    cells = grid(cfg.space)
-    names = list(cells)
-    done = {
-        tuple(t.params.get(n) for n in names)
-        for t in study.get_trials(
-            deepcopy=False,
-            states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED),
-        )
-    }
-    return sum(tuple(c) not in done for c in itertools.product(*cells.values()))
 
 
 def mark_baseline(trial: optuna.Trial, cfg: TunerConfig) -> bool:

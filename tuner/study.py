@@ -37,6 +37,7 @@ from tuner.confirm import capacity_start, conclude, judge, pick, stressed
 from tuner.console import hms, live_best, parent_summary, print_summary, progress_line
 from tuner.engine.argv import cache_root, check_command, fixed_note, mask, params_key, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, on_cores
+from tuner.grid import grid_left
 from tuner.measure import Replay, note_client_cores
 from tuner.memory import ModelShape
 from tuner.publish import publish
@@ -49,7 +50,6 @@ from tuner.space import distributions
 from tuner.storage import (
     check_enqueue,
     fill_queue,
-    grid_left,
     mark_baseline,
     open_study,
     retry_schema_race,

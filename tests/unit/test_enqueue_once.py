@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import optuna
 
+from tuner.grid import GridSampler
 from tuner.space import defaults, distributions, grid
-from tuner.storage import GridSampler, enqueue_once, fill_queue, mark_baseline, open_study
+from tuner.storage import enqueue_once, fill_queue, mark_baseline, open_study
 from tuner.stored_study import baseline_trial
 from tuner.stored_trial import is_baseline, mark_interrupted
 
