@@ -209,6 +209,9 @@ async def test_scraper_summary_has_the_simulators_lag(
             f'tuner_sim:stream_lag_seconds_bucket{{engine="0",le="+Inf"}} {100 + 400 * k}.0\n'
             f'tuner_sim:stream_lag_seconds_count{{engine="0"}} {100 + 400 * k}.0\n'
             f'tuner_sim:stream_lag_seconds_sum{{engine="0"}} {0.5 + 2.0 * k}\n'
+            "# TYPE tuner_sim:stream_lag_max_seconds gauge\n"
+            # the latest chunk since the previous read: 3 s before the replay (not its), 0.25 s in it
+            f'tuner_sim:stream_lag_max_seconds{{engine="0"}} {3.0 if k == 0 else 0.25}\n'
         )
         return web.Response(text=METRICS + lag, content_type="text/plain")
 
@@ -217,10 +220,11 @@ async def test_scraper_summary_has_the_simulators_lag(
     async with serve_app(app) as base, MetricsScraper(base, interval_s=10.0) as s:
         pass
     assert s.summary()["sim_lag_mean_ms"] == pytest.approx(5.0)
+    assert s.summary()["sim_lag_max_ms"] == pytest.approx(250.0)  # the first read is not its
     calls = 0  # the vLLM series only (vLLM has no such histogram): no key
     async with serve_app(app) as base, MetricsScraper(base, 10.0, names=DEFAULT_NAMES) as s:
         pass
-    assert "sim_lag_mean_ms" not in s.summary()
+    assert "sim_lag_mean_ms" not in s.summary() and "sim_lag_max_ms" not in s.summary()
 
 
 async def test_scraper_with_session(metrics_server: tuple[str, MetricsServer]) -> None:

@@ -142,6 +142,11 @@ class CapacityConfig:
     its own and ends there on a loss, its capacity censored above (``capacity_censored`` -1).
     false: every trial brackets its own capacity from the workload's load (e.g. to measure the
     spread of one config's capacity)."""
+    stall_ms: float = 100.0
+    """A step during which the measuring side stalled this long is replayed once (at most
+    twice a search), and the search goes on from the second replay
+    (:func:`tuner.capacity_probe.stall_of`: the replay client's longest event-loop delay, or the
+    simulator's latest stream chunk); 0: never."""
     predict_start: bool = True
     """Before the study has a capacity (and without ``study.warm_start``), a trial's search goes
     after its own replay to the capacity the simulator's landscape predicts for its config

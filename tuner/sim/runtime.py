@@ -12,7 +12,8 @@ modelled seconds). Admission (the front-end delay) is judged on the modelled clo
 
 **When the host cannot keep up** the tokens leave late: every stream chunk's lateness (wall time
 of its write minus its modelled time) goes to the ``tuner_sim:stream_lag_seconds`` histogram on
-``/metrics``, and a WARNING line in the log says so when its p99 over the last
+``/metrics`` (and the largest since the previous read to ``tuner_sim:stream_lag_max_seconds``),
+and a WARNING line in the log says so when its p99 over the last
 :data:`LAG_WINDOW_S` exceeds :data:`LAG_WARN_MS` (as the replay client's lag check does). The
 latencies a client measures then include that lag; the model's own times do not move.
 
@@ -200,6 +201,13 @@ class Metrics:
             buckets=LAG_BUCKETS,
             registry=reg,
         ).labels(**lv)
+        self.lag_max = Gauge(
+            "tuner_sim:stream_lag_max_seconds",
+            "Simulator only: the latest stream chunk's lateness since the previous /metrics "
+            "read (a stall of the host shows here at its full length).",
+            names,
+            registry=reg,
+        ).labels(**lv)
         Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -217,13 +225,22 @@ class LagMeter:
         self.warn_ms = warn_ms
         self.window: collections.deque[float] = collections.deque(maxlen=200_000)
         self.warnings = 0
+        self.max_since_read = 0.0
 
     def record(self, due_wall: float, now: float | None = None) -> float:
         """A chunk due at ``due_wall`` (monotonic seconds) was written at ``now``; its lag."""
         lag = max(0.0, (time.monotonic() if now is None else now) - due_wall)
         self.metrics.lag.observe(lag)
         self.window.append(lag)
+        self.max_since_read = max(self.max_since_read, lag)
         return lag
+
+    def publish_max(self) -> None:
+        """Before ``/metrics`` is read: the latest chunk's lateness since the last read into
+        ``tuner_sim:stream_lag_max_seconds``, then start again (the tuner's scraper reads each
+        replay's)."""
+        self.metrics.lag_max.set(self.max_since_read)
+        self.max_since_read = 0.0
 
     def check(self, window_s: float) -> str | None:
         """The warning for the chunks since the last check, if their p99 lag is over the

@@ -106,6 +106,7 @@ class _Server:
         self.child: subprocess.Popen[bytes] | None = None
         self.engine: AsyncEngine | None = None
         self.exit_code = 0
+        self.requests_seen = 0  # generate requests, for TUNER_SIM_STALL
         self._tokenizer: Any = None
         self._segments: Any = None
         self._template: Any = None
@@ -346,9 +347,19 @@ class _Server:
                 "the input prompt or the number of requested output tokens.",
             )
 
+    def stall_at_request(self) -> None:
+        """``TUNER_SIM_STALL=N:S``: when the N-th generate request arrives, block this process
+        for S seconds, as a host that stops the server once (another process on its core, a
+        swap): the engine's tokens then leave late, and its lag metrics say so."""
+        self.requests_seen += 1
+        n, _, seconds = self.env.get("TUNER_SIM_STALL", "").partition(":")
+        if n and self.requests_seen == int(n):
+            time.sleep(float(seconds or 1.0))  # blocking on purpose: the whole server stalls
+
     async def handle_generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         engine = self.engine
         assert engine is not None
+        self.stall_at_request()
         try:
             try:
                 body = await request.json()
@@ -568,6 +579,7 @@ class _Server:
             assert self.engine is not None
             if self.spec is not None:
                 self.spec.update(self.engine.stats().generation_tokens)
+            self.engine.lag.publish_max()
             body = generate_latest(self.engine.metrics.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -39,6 +39,7 @@ DEFAULT_NAMES: tuple[str, ...] = (
 SIM_NAMES: tuple[str, ...] = (
     "tuner_sim:stream_lag_seconds_sum",
     "tuner_sim:stream_lag_seconds_count",
+    "tuner_sim:stream_lag_max_seconds",
 )
 """The simulator's lag histogram (``tuner/sim/runtime.py``), kept too where present (not on
 vLLM)."""
@@ -176,7 +177,8 @@ class MetricsScraper:
         ``spec_decode_draft_tokens`` / ``spec_decode_accepted_tokens`` (deltas) and
         ``spec_decode_acceptance`` (accepted / drafted, when drafts grew: speculative decoding),
         ``sim_lag_mean_ms`` (the simulator only: how late its stream chunks left on average,
-        wall ms after their modelled times), ``scrape_errors``.
+        wall ms after their modelled times), ``sim_lag_max_ms`` (its latest chunk during the
+        replay: a stall of the host at its full length), ``scrape_errors``.
         """
         out: dict[str, float] = {"scrape_errors": float(self.errors)}
         kv = self.series("vllm:kv_cache_usage_perc")
@@ -213,6 +215,10 @@ class MetricsScraper:
         chunks = self._delta("tuner_sim:stream_lag_seconds_count")
         if lag is not None and chunks:
             out["sim_lag_mean_ms"] = 1e3 * lag / chunks
+        # the first read holds what came before the replay
+        peaks = self.series("tuner_sim:stream_lag_max_seconds")[1:]
+        if peaks:
+            out["sim_lag_max_ms"] = 1e3 * max(peaks)
         return out
 
     def _delta(self, name: str) -> float | None:
