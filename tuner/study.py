@@ -65,6 +65,7 @@ from tuner.stored_trial import (
     tell,
 )
 from tuner.stores import check_tracking, hide_url, quick_tracking_retries
+from tuner.study_lock import prepare_lock
 from tuner.tracking import WORKER, NullTracker, Tracker, open_tracker
 from tuner.trial import TrialContext, run_server, run_trial
 from tuner.workload import build_requests
@@ -114,15 +115,16 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     secrets = secret_values(cfg.engine, model=cfg.model)
-    # what a killed tuner left behind, first: a trial it was running is FAIL from here on
-    moved = storage_url(cfg).startswith("sqlite")  # one host's file: others' trials are dead
-    recovered = recover(study, lease_dir(cfg), secrets, moved=moved)
-    for note in recovered.notes:
-        log.warning("recovered: %s", note)
-    if cfg.mode == "screen":  # the lever screen: its fixed trials only, no sampled one
-        cfg = screen.prepare(study, cfg)
-    else:
-        fill_queue(study, cfg, dists, shape, requests, n_stored)
+    # a killed tuner's leftovers first (its trial is FAIL from here on), one worker at a time
+    url = storage_url(cfg)  # SQLite: one host's file, so other hosts' trials are dead
+    with prepare_lock(url, study.study_name):  # two at once would both enqueue a baseline
+        recovered = recover(study, lease_dir(cfg), secrets, moved=url.startswith("sqlite"))
+        for note in recovered.notes:
+            log.warning("recovered: %s", note)
+        if cfg.mode == "screen":  # the lever screen: its fixed trials only, no sampled one
+            cfg = screen.prepare(study, cfg)
+        else:
+            fill_queue(study, cfg, dists, shape, requests, n_stored)
     cache_dir = cache_root(cfg)
     tracker = retry_schema_race(
         lambda: open_tracker(

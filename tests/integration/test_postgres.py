@@ -68,7 +68,12 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     numbers = [t.number for t in study.trials]
     assert sorted(numbers) == list(range(len(numbers))), numbers  # none lost, none duplicated
     assert len(counted(study.trials)) == 12
-    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    # every trial told by the worker that ran it: none left RUNNING, WAITING or FAIL. PRUNED is
+    # a told trial too: a drawn config whose replay lost its SLO beyond doubt (a fresh-clone CI
+    # run, 2026-12-03: `--gpu-memory-utilization 0.105 --max-num-seqs 29` with fp8, TPOT over
+    # 50 ms on 2 of 10 requests at speed-up 20 on busy cores)
+    told = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    assert all(t.state in told for t in study.trials), [(t.number, t.state) for t in study.trials]
     workers = {t.user_attrs["worker"] for t in study.trials}
     assert len(workers) == 2  # both processes ran trials
     assert sum(bool(t.user_attrs.get("baseline")) for t in study.trials) == 1
