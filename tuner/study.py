@@ -22,14 +22,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import optuna
 
-from tuner import __version__, screen, stored_trial
+from tuner import __version__, aio, screen, stored_trial
 from tuner.artifacts import trial_dir
 from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
@@ -74,7 +73,6 @@ __all__ = ["StudyOutcome", "run"]
 
 log = logging.getLogger("tuner")
 
-T = TypeVar("T")
 
 WAITING = optuna.trial.TrialState.WAITING
 STOPPED = "the tuner was stopped (Ctrl-C or SIGTERM) while this trial ran"
@@ -164,7 +162,8 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         with on_cores(own) as cores:
             if own:
                 note_client_cores(cfg, cores, ctx.cpu_sets or {}, requests)
-            _run_on_loop(cfg, _trials(study, dists, ctx, tracker, outcome))
+            loop = loop_factory(cfg.workload.client_loop)
+            aio.run(_trials(study, dists, ctx, tracker, outcome), loop)
             print_summary(outcome.study, outcome.results, cfg)
             _after_search(study, ctx, tracker, outcome)
     except BaseException as exc:  # Ctrl-C or SIGTERM (KeyboardInterrupt), or a tuner bug
@@ -210,7 +209,13 @@ async def _trials(
 
     def stop(trial: optuna.Trial) -> None:  # interrupted: FAIL, with the reason
         if untold.pop(trial.number, None) is not None:
-            mark_interrupted(study, trial, why)
+            try:
+                mark_interrupted(study, trial, why)
+            except Exception as exc:  # said, not lost in the cancelled tasks' gather
+                log.error(
+                    "could not mark trial %d interrupted (%r): it stays RUNNING until the next "
+                    "run's recovery marks it", trial.number, exc,
+                )  # fmt: skip
             outcome.stopped.append((trial.number, dict(trial.params), why))
 
     async def one(trial: optuna.Trial) -> None:
@@ -398,7 +403,8 @@ def _after_search(
         todo = [c for c in candidates if c.trial not in done]
         if done and len(todo) < len(candidates):
             log.info("confirm: reusing the stored verdicts of trials %s", sorted(set(done)))
-        fresh = _run_on_loop(cfg, _confirm(study, ctx, todo)) if todo else []
+        loop = loop_factory(cfg.workload.client_loop)
+        fresh = aio.run(_confirm(study, ctx, todo), loop) if todo else []
         results = [done[c.trial] if c.trial in done else fresh.pop(0) for c in candidates]
         results = [replace(r, picks=c.picks) for r, c in zip(results, candidates, strict=True)]
         conclude(study, candidates, results, cfg).store(study)
@@ -407,12 +413,6 @@ def _after_search(
         publish(study, cfg, ctx.run_dir, tracker)
     except Exception as exc:  # a report must never cost the study
         log.warning("could not publish the results: %s", exc)
-
-
-def _run_on_loop(cfg: TunerConfig, coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on the event loop of ``workload.client_loop``."""
-    with asyncio.Runner(loop_factory=loop_factory(cfg.workload.client_loop)) as runner:
-        return runner.run(coro)
 
 
 def _record(tracker: Tracker | NullTracker, result: TrialResult, ctx: TrialContext) -> None:

@@ -300,7 +300,9 @@ def test_interrupt_leaves_no_process_and_records_the_trial(
         assert marked_pids(mark) == [], "a process started by the tuner survived"
         study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
         (trial,) = study.trials
-        assert trial.state == optuna.trial.TrialState.FAIL
+        # the tuner's output says why, should the trial be left RUNNING (seen once in 10 runs
+        # beside CPU hogs, 2026-12-03, its output not kept)
+        assert trial.state == optuna.trial.TrialState.FAIL, out[-4000:]
         assert stored_trial.failure_reason(trial) == "interrupted"
         runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
         (parent,) = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
