@@ -22,9 +22,11 @@ Lower-level errors (aiohttp, NVML, subprocess) are translated at one boundary ea
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 __all__ = [
     "INTERRUPTED",
+    "MACHINE_FAILURES",
     "ConfigError",
     "EngineError",
     "FailureReason",
@@ -34,6 +36,7 @@ __all__ = [
     "StorageError",
     "TrialFailed",
     "TunerError",
+    "machine_may_have_failed",
 ]
 
 
@@ -60,6 +63,22 @@ class FailureReason(enum.StrEnum):
     """Rejected by the tuner before launch (e.g. TP does not divide the heads)."""
     REPLAY_ERRORS = "replay_errors"
     """The server was up but too many requests failed."""
+
+
+MACHINE_FAILURES = frozenset(
+    {FailureReason.CRASH, FailureReason.GPU_BUSY, FailureReason.STARTUP_TIMEOUT}
+)
+"""Failures of a server that never became ready which may be the machine's rather than the
+config's: an exit without a known message (on the H200 on 2026-12-03 every ``--quantization fp8``
+server died at start with "No module named 'compressed_tensors'", the stage lacked it), another
+process on the GPU, a slow start. A stored confirm server or verdict that failed so is run again
+by the next run of the same command (:mod:`tuner.stored_study`); a crash after ready is
+``ENGINE_DEAD``."""
+
+
+def machine_may_have_failed(reasons: Iterable[str | None]) -> bool:
+    """Whether any of a server's ``failure_reason``s is in :data:`MACHINE_FAILURES`."""
+    return any(r in MACHINE_FAILURES for r in reasons)
 
 
 INTERRUPTED = "interrupted"

@@ -34,6 +34,7 @@ import optuna
 from tuner import stored_trial
 from tuner.capacity import PER_GPU, Start
 from tuner.config import ConfirmConfig, TunerConfig
+from tuner.errors import machine_may_have_failed
 from tuner.records import Candidate, ConfirmResult, TrialResult, to_jsonable
 from tuner.verdict import Verdict
 
@@ -197,6 +198,18 @@ class ConfirmRecord:
     def store(self, study: optuna.Study) -> None:
         study.set_user_attr(_CONFIRM, self.as_dict())
 
+    def reusable(self, cc: ConfirmConfig) -> dict[int, ConfirmResult]:
+        """The verdicts a run with ``cc`` takes as they are, by trial: those run with the same
+        stress settings and rounds, less those with a server that failed in a way that may be
+        the machine's (:data:`~tuner.errors.MACHINE_FAILURES`): that candidate runs again."""
+        if not self.same_stress(cc):
+            return {}
+        return {
+            r.trial: r
+            for r in self.results
+            if not machine_may_have_failed(row.get("failure_reason") for row in r.runs)
+        }
+
     def same_stress(self, cc: ConfirmConfig) -> bool:
         """Run with the stress settings and rounds of ``cc``: its results stand for this run's."""
         return (
@@ -240,8 +253,8 @@ class ConfirmRuns:
     def get(self, trial: int, rnd: int) -> list[tuple[int, TrialResult]] | None:
         """The stored server of ``trial`` in round ``rnd``: ``(seed, result)`` per seed."""
         rows = self.runs.get(f"{trial}/{rnd}")
-        if rows is None:
-            return None
+        if rows is None or machine_may_have_failed(r.get("failure_reason") for r in rows):
+            return None  # none, or one stored before such failures were run again
         return [
             (
                 int(r["seed"]),
@@ -262,7 +275,11 @@ class ConfirmRuns:
     def put(
         self, study: optuna.Study, trial: int, rnd: int, got: Sequence[tuple[int, TrialResult]]
     ) -> None:
-        """Store the server of ``trial`` in round ``rnd`` (``(seed, result)`` per seed)."""
+        """Store the server of ``trial`` in round ``rnd`` (``(seed, result)`` per seed), unless
+        it failed in a way that may be the machine's (:data:`~tuner.errors.MACHINE_FAILURES`):
+        the next run tries that one again, at the cost of one start."""
+        if machine_may_have_failed(r.failure_reason for _, r in got):
+            return
         self.runs[f"{trial}/{rnd}"] = [
             {
                 "seed": seed,

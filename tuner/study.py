@@ -369,14 +369,6 @@ async def _confirm(
     return out
 
 
-def _confirmed_before(study: optuna.Study, cfg: TunerConfig) -> dict[int, ConfirmResult]:
-    """Verdicts stored by an earlier run with the same stress settings and rounds, by trial."""
-    record = ConfirmRecord.from_study(study)
-    if record is None or not record.same_stress(cfg.confirm):
-        return {}
-    return {r.trial: r for r in record.results}
-
-
 def _after_search(
     study: optuna.Study, ctx: TrialContext, tracker: Tracker | NullTracker, outcome: StudyOutcome
 ) -> None:
@@ -399,7 +391,8 @@ def _after_search(
         and cfg.confirm.seeds
         and (candidates := pick(study, cfg.objective, cfg.confirm.picks))
     ):
-        done = _confirmed_before(study, cfg)  # a resumed study: do not stress a trial twice
+        record = ConfirmRecord.from_study(study)  # a resumed study: do not stress a trial twice
+        done = record.reusable(cfg.confirm) if record is not None else {}
         todo = [c for c in candidates if c.trial not in done]
         if done and len(todo) < len(candidates):
             log.info("confirm: reusing the stored verdicts of trials %s", sorted(set(done)))

@@ -13,6 +13,7 @@ from helpers.cli import FAST, run_study
 
 import tuner.study as study_mod
 from tuner.config import TunerConfig
+from tuner.records import TrialResult
 from tuner.storage import storage_url
 from tuner.stored_study import ConfirmRecord
 from tuner.trial import run_server
@@ -84,3 +85,58 @@ def test_a_confirm_stage_cut_short_goes_on_where_it_stopped(
     )
     assert "stored by an earlier run" not in out
     assert len(other) == total
+
+
+def test_a_server_that_never_became_ready_is_tried_again(
+    make_cfg: Callable[..., TunerConfig],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """On the H200 every fp8 confirm server died at start ("No module named
+    'compressed_tensors'"); once the module was there, the same command must start them again,
+    not reuse the stored crash (tests/unit/test_stored_study.py: which failures are kept)."""
+    cfg = make_cfg(*COMMON, "study.n_trials=2")
+    started: list[int] = []
+    crashed: list[int] = []
+
+    async def first_dies_at_start(*args: Any, **kwargs: Any) -> Any:
+        started.append(args[1])
+        got = await run_server(*args, **kwargs)
+        if not crashed:  # the first server: as if it had exited before /health answered
+            crashed.append(args[1])
+            return [
+                TrialResult(
+                    number=args[1],
+                    params={},
+                    argv=(),
+                    values=None,
+                    constraints={},
+                    metrics={},
+                    failure_reason="crash",
+                    failure_detail="exit code 1",
+                    launched=True,
+                )
+                for _ in got
+            ]
+        return got
+
+    monkeypatch.setattr(study_mod, "run_server", first_dies_at_start)
+    run_study(cfg, capsys, caplog)
+    study = optuna.load_study(study_name="resume", storage=storage_url(cfg))
+    stored = study.user_attrs["confirm_runs"]["runs"]
+    assert f"{crashed[0]}/1" not in stored  # the crash at start is not kept
+    total = len(started)
+    assert len(stored) == total - 1
+
+    again = _count_servers(monkeypatch, cut_after=None)
+    out = run_study(make_cfg(*COMMON, "study.n_trials=0"), capsys, caplog)
+    assert again == [crashed[0]]  # only the server that never became ready runs again
+    assert out.count("stored by an earlier run") == 1  # that candidate's round 2
+    record = ConfirmRecord.from_study(
+        optuna.load_study(study_name="resume", storage=storage_url(cfg))
+    )
+    assert record is not None
+    (result,) = [r for r in record.results if r.trial == crashed[0]]
+    assert {row["round"] for row in result.runs} == {1, 2}
+    assert not any(row["failure_reason"] for row in result.runs)

@@ -9,8 +9,8 @@ import optuna
 import pytest
 
 from tuner.config import ConfirmConfig
-from tuner.records import Candidate, ConfirmResult
-from tuner.stored_study import ConfirmRecord, baseline_trial, baseline_trials
+from tuner.records import Candidate, ConfirmResult, TrialResult
+from tuner.stored_study import ConfirmRecord, ConfirmRuns, baseline_trial, baseline_trials
 from tuner.verdict import Gain, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +33,49 @@ def test_a_confirm_record_reads_back_as_it_was_stored(tmp_path: Path) -> None:
     assert back == record and back.same_stress(cc)
     for other in (ConfirmConfig(seeds=[1]), ConfirmConfig(seeds=[1, 2], rounds=2)):
         assert not back.same_stress(other), other
+
+
+def _server(reason: str | None) -> TrialResult:
+    return TrialResult(3, {}, (), None, {}, {"capacity_rps": 9.0}, failure_reason=reason)
+
+
+@pytest.mark.parametrize(
+    ("reason", "kept"),
+    [
+        (None, True),
+        ("engine_dead", True),  # it became ready and died under load: the config's
+        ("cuda_oom", True),
+        ("crash", False),  # an exit before ready without a known message: maybe the machine's
+        ("gpu_busy", False),
+        ("startup_timeout", False),
+    ],
+)
+def test_a_confirm_server_is_kept_unless_the_machine_may_have_failed_it(
+    tmp_path: Path, reason: str | None, kept: bool
+) -> None:
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 'db.sqlite'}")
+    runs = ConfirmRuns.of(study, "k")
+    runs.put(study, 3, 1, [(1, _server(reason))])
+    back = ConfirmRuns.of(study, "k").get(3, 1)
+    assert (back is not None) == kept
+    if back is not None:
+        assert back[0][1].failure_reason == reason and back[0][1].metrics["capacity_rps"] == 9.0
+    assert ConfirmRuns.of(study, "other").get(3, 1) is None  # another stress: nothing stored
+
+
+def test_a_verdict_with_a_server_the_machine_may_have_failed_is_not_reused() -> None:
+    cc = ConfirmConfig(seeds=[1], rounds=2)
+    cand = Candidate(3, ("capacity",), {}, False, ("/m",), {})
+    rows = (
+        {"round": 1, "seed": 1, "ok": True, "failure_reason": None, "violated": []},
+        {"round": 2, "seed": 1, "ok": False, "failure_reason": "crash", "violated": []},
+    )
+    crashed = ConfirmResult(3, cand.picks, {}, False, "crash", {}, {}, rows)
+    held = ConfirmResult(4, ("baseline",), {}, True, None, {}, {}, rows[:1])
+    base = Candidate(4, ("baseline",), {}, True, ("/m",), {})
+    record = ConfirmRecord.of(cc, 5, (cand, base), (crashed, held), None)
+    assert list(record.reusable(cc)) == [4]
+    assert record.reusable(ConfirmConfig(seeds=[1], rounds=3)) == {}
 
 
 @pytest.mark.skipif(not OLD.is_file(), reason="the stored H200 study is not in this checkout")
