@@ -44,15 +44,18 @@ CLASH = "OSError: [Errno 98] error while attempting to bind on address: Address 
 
 
 class Loaded(FakeVLLM):
-    """:class:`FakeVLLM` whose first token waits ``per_request_s`` for each request in flight
-    (itself included): its latency grows in proportion to the concurrency."""
+    """:class:`FakeVLLM` whose first token waits ``per_request_s`` × (the requests in flight,
+    itself included) ** ``power``: with ``power`` 1 its latency grows in proportion to the
+    concurrency; with 2, a closed loop that its client refills late (a busy CI core: one slot
+    fewer in flight when a request arrives) still fails where the curve says."""
 
-    def __init__(self, per_request_s: float = 0.0) -> None:
+    def __init__(self, per_request_s: float = 0.0, power: float = 1.0) -> None:
         super().__init__()
         self.per_request_s = per_request_s
+        self.power = power
 
     async def _respond(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        await asyncio.sleep(self.per_request_s * self.in_flight)
+        await asyncio.sleep(self.per_request_s * self.in_flight**self.power)
         return await super()._respond(request, body)
 
 

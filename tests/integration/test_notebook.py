@@ -30,6 +30,12 @@ SMALL = [
     "engine.env.TUNER_SIM_SPEEDUP=20",
     "confirm.rounds=1",  # a recommendation to export, from one fresh server per candidate
     "confirm.picks=[goodput,baseline]",
+    # SLOs no stress run misses: at 20x a busy CI core's lag counts 20 times in the latencies.
+    # Once (fresh-clone CI, 2026-12-03) the notebook found an exported config for one study of
+    # the two, though the test passed alone; a confirm stage that demotes every pick under that
+    # lag recommends nothing. The notebooks are tested here, not the SLOs
+    "workload.slo.ttft_ms=600000",
+    "workload.slo.tpot_ms=10000",
 ]
 
 
