@@ -15,12 +15,16 @@ server a trial already started are cheap. :func:`search` brackets the load and n
 
 **Incumbent probe** (``start``): once the study has a measured capacity, a trial's search
 tries the incumbent's load (its capacity factor) right after the workload's own replay. With
-``stop_on_loss`` (a search trial) a loss there ends the search: the trial cannot beat the
-incumbent, and its capacity is stored *censored above* (``capped``: the value is an estimate
+``stop_on_loss`` (a search trial) a loss there ends the search: the trial is taken not to beat
+the incumbent, and its capacity is stored *censored above* (``capped``: the value is an estimate
 below the load that failed, from the bracket's margin line or, without a step that held, the
 failed step's margin; ``capacity_censored`` is −1 and the tables show it as "< X"; the estimate
 lies between the rate that held and the incumbent's, never at it: a loser must not tie with the
-best in the sampler's eyes). A hold there
+best in the sampler's eyes). For an open loop the load is a rate and that holds; for a closed
+loop the load is requests in flight, and it assumes that a server which loses at more requests
+in flight does not serve more requests/s below it: a config whose requests finish sooner, so
+that it serves more requests/s with fewer in flight, yet whose SLOs fail at the incumbent's
+count, would be stopped though it beats the incumbent. A hold there
 climbs from it, jumping by the margin's extrapolation ``1 / (1 − margin)`` (between
 ×(1 + 0.9 ``rel_width``) and :data:`MAX_JUMP`) instead of doubling: wide margins jump further, and
 a narrow one, near its own edge, a little. Before the study has a capacity, a ``study.warm_start``

@@ -241,21 +241,20 @@ def recover(
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         worker = stored_trial.worker(t)
         w_host, _, w_pid = worker.rpartition(":")
-        if moved and w_host and w_host != host and t.number not in leased:
+        if t.number in leased:
+            continue
+        if moved and w_host and w_host != host:
             detail = f"its tuner ran on host {w_host}; this SQLite study was copied here since"
-            params = _fail_trial(study, t.number, detail)
-            if params is not None:
-                out.interrupted.append(Interrupted(t.number, params, detail, worker))
-            out.notes.append(f"trial {t.number}: {detail}; marked failed")
-            continue
-        if t.number in leased or w_host != host or not w_pid.isdigit():
-            continue
-        if not _pid_alive(int(w_pid)):
+            note = detail
+        elif w_host == host and w_pid.isdigit() and not _pid_alive(int(w_pid)):
             detail = f"the tuner (pid {w_pid}) died before launching"
-            params = _fail_trial(study, t.number, detail)
-            if params is not None:
-                out.interrupted.append(Interrupted(t.number, params, detail, worker))
-            out.notes.append(f"trial {t.number}: its tuner died before launching; marked failed")
+            note = "its tuner died before launching"
+        else:
+            continue
+        params = _fail_trial(study, t.number, detail)
+        if params is not None:
+            out.interrupted.append(Interrupted(t.number, params, detail, worker))
+        out.notes.append(f"trial {t.number}: {note}; marked failed")
     return out
 
 
