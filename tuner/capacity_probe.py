@@ -51,9 +51,17 @@ CLOSED_LOOP_REQUESTS_PER_SLOT = 3
 first of each slot start at once and the last run while the loop drains, both sent but not
 counted (:func:`tuner.measure.unsteady_indices`), so at least one per slot is measured."""
 
-HOST_LAG = ("client_lag_p99_ms", "client_lag_max_ms", "sim_lag_mean_ms", "sim_lag_max_ms")
-"""How late the replay client's event loop (p99, max) and the simulator's stream chunks (mean,
-max) ran during a step, kept in its row: the host's CPU, not the server, in what was measured."""
+HOST_LAG = (
+    "client_lag_p99_ms",
+    "client_lag_max_ms",
+    "client_stall_ms",
+    "sim_lag_mean_ms",
+    "sim_lag_max_ms",
+    "sim_stall_ms",
+)
+"""How late the replay client's event loop (p99, max, and the max while the counted requests
+ran) and the simulator's stream chunks (mean, max, the max while counted) ran during a step,
+kept in its row: the host's CPU, not the server, in what was measured."""
 MAX_REPEATS = 2
 """Steps a search replays at most because the measuring side stalled (``stall_ms``)."""
 
@@ -183,14 +191,17 @@ async def probe_capacity(
 
 
 def stall_of(metrics: Mapping[str, float]) -> tuple[float, str]:
-    """The longest stall of the measuring side during a replay, ms, and whose: the replay
-    client's longest event-loop delay (``client_lag_max_ms``), or the simulator's latest stream
-    chunk (``sim_lag_max_ms``: on the simulator the host's CPU is the measuring side too). A
-    stall inflates the latencies measured (a step fails that would hold) and, in a closed loop,
-    deflates the served rate (a step that holds reads a lower capacity: one that held at 2x the
-    load through a 2 s stall of the simulator served 22.9 req/s, against 40.7 without)."""
-    client = float(metrics.get("client_lag_max_ms", 0.0))
-    sim = float(metrics.get("sim_lag_max_ms", 0.0))
+    """The longest stall of the measuring side while a replay's counted requests ran, ms, and
+    whose: the replay client's longest event-loop delay (``client_stall_ms``), or the
+    simulator's latest stream chunk (``sim_stall_ms``: on the simulator the host's CPU is the
+    measuring side too), both over the counted requests' span only
+    (:func:`tuner.measure.stalls_while_counted`: a closed loop's start, unmeasured, is where a
+    busy host runs late every time). A stall inflates the latencies measured (a step fails that
+    would hold) and, in a closed loop, deflates the served rate (a step that holds reads a lower
+    capacity: one that held at 2x the load through a 2 s stall of the simulator served 22.9
+    req/s, against 40.7 without)."""
+    client = float(metrics.get("client_stall_ms", 0.0))
+    sim = float(metrics.get("sim_stall_ms", 0.0))
     return (client, "the replay client") if client >= sim else (sim, "the simulator")
 
 

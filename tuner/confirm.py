@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 
 from tuner import stored_trial
-from tuner.capacity import Start, narrow_climb
+from tuner.capacity import Start
 from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, TunerConfig, WorkloadConfig
 from tuner.quality_guard import note
 from tuner.records import Candidate, ConfirmResult, TrialResult
@@ -143,21 +143,20 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
 
 
 def capacity_start(candidate: Candidate, cfg: TunerConfig) -> Start | None:
-    """Where a confirm server's capacity search starts: just under the candidate's search
-    capacity, as a load factor on the stressed workload (``confirm.load_factor`` × the
-    workload's load), or None without one (it doubles from the stressed load, as a search
-    trial's first did). Just under: one narrow climb (:func:`tuner.capacity.narrow_climb`)
-    below it, so that a fresh server that holds there climbs to it and a failure there closes
-    the bracket. In the simulator's quick start under ``objective=capacity`` (2026-12-03,
-    docs/configuration.md), started at the capacity itself 4 of 9 servers failed their first
-    step and took 6 replays, the others 3; started under it, 3 of 6 took 5 (a wide margin
-    there climbed past the capacity) and 3 took 3."""
+    """Where a confirm server's capacity search starts: at the candidate's search capacity, as
+    a load factor on the stressed workload (``confirm.load_factor`` × the workload's load),
+    ``near`` (:attr:`tuner.capacity.Start.near`: from there it walks by narrow steps, up after a
+    hold, down after a loss, so the first crossing closes the bracket), or None without one (it
+    doubles from the stressed load, as a search trial's first did). In the simulator's quick
+    start under ``objective=capacity`` (2026-12-04, speed-up 8, 9 servers), started one narrow
+    climb under the capacity, a server whose start failed narrowed from the stressed load far
+    below and one that held with a wide margin jumped past the capacity: 4-7 replays a server,
+    6.0 on average."""
     factor = candidate.search_metrics.get("capacity_factor")
     if factor is None or factor <= 0:
         return None
     rps = candidate.search_metrics.get("capacity_rps")
-    under = narrow_climb(cfg.objective.capacity.rel_width)
-    return Start(float(factor) / cfg.confirm.load_factor / under, rps)
+    return Start(float(factor) / cfg.confirm.load_factor, rps, near=True)
 
 
 def stressed(w: WorkloadConfig, cc: ConfirmConfig, seed: int) -> WorkloadConfig:

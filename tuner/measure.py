@@ -135,6 +135,7 @@ async def measure(
                 lost.set()
 
     client = ClientStats()
+    started: list[float] = []  # the measured requests' start, perf_counter seconds
     choice = choose_client(w, cfg.engine, wall_requests)  # this replay's load, on these cores
     if choice.processes > 1:
         log.info("  replay client: %s", choice.describe())
@@ -153,6 +154,7 @@ async def measure(
                     processes=choice.processes,
                     client_loop=w.client_loop,
                     stats=client,
+                    on_start=started.append,
                 )
             )
             watch = asyncio.create_task(lost.wait())
@@ -182,7 +184,41 @@ async def measure(
     warn_client_lag(own, choice, w.client_loop)
     server = prom.summary()
     warn_sim_lag(server)
-    return Measured(records, {**server, **gpu.summary(), **own}, pruned)
+    stalls = stalls_while_counted(records, skip, started, clock, client, prom)
+    return Measured(records, {**server, **gpu.summary(), **own, **stalls}, pruned)
+
+
+def stalls_while_counted(
+    records: list[RequestRecord],
+    skip: frozenset[int],
+    started: list[float],
+    clock: Clock,
+    client: ClientStats,
+    prom: MetricsScraper,
+) -> dict[str, float]:
+    """The measuring side's longest stall while the counted requests ran, ms: the replay
+    client's event loop (``client_stall_ms``) and, on the simulator, its latest stream chunk
+    (``sim_stall_ms``). The counted requests are the measured ones less ``skip`` (a closed
+    loop's start and drain, :func:`unsteady_indices`); their span runs from the first one's send
+    to the last one's end, in wall time. The start is left out on purpose: there a closed loop
+    sends every slot at once, and on 2 cores at ~460 in flight the simulator then ran 300-520 ms
+    behind, every time, in the first second of a step, and 5-40 ms after it (the quick start
+    under ``objective=capacity``, 2026-12-04); replaying those steps moved their margins by
+    less than the replays' own sampling (34 steps). Absent keys: no counted request ended, or
+    nothing sampled in that span."""
+    ended = [r for r in records if not r.warmup and r.e2e_s is not None]
+    counted = [r for r in ended if r.index not in skip] or ended
+    if not started or not counted:
+        return {}
+    t0 = started[0]
+    a = t0 + clock.wall_s(min(r.t_sent_s for r in counted))
+    b = t0 + clock.wall_s(max(r.t_sent_s + (r.e2e_s or 0.0) for r in counted))
+    out: dict[str, float] = {}
+    if (lag := client.max_within(a, b)) is not None:
+        out["client_stall_ms"] = lag
+    if (peak := prom.peak_within("tuner_sim:stream_lag_max_seconds", a, b)) is not None:
+        out["sim_stall_ms"] = 1e3 * peak
+    return out
 
 
 def note_client_cores(

@@ -395,5 +395,5 @@ async def replay(
                         await _open_loop(runner, measured, arrival.max_concurrency, t0, deadline)
             finally:
                 if stats is not None:
-                    stats.add(probe.lag_s, probe.cpu_s, probe.wall_s)
+                    stats.add(probe.lag_s, probe.cpu_s, probe.wall_s, probe.at_s)
         return sorted(runner.records, key=record_order)

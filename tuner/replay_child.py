@@ -251,7 +251,7 @@ async def _child(sock: socket.socket, blob: Any, claims: Claims) -> None:
                 if phase == MEASURED:  # what this process costs while measured requests run
                     async with LagProbe() as probe:
                         await _run_phase(runner, plan, body, claims, phase, t_start)
-                    out.send("done", phase, probe.lag_s, probe.cpu_s, probe.wall_s)
+                    out.send("done", phase, probe.lag_s, probe.cpu_s, probe.wall_s, probe.at_s)
                 else:
                     await _run_phase(runner, plan, body, claims, phase, t_start)
                     out.send("done", phase)

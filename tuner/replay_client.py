@@ -87,20 +87,32 @@ class ClientStats:
     ``lag_s``: how late the lag probe's timer fired, every :data:`LAG_INTERVAL_S`, in every
     client process: a chunk that arrived while the loop was busy waited about that long before
     the client read it and stamped its time. (Timers fire on the loop's poll, whose timeout is
-    rounded to milliseconds: an idle loop shows up to ~1 ms.) ``cpu_s``: CPU seconds of each
-    client process over ``wall_s`` (with one process, that is the tuner's whole process).
+    rounded to milliseconds: an idle loop shows up to ~1 ms.) ``at_s``: when each sample was
+    taken (``time.perf_counter``, one clock for every process on the host). ``cpu_s``: CPU
+    seconds of each client process over ``wall_s`` (with one process, that is the tuner's whole
+    process).
     """
 
     lag_s: list[float] = field(default_factory=list)
+    at_s: list[float] = field(default_factory=list)
     cpu_s: list[float] = field(default_factory=list)
     wall_s: float = 0.0
 
-    def add(self, lag_s: Sequence[float], cpu_s: float, wall_s: float) -> None:
-        """One client process's probe: its lag samples, CPU seconds and wall seconds (the
-        longest process's wall time is kept)."""
+    def add(
+        self, lag_s: Sequence[float], cpu_s: float, wall_s: float, at_s: Sequence[float] = ()
+    ) -> None:
+        """One client process's probe: its lag samples (taken at ``at_s``), CPU seconds and
+        wall seconds (the longest process's wall time is kept)."""
         self.lag_s.extend(lag_s)
+        self.at_s.extend(at_s if len(at_s) == len(lag_s) else [float("nan")] * len(lag_s))
         self.cpu_s.append(cpu_s)
         self.wall_s = max(self.wall_s, wall_s)
+
+    def max_within(self, start: float, end: float) -> float | None:
+        """The longest lag of a sample taken between ``start`` and ``end`` (perf_counter
+        seconds), ms; None without such a sample."""
+        inside = [lag for lag, t in zip(self.lag_s, self.at_s, strict=True) if start <= t <= end]
+        return max(inside) * 1e3 if inside else None
 
     def summary(self) -> dict[str, float]:
         """``client_lag_p99_ms``, ``client_lag_max_ms``, ``client_cpu_max`` (the busiest client
@@ -121,6 +133,7 @@ class LagProbe:
     def __init__(self, interval_s: float = LAG_INTERVAL_S) -> None:
         self.interval_s = interval_s
         self.lag_s: list[float] = []
+        self.at_s: list[float] = []
         self.cpu_s = 0.0
         self.wall_s = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -132,6 +145,7 @@ class LagProbe:
             due = clock() + self.interval_s
             await asyncio.sleep(self.interval_s)
             self.lag_s.append(max(0.0, clock() - due))
+            self.at_s.append(time.perf_counter())
 
     async def __aenter__(self) -> LagProbe:
         self._cpu0, self._t0 = time.process_time(), time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from helpers.capacity import probe_of
@@ -264,3 +265,87 @@ async def test_a_loser_is_estimated_below_the_incumbent_not_at_it() -> None:
     assert cap.rps == pytest.approx(29.64 + t * (67.57 - 29.64))
     assert 29.64 < cap.rps < 67.57 * 0.9
     assert cap.high == pytest.approx(67.57)
+
+
+async def _near(capacity: float, start: float, near: bool = True) -> tuple[list[float], Any]:
+    """A search from a ``near`` start (a confirm server's pick) on a saturating server: a wide
+    margin (0.5) up to ``capacity`` (a factor), far past the SLOs (-0.5) above it, as TTFT
+    grows once the queue does; neither the margin's jump nor its line says where it crosses."""
+    probe, tried = probe_of(lambda f: 0.5 if f <= capacity else -0.5)
+    first = await probe(1.0)
+    settings = CapacityConfig(rel_width=0.05, max_steps=10)
+    cap = await search(probe, settings, first=first, start=Start(start, None, near=near))
+    return tried, cap
+
+
+async def test_a_near_start_that_holds_climbs_by_narrow_steps() -> None:
+    # the quick start's knee pick held at 2.92 with a wide margin and jumped to 3.71, then took
+    # 3 bisections back to 3.42 (6 replays); walking by x1.045 the first failure closes it
+    tried, cap = await _near(3.42, 3.35)
+    assert tried == pytest.approx([1.0, 3.35, 3.35 * 1.045])
+    assert (cap.high - cap.low) / cap.low <= 0.05 and cap.low <= 34.2 <= cap.high
+    tried, _ = await _near(3.42, 3.35, near=False)  # a search trial's start: the margin's jump
+    assert tried[2] == pytest.approx(6.7) and len(tried) >= 6
+
+
+async def test_a_near_start_that_fails_steps_down_not_far_below() -> None:
+    # a pick's fresh server that fails at its search capacity: one narrow step down holds, and
+    # the bracket is closed (it used to narrow between there and the stressed load, 1.0)
+    tried, cap = await _near(3.3, 3.41)
+    assert tried == pytest.approx([1.0, 3.41, 3.41 / 1.045])
+    assert (cap.high - cap.low) / cap.low <= 0.05
+    tried, _ = await _near(3.3, 3.41, near=False)
+    assert tried[2] == pytest.approx(2.205) and len(tried) >= 6  # the middle of 1 and 3.41
+
+
+async def test_a_near_start_widens_its_steps_then_narrows() -> None:
+    # the quick start's pick whose search capacity read 12 % high (76.2 req/s, 67.8 on its
+    # confirm server): 3.98 failed, 3.81 and 3.65 too, then the narrowing from the stressed load
+    # (2.32, 2.99, 3.32, 3.48): 8 replays. Each step twice the last: 3.98 / 1.045 / 1.092 = 3.49
+    # holds, and one bisection closes it
+    tried, cap = await _near(3.5, 3.98)
+    assert tried[:4] == pytest.approx([1.0, 3.98, 3.98 / 1.045, 3.98 / 1.045**3])
+    assert len(tried) <= 5
+    assert (cap.high - cap.low) / cap.low <= 0.05 and cap.low <= 35.0 <= cap.high
+
+
+async def test_a_capacity_far_from_a_near_start_is_bracketed_as_usual() -> None:
+    # 3 steps down still fail (x1.36 below: a pick whose search capacity was an estimate): from
+    # there it narrows between the stressed load and the last failure, to the same width
+    tried, cap = await _near(2.0, 3.0)
+    assert tried[:5] == pytest.approx([1.0, 3.0, 3.0 / 1.045, 3.0 / 1.045**3, 3.0 / 1.045**7])
+    held = max(s.factor for s in cap.steps if s.held)
+    failed = min(s.factor for s in cap.steps if not s.held)
+    assert (failed - held) / held <= 0.05 and held <= 2.0 <= failed
+    # and up: 3 climbs that hold, then the margin's jump
+    tried, cap = await _near(5.0, 3.0)
+    assert tried[:5] == pytest.approx([1.0, 3.0, 3.0 * 1.045, 3.0 * 1.045**3, 3.0 * 1.045**7])
+    assert cap.low <= 50.0 <= cap.high
+
+
+async def test_a_saturated_closed_loop_stops_once_the_rates_are_within_the_width() -> None:
+    # the SLOs break at 4.6x, but past 3.5x the served rate is flat at 35 req/s (a closed loop
+    # past saturation only queues): held at 4x and failed at 8x both at 35, so the capacity is
+    # 35 req/s within the width, wherever between 4x and 8x the SLOs break; narrowing the load
+    # to 5 % would take 4 more replays that move nothing
+    tried: list[float] = []
+
+    async def probe(f: float) -> Step:
+        tried.append(f)
+        m = 1 - f / 4.6
+        return Step(factor=f, rps=min(10.0 * f, 35.0), margin=m, held=m >= 0)
+
+    cap = await search(probe, CapacityConfig(rel_width=0.05, max_steps=12))
+    assert tried == [1.0, 2.0, 4.0, 8.0]
+    assert cap.rps == cap.low == 35.0 and not cap.censored
+    # a pruned failure has no rate of its own: the load is narrowed as before
+    tried.clear()
+
+    async def pruned(f: float) -> Step:
+        s = await probe(f)
+        return s if s.held else Step(s.factor, s.rps, s.margin, False, pruned="ttft")
+
+    cap = await search(pruned, CapacityConfig(rel_width=0.05, max_steps=12))
+    held = max(s.factor for s in cap.steps if s.held)
+    failed = min(s.factor for s in cap.steps if not s.held)
+    assert len(tried) > 4 and (failed - held) / held <= 0.05 and held <= 4.6 <= failed

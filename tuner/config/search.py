@@ -142,11 +142,15 @@ class CapacityConfig:
     its own and ends there on a loss, its capacity censored above (``capacity_censored`` -1).
     false: every trial brackets its own capacity from the workload's load (e.g. to measure the
     spread of one config's capacity)."""
-    stall_ms: float = 100.0
-    """A step during which the measuring side stalled this long is replayed once (at most
-    twice a search), and the search goes on from the second replay
+    stall_ms: float = 500.0
+    """A step during which the measuring side stalled this long while its counted requests ran
+    is replayed once (at most twice a search), and the search goes on from the second replay
     (:func:`tuner.capacity_probe.stall_of`: the replay client's longest event-loop delay, or the
-    simulator's latest stream chunk); 0: never."""
+    simulator's latest stream chunk); 0: never. Why 500: on 2 cores the quick start under
+    ``objective=capacity`` (2026-12-04, 74 steps at up to ~500 in flight) saw at most 296 ms
+    (49 ms of the client's), and steps replayed at 100-300 ms moved their margins by at most
+    0.03 and their rates by about 1 % (44 pairs); a 1 s stall moved a capacity from ~64 to ~37
+    req/s (``tests/integration/test_capacity_study.py``)."""
     predict_start: bool = True
     """Before the study has a capacity (and without ``study.warm_start``), a trial's search goes
     after its own replay to the capacity the simulator's landscape predicts for its config

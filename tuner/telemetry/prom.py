@@ -221,6 +221,25 @@ class MetricsScraper:
             out["sim_lag_max_ms"] = 1e3 * max(peaks)
         return out
 
+    @property
+    def started_at(self) -> float:
+        """``time.perf_counter()`` on entry: each sample's ``t_s`` counts from it."""
+        return self._t0
+
+    def peak_within(self, name: str, start: float, end: float) -> float | None:
+        """The largest value of ``name``, a gauge reset at each read (the simulator's
+        ``tuner_sim:stream_lag_max_seconds``), over the reads whose span (since the read
+        before) overlaps ``start`` … ``end`` (``time.perf_counter`` seconds); None without one.
+        The first read, taken on entry, spans nothing."""
+        peaks = []
+        prev: float | None = None
+        for sample in self.samples:
+            t = self.started_at + sample["t_s"]
+            if name in sample and prev is not None and t >= start and prev <= end:
+                peaks.append(sample[name])
+            prev = t
+        return max(peaks) if peaks else None
+
     def _delta(self, name: str) -> float | None:
         values = self.series(name)
         if not values:
