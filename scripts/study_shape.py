@@ -5,8 +5,9 @@ change behaviour, and compare (``--compare OLD.json``).
     python scripts/study_shape.py --out before.json
     python scripts/study_shape.py --compare before.json
 
-The study is issue 20's check: ``+workload=chat engine=sim 'study.enqueue=[{max_num_seqs:64},
-{gpu_memory_utilization:0.85}]' study.n_trials=3 confirm.enabled=false``, in a fresh folder.
+The study is issue 20's check: ``+workload=chat engine=sim objective=throughput
+'study.enqueue=[{max_num_seqs:64},{gpu_memory_utilization:0.85}]' study.n_trials=3
+confirm.enabled=false``, in a fresh folder.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ARGS = [
     "+workload=chat",
     "engine=sim",
+    # one replay a trial: a capacity search (the default objective) takes as many as its
+    # loads need, so its capacity_K folders would vary from run to run
+    "objective=throughput",
     "study.enqueue=[{max_num_seqs:64},{gpu_memory_utilization:0.85}]",
     "study.n_trials=3",
     "confirm.enabled=false",

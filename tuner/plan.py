@@ -23,6 +23,7 @@ from tuner.engine.pool import cpu_layout, describe_cores
 from tuner.records import RequestSpec
 from tuner.recovery import LEASE_ENV
 from tuner.replay import IN_PROCESS_STREAMS, STREAMS_PER_PROCESS, choose_client
+from tuner.score import needs_capacity
 from tuner.space import defaults, defaults_outside, distributions, flag_name
 from tuner.vllm_rules import numerics_changes
 from tuner.workload import load_trace
@@ -48,6 +49,7 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
         )
     else:
         console.print(f"workload {w.name}: {w.num_requests} requests")
+    console.print(_objective_line(cfg), markup=False)
     if cfg.mode == "screen":
         _print_screen(cfg, console)
     else:
@@ -89,6 +91,29 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
     root = cache_root(cfg)
     where = f"{root.resolve()} (VLLM_CACHE_ROOT)" if root else "not set (the engine's default)"
     console.print(f"compile cache {where}")
+
+
+def _objective_line(cfg: TunerConfig) -> str:
+    """What each trial is scored by: the objectives, and under a capacity objective how its
+    capacity is searched (``objective.capacity``) against which SLOs."""
+    o = cfg.objective
+    names = ", ".join(f"{x.metric} ({x.direction[:3]})" for x in o.objectives)
+    if not needs_capacity(o):
+        return f"objective: {names}"
+    c, slo = o.capacity, cfg.workload.slo
+    held = ", ".join(
+        f"{m} <= {lim:g} ms"
+        for m, lim in (("TTFT", slo.ttft_ms), ("TPOT", slo.tpot_ms), ("E2E", slo.e2e_ms))
+        if lim is not None
+    )
+    probe = (
+        "; once the study has a capacity, the incumbent's load first" if c.incumbent_probe else ""
+    )
+    return (
+        f"objective: {names}; SLO capacity: the highest load with {held or 'no SLO'} at "
+        f"p{o.slo_percentile}, searched on each trial's server after its own replay (at most "
+        f"{c.max_steps} replays, to {c.rel_width:.0%}){probe}"
+    )
 
 
 def _print_model(cfg: TunerConfig, console: Console) -> None:

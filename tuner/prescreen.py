@@ -126,9 +126,12 @@ def check(cfg: TunerConfig) -> None:
         }
     missing = sorted(needed - set(METRICS))
     if missing:
+        capacity = " (a capacity search per config; objective=goodput ranks by the SLOs too)"
         raise ConfigError(
-            f"study.prescreen cannot predict {missing} (objectives or SLO constraints); "
-            f"the simulator's landscape measures {list(METRICS)}; set study.prescreen.trials=0"
+            f"study.prescreen cannot predict {missing} (objectives or SLO constraints)"
+            + (capacity if needs_capacity(cfg.objective) else "")
+            + f"; the simulator's landscape measures {list(METRICS)}; "
+            "set study.prescreen.trials=0"
         )
 
 

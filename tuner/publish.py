@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,23 +56,29 @@ def _export_header(
     study: optuna.Study,
     stress: str,
     decided: Verdict | None = None,
+    first: Sequence[str] = (),
 ) -> list[str]:
+    """The comment lines of ``best-<name>.yaml``/``.sh``: the trial, its searched and confirmed
+    metrics (the study's objectives ``first``: ``capacity_rps`` leads a capacity study's), the
+    verdict, what changes numerics."""
+    searched = {
+        m: v
+        for m, v in _first(c.search_metrics, first).items()
+        if v == v and m not in ("capacity_factor", "capacity_censored")
+    }
     lines = [
         f"best-{name}: trial {c.trial} of tuner study {study.study_name!r}"
         + (" (vLLM defaults)" if c.baseline else ""),
         "searched: "
-        + ", ".join(
-            f"{m} {fmt_metric(m, v, c.search_metrics)}"
-            for m, v in c.search_metrics.items()
-            if v == v and m not in ("capacity_factor", "capacity_censored")
-        ),
+        + ", ".join(f"{m} {fmt_metric(m, v, c.search_metrics)}" for m, v in searched.items()),
     ]
     if confirmed is None:
         lines.append("not stress-tested (confirm.enabled=false)")
     elif confirmed.passed:
+        worst = _first(confirmed.worst, first)
         lines.append(
             f"confirmed under {stress}: worst "
-            + ", ".join(f"{m} {fmt_metric(m, v)}" for m, v in confirmed.worst.items())
+            + ", ".join(f"{m} {fmt_metric(m, v)}" for m, v in worst.items())
         )
     else:
         lines.append(f"DEMOTED under {stress}: {confirmed.reason}")
@@ -91,6 +97,12 @@ def _export_header(
         )
     lines.append(f"use: vllm serve --config best-{name}.yaml")
     return [x.translate(_ASCII) for x in lines]
+
+
+def _first(metrics: Mapping[str, float], names: Sequence[str]) -> dict[str, float]:
+    """``metrics`` with ``names`` (those it has) moved to the front, in their order."""
+    head = {m: metrics[m] for m in names if m in metrics}
+    return {**head, **{m: v for m, v in metrics.items() if m not in head}}
 
 
 _ASCII = str.maketrans({"\u2212": "-", "\u2026": "...", "\u2014": "-", "\u2192": "->"})
@@ -127,6 +139,7 @@ def publish(
     stress = "" if now.record is None else _stress(now.record)
     verdicts = {r.trial: r for r in results}
     picks = [p for p in cfg.confirm.picks if any(p in c.picks for c in candidates)]
+    leads = [o.metric for o in cfg.objective.objectives]
     for c in candidates:
         picks += [p for p in c.picks if p not in picks]
     for name in picks:
@@ -134,7 +147,7 @@ def publish(
         if not c.serve_args:
             log.warning("trial %d has no recorded command line; best-%s not written", c.trial, name)
             continue
-        header = _export_header(name, c, verdicts.get(c.trial), study, stress, decided)
+        header = _export_header(name, c, verdicts.get(c.trial), study, stress, decided, first=leads)
         try:
             yml, sh = write_export(
                 out_dir, name, c.serve_args, drop=cfg.confirm.export_drop, header=header

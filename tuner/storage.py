@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import optuna
+import yaml
 
 from tuner.capacity import Start
 from tuner.compile_cache import warm_first
 from tuner.config import ObjectiveConfig, TunerConfig
+from tuner.config.compose import available, conf_dir
 from tuner.engine.argv import cache_root, params_key
 from tuner.errors import ConfigError, StorageError
 from tuner.grid import GridSampler, interrupted_cells
@@ -74,9 +76,10 @@ T = TypeVar("T")
 
 def study_name(cfg: TunerConfig) -> str:
     """``study.name``, else ``<workload>-<model>-<engine kind>``, then ``-<objective>`` unless
-    the objective is the default one (:func:`objective_label`), then ``-screen`` for a lever
-    screen (``mode=screen``): the same command continues the same study, and the simulator's
-    and vLLM's measurements, each objective's and the screen's, go to studies of their own."""
+    the objective is throughput against TTFT (:func:`objective_label`), then ``-screen`` for a
+    lever screen (``mode=screen``): the same command continues the same study, and the
+    simulator's and vLLM's measurements, each objective's and the screen's, go to studies of
+    their own."""
     if cfg.study.name:
         return cfg.study.name
     label = objective_label(cfg.objective)
@@ -89,16 +92,20 @@ def study_name(cfg: TunerConfig) -> str:
 
 _SHORT = {"capacity_rps": "capacity", "capacity_per_gpu_rps": "capacity_per_gpu"}
 
+BARE = (("output_throughput", "maximize"), ("ttft_p95_ms", "minimize"))
+"""The objective whose studies carry no label (``objective=throughput``, the tuner's default
+until SLO capacity took its place): its studies, and the capacity studies named
+``...-capacity``, keep the names they were stored under, so the same command continues them."""
+
 
 def objective_label(objective: ObjectiveConfig) -> str:
-    """``""`` for the default objective (its metrics and directions); else the metrics it has
-    that the default has not (``capacity_rps`` as ``capacity``), joined by ``-`` (all of them
-    when it only reorders or redirects the default's)."""
-    default = [(o.metric, o.direction) for o in ObjectiveConfig().objectives]
+    """``""`` for :data:`BARE` (throughput against TTFT); else the metrics the objective has
+    that it has not (``capacity_rps`` as ``capacity``), joined by ``-`` (all of them when it
+    only reorders or redirects its metrics)."""
     mine = [(o.metric, o.direction) for o in objective.objectives]
-    if mine == default:
+    if tuple(mine) == BARE:
         return ""
-    known = {m for m, _ in default}
+    known = {m for m, _ in BARE}
     names = [m for m, _ in mine if m not in known] or [m for m, _ in mine]
     return "-".join(_SHORT.get(m, m) for m in names)
 
@@ -265,17 +272,30 @@ def check_objective(study: optuna.Study, cfg: TunerConfig, storage: str) -> None
     if stored is None or stored == mine:
         return
     name = study.study_name
+    option = objective_option(stored)
+    again = f", or objective={option} to continue or report it" if option else ""
     raise ConfigError(
         f"study {name!r} in {hide_url(storage)} was measured with objective {', '.join(stored)}; "
         f"this run asks for {', '.join(mine)}; objectives never mix in a study: set "
-        f"study.name={_other_name(cfg, name)} for a study of its own"
+        f"study.name={_other_name(cfg, name)} for a study of its own{again}"
     )
+
+
+def objective_option(stored: list[str]) -> str | None:
+    """The ``objective=`` option (a YAML of ``conf/objective/``) whose objectives are
+    ``stored`` (``metric:direction`` each), or None."""
+    for option in available("objective"):
+        doc = yaml.safe_load((conf_dir() / "objective" / f"{option}.yaml").read_text()) or {}
+        specs = [f"{o['metric']}:{o['direction']}" for o in doc.get("objectives", [])]
+        if specs == stored:
+            return option
+    return None
 
 
 def _other_name(cfg: TunerConfig, taken: str) -> str:
     """A study name for ``cfg`` other than ``taken``: the default one, or ``taken`` with the
     objective's label."""
-    label = objective_label(cfg.objective) or "default"
+    label = objective_label(cfg.objective) or "throughput"
     name = replace(cfg, study=replace(cfg.study, name=None))
     fresh = study_name(name)
     return fresh if fresh != taken else f"{taken}-{label}"

@@ -23,6 +23,9 @@ FAST = [
     "workload.output_tokens.low=8",
     "workload.output_tokens.high=24",
     "engine.env.TUNER_SIM_SPEEDUP=20",
+    # one replay a trial (the default objective, capacity, searches loads on each server: its
+    # own tests, tests/integration/test_capacity_study.py and others, ask for it)
+    "objective=throughput",
     # one confirm round (a fresh server per candidate); the confirm tests ask for more
     "confirm.rounds=1",
 ]

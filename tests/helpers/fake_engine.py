@@ -29,6 +29,8 @@ SMALL = [
     "+workload=chat",
     "engine=sim",
     "tracking=none",
+    # one replay per repeat, as the rules under test count them; capacity tests ask for it
+    "objective=throughput",
     "workload.num_requests=8",
     "workload.warmup_requests=0",
     "workload.turns=1",

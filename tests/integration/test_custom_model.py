@@ -83,7 +83,7 @@ def test_a_custom_model_is_planned_and_tuned(tmp_path: Path, source, name: str) 
     assert p.returncode == 0, p.stderr[-3000:]
     assert TOKEN not in p.stdout + p.stderr
     storage = f"sqlite:///{tmp_path / 'outputs' / 'state' / 'optuna.db'}"
-    study = optuna.load_study(study_name=f"chat-{name}-sim", storage=storage)
+    study = optuna.load_study(study_name=f"chat-{name}-sim-capacity", storage=storage)
     assert model_name(study) == name
     assert len(study.trials) == 2
     for t in study.trials:

@@ -227,7 +227,9 @@ def test_kill_9_leaves_the_container_running_and_recovery_removes_it(
 
         monkeypatch.setenv("PATH", env["PATH"])
         monkeypatch.setenv("FAKE_DOCKER_DIR", env["FAKE_DOCKER_DIR"])
-        study = optuna.load_study(study_name="chat-qwen3-8b-vllm", storage=storage(tmp_path))
+        study = optuna.load_study(
+            study_name="chat-qwen3-8b-vllm-capacity", storage=storage(tmp_path)
+        )
         recovered = recover(study, leases, [])
         assert not alive(pid), "the container the dead tuner left was not removed"
     finally:

@@ -1,7 +1,8 @@
 """notebooks/*.ipynb run top to bottom as a person runs them headless (``jupyter nbconvert
 --to notebook --execute``, from the ``notebooks`` extra; ``dev`` has it too) on two small studies
 the CLI wrote on the simulator, one folder for both notebooks: a copy of the reference study
-(chat, ``tests/helpers/reference.py``) and a long_docs study run beside it."""
+(chat under ``objective=throughput``, ``tests/helpers/reference.py``) and a chat study under the
+default objective, SLO capacity, run beside it (censored capacities, the capacity pick)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import nbformat
 import optuna
 import pytest
+from helpers.capacity import BINDING_SLOS
 from helpers.reference import Reference
 from helpers.trials import counted
 
@@ -22,29 +24,23 @@ from tuner import stored_trial
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = [
+CAPACITY = [
+    *BINDING_SLOS,  # its SLOs bind at ~16 in flight: a capacity trial in 10-20 s
     "study.n_trials=2",
-    "workload.warmup_requests=0",
-    "workload.output_tokens.low=8",
-    "workload.output_tokens.high=16",
-    "engine.env.TUNER_SIM_SPEEDUP=20",
+    "objective.capacity.max_steps=4",
     "confirm.rounds=1",  # a recommendation to export, from one fresh server per candidate
-    "confirm.picks=[goodput,baseline]",
-    # SLOs no stress run misses: at 20x a busy CI core's lag counts 20 times in the latencies.
-    # Once (fresh-clone CI, 2026-12-03) the notebook found an exported config for one study of
-    # the two, though the test passed alone; a confirm stage that demotes every pick under that
-    # lag recommends nothing. The notebooks are tested here, not the SLOs
-    "workload.slo.ttft_ms=600000",
-    "workload.slo.tpot_ms=10000",
+    "confirm.picks=[capacity,baseline]",
 ]
+CAPACITY_STUDY = "chat-qwen3-8b-sim-capacity"
 
 
 @pytest.fixture(scope="module")
 def cwd(tmp_path_factory: pytest.TempPathFactory, reference_study: Reference) -> Path:
-    """A folder where ``python -m tuner`` ran a chat and a long_docs study (with MLflow)."""
+    """A folder where ``python -m tuner`` ran two chat studies, throughput and capacity (with
+    MLflow)."""
     here = reference_study.copy(tmp_path_factory.mktemp("notebooks") / "studies")
     p = subprocess.run(
-        [sys.executable, "-m", "tuner", "+workload=long_docs", "workload.num_requests=4", *SMALL],
+        [sys.executable, "-m", "tuner", *CAPACITY],
         cwd=here,
         capture_output=True,
         text=True,
@@ -110,18 +106,29 @@ def test_pareto_notebook_executes(cwd: Path) -> None:
     assert figures[1]["layout"]["title"]["text"].startswith("Param importances")
 
 
+def test_the_pareto_notebook_shows_a_capacity_study(cwd: Path) -> None:
+    outputs, text = execute("pareto.ipynb", cwd, TUNER_STUDY=CAPACITY_STUDY)
+    trials = stored_trials(cwd, CAPACITY_STUDY)
+    assert f"study {CAPACITY_STUDY}: {len(trials)} trials, objectives ['capacity_rps'" in text
+    pareto = plotly_outputs(outputs)[0]
+    hover = [h for t in pareto["data"] for h in (t.get("hovertext") or [])]
+    assert any("capacity_rps" in h for h in hover)
+
+
 def test_pareto_fronts_notebook_compares_two_studies(cwd: Path) -> None:
     outputs, text = execute("pareto_fronts.ipynb", cwd)
-    for workload, n_trials in (("chat", 4), ("long_docs", 2)):  # the reference study: 4
-        trials = stored_trials(cwd, f"{workload}-qwen3-8b-sim")
+    for name, n_trials in (("chat-qwen3-8b-sim", 4), (CAPACITY_STUDY, 2)):  # the reference: 4
+        trials = stored_trials(cwd, name)
         assert len(counted(trials)) == n_trials
-        assert f"study {workload}-qwen3-8b-sim: {len(trials)} trials, workload {workload}" in text
+        assert f"study {name}: {len(trials)} trials, workload chat" in text
     # each study's exported config came back from the MLflow run that published it
     assert text.count("(MLflow run ") == 2
     assert text.count("model: ") == 2 and "# best-" in text
     (fig,) = plotly_outputs(outputs)
     titles = {a["text"] for a in fig["layout"]["annotations"]}
-    assert {"chat-qwen3-8b-sim", "long_docs-qwen3-8b-sim"} <= titles  # side by side
+    assert {"chat-qwen3-8b-sim", CAPACITY_STUDY} <= titles  # side by side
+    tables = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
+    assert "capacity_rps" in tables  # the baseline-against-recommendation table shows it
     for nb_file in ("pareto.ipynb", "pareto_fronts.ipynb"):  # committed without outputs
         stored = nbformat.read(ROOT / "notebooks" / nb_file, as_version=4)
         assert all(not c.get("outputs") for c in stored.cells if c.cell_type == "code")

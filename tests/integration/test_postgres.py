@@ -38,6 +38,7 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
         "-m",
         "tuner",
         "+workload=chat",
+        "objective=throughput",  # one replay a trial: the workers' sharing is what is tested
         "study.n_trials=6",
         f"study.name={name}",
         f"study.storage={URL}",
@@ -92,7 +93,7 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     # the report rebuilds exports and figures from the PostgreSQL storage, running nothing
     r = subprocess.run(
         [sys.executable, "-m", "tuner", "report", f"study.name={name}", f"study.storage={URL}"]
-        + [f"tracking.uri={MLFLOW_URL}", "hydra.run.dir=report"],
+        + [f"tracking.uri={MLFLOW_URL}", "objective=throughput", "hydra.run.dir=report"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -85,7 +85,13 @@ def test_report_rebuilds_it_all_from_storage(reference_study: Reference, tmp_pat
         r for r in mlflow_runs(cwd, reference.STUDY) if r.data.tags.get("tuner.role") == "study"
     ]
     shutil.rmtree(cwd / "outputs" / "runs" / reference_study.run_dir.name)
-    r = tuner(cwd, "report", f"study.name={reference.STUDY}", "hydra.run.dir=report")
+    r = tuner(
+        cwd,
+        "report",
+        f"study.name={reference.STUDY}",
+        "objective=throughput",
+        "hydra.run.dir=report",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = cwd / "report"
     assert (out / "best-goodput.yaml").read_text().count("confirmed under 2x load") == 1

@@ -146,7 +146,9 @@ def test_other_workloads_complete(make_cfg: Callable[..., TunerConfig], workload
         "confirm.enabled=false",
     )
     study_mod.run(cfg)
-    study = optuna.load_study(study_name=f"{workload}-qwen3-8b-sim", storage=storage_url(cfg))
+    study = optuna.load_study(
+        study_name=f"{workload}-qwen3-8b-sim-capacity", storage=storage_url(cfg)
+    )
     t = study.trials[0]
     assert t.user_attrs["failure_reason"] is None, t.user_attrs["failure_detail"]
     assert t.user_attrs["metrics"]["completed"] == 4
@@ -298,13 +300,15 @@ def test_interrupt_leaves_no_process_and_records_the_trial(
         assert proc.returncode == 130, out[-2000:]
         time.sleep(0.5)
         assert marked_pids(mark) == [], "a process started by the tuner survived"
-        study = optuna.load_study(study_name="chat-qwen3-8b-sim", storage=storage(tmp_path))
+        study = optuna.load_study(
+            study_name="chat-qwen3-8b-sim-capacity", storage=storage(tmp_path)
+        )
         (trial,) = study.trials
         # the tuner's output says why, should the trial be left RUNNING (seen once in 10 runs
         # beside CPU hogs, 2026-12-03, its output not kept)
         assert trial.state == optuna.trial.TrialState.FAIL, out[-4000:]
         assert stored_trial.failure_reason(trial) == "interrupted"
-        runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim")
+        runs = mlflow_runs(tmp_path, "chat-qwen3-8b-sim-capacity")
         (parent,) = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
         (child,) = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
         assert (parent.info.status, child.info.status) == ("KILLED", "FAILED")
@@ -513,6 +517,7 @@ def test_a_finished_replay_is_kept_when_a_later_one_is_interrupted(tmp_path: Pat
     # first replay measured is on disk as soon as it ends, not only when the server's last ends
     proc = subprocess.Popen(
         [sys.executable, "-m", "tuner", "+workload=chat", "study.n_trials=1", "study.repeats=2"]
+        + ["objective=throughput"]  # repeats of the workload's own replay, as before capacity
         + ["tracking=none", "workload.num_requests=120", "workload.arrival.concurrency=8"]
         + ["engine.env.TUNER_SIM_SPEEDUP=3"],  # each replay still takes seconds
         cwd=tmp_path,
@@ -604,7 +609,9 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
     stops the server it left, marks the trial failed in Optuna and MLflow, and goes on."""
     mark = f"TUNER_TEST_MARK={uuid.uuid4().hex}"
     env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+    # FAST's objective (throughput) for both runs: the same command, the same study
     args = ["+workload=chat", "study.n_trials=1", "engine.env.TUNER_SIM_SPEEDUP=1"]
+    args += ["objective=throughput"]
     kill_9_once_serving(tmp_path, [*args, "workload.num_requests=400"], env)
     time.sleep(0.3)
     left = marked_pids(mark)
@@ -774,7 +781,13 @@ def test_dry_run_prints_the_plan_and_launches_nothing(
     code, stdout, stderr = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
     assert code == 0, stderr[-2000:]
     out = " ".join(stdout.split())  # rich wraps long lines
-    assert "study chat-qwen3-8b-vllm · engine vllm" in out
+    assert "study chat-qwen3-8b-vllm-capacity · engine vllm" in out
+    assert (
+        "objective: capacity_rps (max), ttft_p95_ms (min); SLO capacity: the highest load with "
+        "TTFT <= 2000 ms, TPOT <= 50 ms at p95, searched on each trial's server after its own "
+        "replay (at most 8 replays, to 5%); once the study has a capacity, the incumbent's load "
+        "first" in out
+    )
     # the baseline passes no searched flag; it once printed every flag at vLLM's default
     assert "baseline trial (vLLM's defaults, no searched flag passed): vllm serve " in out
     assert (
@@ -783,7 +796,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(
         "--gpu-memory-utilization --max-model-len" in out
     )
     assert (
-        "then confirm goodput, latency, knee, baseline at 2x load, 2x duration, seeds [1], "
+        "then confirm capacity, latency, knee, baseline at 2x load, 2x duration, seeds [1], "
         "3 round(s) (a fresh server per pick per round: up to 12 server starts)" in out
     )
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()
@@ -829,7 +842,7 @@ def test_dry_run_notes_a_client_with_too_many_streams(
 def test_dry_run_names_the_prescreen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = ["+workload=chat", "dry_run=true", "study.prescreen.trials=50"]
+    args = ["+workload=chat", "objective=goodput", "dry_run=true", "study.prescreen.trials=50"]
     code, stdout, stderr = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
     assert code == 0, stderr[-2000:]
     out = " ".join(stdout.split())

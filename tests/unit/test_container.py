@@ -149,7 +149,7 @@ def test_the_dry_run_shows_the_docker_run(make_cfg) -> None:
     buf = io.StringIO()
     print_plan(cfg, Console(file=buf, width=1000))
     out = buf.getvalue()
-    assert "study chat-qwen3-8b-vllm · engine vllm" in out  # engine=vllm's study
+    assert "study chat-qwen3-8b-vllm-capacity · engine vllm" in out  # engine=vllm's study
     assert "each server in a container: docker run --cidfile <trial dir>/container.id " in out
     assert '--gpus "device=<lease>" --network host --ipc host' in out
     assert "--entrypoint vllm vllm/vllm-openai:v0.24.0 serve <model and flags as above>" in out

@@ -18,6 +18,7 @@ from tuner.workload import build_requests
 
 SMALL = [
     "+workload=chat",
+    "objective=throughput",  # the default, capacity, is no landscape metric (refused below)
     "workload.num_requests=40",
     "workload.warmup_requests=2",
     "workload.arrival.concurrency=16",
@@ -42,6 +43,11 @@ def _run(cfg: TunerConfig) -> tuple[list[Pick], dict]:
         (["objective=latency"], "study.prescreen cannot predict ['e2e_p95_ms']"),
         (["workload.slo.e2e_ms=9000"], "study.prescreen cannot predict ['e2e_p95_ms']"),
         (["study.prescreen.top=0"], "study.prescreen is trials=30, top=0"),
+        (
+            ["objective=capacity"],
+            "cannot predict ['capacity_rps'] (objectives or SLO constraints)"
+            " (a capacity search per config; objective=goodput ranks by the SLOs too)",
+        ),
     ],
 )
 def test_what_the_landscape_cannot_model_is_a_config_error(
@@ -100,7 +106,7 @@ def test_pareto_objectives_pick_from_the_front(make_cfg: Callable[..., TunerConf
     cfg = make_cfg(*SMALL, "study.prescreen.trials=30", "study.prescreen.top=2")
     picks, _ = _run(cfg)
     assert picks
-    for pick in picks:  # default objective: output tok/s (max) and p95 TTFT (min), worst each
+    for pick in picks:  # throughput: output tok/s (max) and p95 TTFT (min), worst each
         pr = pick.predicted
         assert pr["output_throughput"] == min(
             pr["output_throughput_stream1"], pr["output_throughput_stream2"]

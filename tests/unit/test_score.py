@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tuner.capacity_probe import holds, margin
-from tuner.config import ObjectiveConfig, SLOConfig
+from tuner.config import ObjectiveConfig, ObjectiveSpec, SLOConfig
 from tuner.records import RequestRecord
 from tuner.score import (
     constraints,
@@ -14,6 +14,27 @@ from tuner.score import (
     slo_margins,
     summarize,
 )
+
+
+def throughput(
+    *,
+    slo_constraints: bool = True,
+    prune: bool = True,
+    max_error_rate: float = 0.05,
+    slo_percentile: int = 95,
+) -> ObjectiveConfig:
+    """``objective=throughput``: tok/s against p95 TTFT, each SLO a constraint (the default,
+    capacity, has none: it counts only loads that hold)."""
+    return ObjectiveConfig(
+        objectives=[
+            ObjectiveSpec("output_throughput", "maximize"),
+            ObjectiveSpec("ttft_p95_ms", "minimize"),
+        ],
+        slo_constraints=slo_constraints,
+        prune=prune,
+        max_error_rate=max_error_rate,
+        slo_percentile=slo_percentile,
+    )
 
 
 def rec(i: int, t: float, ttft: float, e2e: float, out: int, **kw) -> RequestRecord:
@@ -53,12 +74,12 @@ def test_summary_matches_bench_serve_definitions() -> None:
 def test_no_success_gives_zero_throughput_and_worst_values() -> None:
     m = summarize([RequestRecord(index=0, status="timeout", t_sent_s=0.0)], SLOConfig())
     assert m["output_throughput"] == 0.0 and m["error_rate"] == 1.0
-    obj = ObjectiveConfig()
+    obj = throughput()
     assert objective_values(m, obj) == (0.0, failure_values(obj)[1])
 
 
 def test_constraints_per_failure_class_error_budget_and_slos() -> None:
-    obj = ObjectiveConfig()
+    obj = throughput()
     slo = SLOConfig(ttft_ms=200, tpot_ms=50)
     ok = constraints({"error_rate": 0.0, "ttft_p95_ms": 100.0, "tpot_p95_ms": 60.0}, None, obj, slo)
     assert ok["error_rate"] == pytest.approx(-0.05)
@@ -71,12 +92,12 @@ def test_constraints_per_failure_class_error_budget_and_slos() -> None:
     assert sum(bad[k] for k in bad if k.startswith("failed_")) == 1.0
     assert bad["slo_ttft"] == 1.0 and bad["error_rate"] > 0
     assert set(ok) == set(bad)  # the same keys for every trial
-    off = constraints({}, None, ObjectiveConfig(slo_constraints=False), slo)
+    off = constraints({}, None, throughput(slo_constraints=False), slo)
     assert not [k for k in off if k.startswith("slo_")]
 
 
 def test_prune_only_when_the_constraint_is_lost_for_sure() -> None:
-    obj = ObjectiveConfig()  # p95, 5 % error budget
+    obj = throughput()  # p95, 5 % error budget
     slo = SLOConfig(ttft_ms=100)
     slow = [rec(i, 0.0, 0.5, 1.0, 10) for i in range(6)]
     # 100 requests: 5 may miss the p95 bound; 6 slow ones with one in hand is not yet certain
@@ -84,13 +105,13 @@ def test_prune_only_when_the_constraint_is_lost_for_sure() -> None:
     assert "TTFT SLO" in (prune_reason([*slow, rec(6, 0.0, 0.5, 1.0, 10)], 100, obj, slo) or "")
     errors = [RequestRecord(index=i, status="error", t_sent_s=0.0) for i in range(6)]
     assert "failed" in (prune_reason(errors, 100, obj, slo) or "")
-    assert prune_reason(errors, 100, ObjectiveConfig(prune=False), slo) is None
+    assert prune_reason(errors, 100, throughput(prune=False), slo) is None
     fast = [rec(i, 0.0, 0.05, 1.0, 10) for i in range(50)]
     assert prune_reason(fast, 100, obj, slo) is None
 
 
 def test_slo_margins_the_one_rule_of_an_slo_held() -> None:
-    obj = ObjectiveConfig(max_error_rate=0.05, slo_percentile=95)
+    obj = throughput(max_error_rate=0.05, slo_percentile=95)
     slo = SLOConfig(ttft_ms=200, tpot_ms=50)
     some = {"ttft_p95_ms": 150.0, "ttft_p50_ms": 500.0, "error_rate": 0.0}
     assert slo_margins(some, obj, slo) == {"ttft": 0.25, "tpot": None}  # e2e: no SLO set

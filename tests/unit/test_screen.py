@@ -241,7 +241,7 @@ def test_a_screen_needs_known_levers_and_the_capacity_objective(
     with pytest.raises(ConfigError, match="screen.only"):
         make_cfg("+workload=chat", "mode=screen", "screen.only=[nope]")
     with pytest.raises(ConfigError, match="capacity_rps"):
-        make_cfg("+workload=chat", "mode=screen", "objective=default")
+        make_cfg("+workload=chat", "mode=screen", "objective=throughput")
 
 
 def test_every_default_lever_is_a_valid_one_flag_trial(

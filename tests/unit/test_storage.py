@@ -15,8 +15,8 @@ from tuner.stored_study import engine_kind
 
 
 def test_the_default_study_name_names_the_engine(make_cfg) -> None:
-    assert study_name(make_cfg("+workload=chat")) == "chat-qwen3-8b-sim"
-    assert study_name(make_cfg("+workload=chat", "engine=vllm")) == "chat-qwen3-8b-vllm"
+    assert study_name(make_cfg("+workload=chat")) == "chat-qwen3-8b-sim-capacity"
+    assert study_name(make_cfg("+workload=chat", "engine=vllm")) == "chat-qwen3-8b-vllm-capacity"
     assert study_name(make_cfg("+workload=chat", "engine=vllm", "study.name=mine")) == "mine"
 
 

@@ -17,19 +17,34 @@ from tuner.stored_study import objective_names
 CAPACITY = ["objective=capacity", "workload.slo.ttft_ms=500"]
 
 
-def test_the_default_study_name_carries_a_non_default_objective(
+def test_the_default_study_name_carries_the_objective_but_throughputs(
     make_cfg: Callable[..., TunerConfig],
 ) -> None:
-    assert study_name(make_cfg("+workload=chat")) == "chat-qwen3-8b-sim"  # as before
+    # capacity, the default, is named as when it was not: its stored studies continue
+    assert study_name(make_cfg("+workload=chat")) == "chat-qwen3-8b-sim-capacity"
     assert study_name(make_cfg("+workload=chat", *CAPACITY)) == "chat-qwen3-8b-sim-capacity"
+    # throughput against TTFT, the first default, keeps the bare name its studies have
+    assert study_name(make_cfg("+workload=chat", "objective=throughput")) == "chat-qwen3-8b-sim"
     assert objective_label(make_cfg("+workload=chat", "objective=goodput").objective) == "goodput"
+    latency = make_cfg("+workload=chat", "objective=latency").objective
+    assert objective_label(latency) == "e2e_p95_ms"
     assert study_name(make_cfg("+workload=chat", *CAPACITY, "study.name=mine")) == "mine"
+
+
+def test_the_default_objective_is_capacity(make_cfg: Callable[..., TunerConfig]) -> None:
+    cfg = make_cfg("+workload=chat")
+    assert [(o.metric, o.direction) for o in cfg.objective.objectives] == [
+        ("capacity_rps", "maximize"),
+        ("ttft_p95_ms", "minimize"),
+    ]
+    assert cfg.objective == TunerConfig().objective  # the schema's default says the same
+    assert cfg.confirm.picks[0] == "capacity"
 
 
 def test_a_throughput_study_continued_with_capacity_is_refused_in_one_line(
     make_cfg: Callable[..., TunerConfig],
 ) -> None:
-    first = make_cfg("+workload=chat", "study.name=s", "tracking=none")
+    first = make_cfg("+workload=chat", "objective=throughput", "study.name=s", "tracking=none")
     stored = open_study(first)
     assert objective_names(stored) == ["output_throughput:maximize", "ttft_p95_ms:minimize"]
     again = make_cfg("+workload=chat", "study.name=s", "tracking=none", *CAPACITY)
@@ -38,14 +53,17 @@ def test_a_throughput_study_continued_with_capacity_is_refused_in_one_line(
     msg = str(e.value)
     assert "\n" not in msg
     assert "'s'" in msg and "output_throughput:maximize" in msg and "capacity_rps:maximize" in msg
-    assert "study.name=chat-qwen3-8b-sim-capacity" in msg
+    assert "study.name=chat-qwen3-8b-sim-capacity" in msg  # the default name for capacity
+    assert msg.endswith("or objective=throughput to continue or report it")  # the stored one
     assert open_study(first).study_name == "s"  # the same objective continues
 
 
 def test_a_study_stored_before_the_objective_was_kept_continues(
     make_cfg: Callable[..., TunerConfig],
 ) -> None:
-    stored = open_study(make_cfg("+workload=chat", "study.name=old", "tracking=none"))
+    stored = open_study(
+        make_cfg("+workload=chat", "objective=throughput", "study.name=old", "tracking=none")
+    )
     del stored  # an older tuner stored no objective attribute: drop it
     cfg = make_cfg("+workload=chat", "study.name=old", "tracking=none", *CAPACITY)
     s = optuna.load_study(study_name="old", storage=storage_url(cfg))

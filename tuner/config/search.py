@@ -160,16 +160,20 @@ class CapacityConfig:
 
 @dataclass
 class ObjectiveConfig:
+    """What a study optimises (``conf/objective/``). The default is ``objective=capacity``: the
+    SLO capacity (``capacity_rps``) against p95 TTFT at the workload's own load."""
+
     objectives: list[ObjectiveSpec] = field(
         default_factory=lambda: [
-            ObjectiveSpec("output_throughput", "maximize"),
+            ObjectiveSpec("capacity_rps", "maximize"),
             ObjectiveSpec("ttft_p95_ms", "minimize"),
         ]
     )
     max_error_rate: float = 0.05
     """A trial whose failed-request share exceeds this violates a constraint."""
-    slo_constraints: bool = True
-    """Each SLO the workload sets (``workload.slo``) becomes a constraint on its percentile."""
+    slo_constraints: bool = False
+    """Each SLO the workload sets (``workload.slo``) becomes a constraint on its percentile
+    (false under capacity: it counts only loads that meet every SLO already)."""
     slo_percentile: int = 95
     """The percentile of TTFT/TPOT/E2E that must meet the SLO (50, 90, 95 or 99)."""
     prune: bool = True
