@@ -151,12 +151,17 @@ def capacity_start(candidate: Candidate, cfg: TunerConfig) -> Start | None:
     start under ``objective=capacity`` (2026-12-04, speed-up 8, 9 servers), started one narrow
     climb under the capacity, a server whose start failed narrowed from the stressed load far
     below and one that held with a wide margin jumped past the capacity: 4-7 replays a server,
-    6.0 on average."""
+    6.0 on average. A pick whose capacity was censored above starts at its estimate, not
+    ``near``: the search brackets from there as a search trial's does."""
     factor = candidate.search_metrics.get("capacity_factor")
     if factor is None or factor <= 0:
         return None
     rps = candidate.search_metrics.get("capacity_rps")
-    return Start(float(factor) / cfg.confirm.load_factor, rps, near=True)
+    # a capacity censored above (the pick lost at the incumbent's load) is an estimate, not a
+    # measurement: walking by narrow steps from it took 7-8 replays a server in the quick start
+    # (2026-12-04, a latency pick estimated at 3.76x the workload's load, measured at 5.4x)
+    measured = candidate.search_metrics.get("capacity_censored") != -1
+    return Start(float(factor) / cfg.confirm.load_factor, rps, near=measured)
 
 
 def stressed(w: WorkloadConfig, cc: ConfirmConfig, seed: int) -> WorkloadConfig:

@@ -286,6 +286,7 @@ def objective_option(stored: list[str]) -> str | None:
     ``stored`` (``metric:direction`` each), or None."""
     for option in available("objective"):
         doc = yaml.safe_load((conf_dir() / "objective" / f"{option}.yaml").read_text()) or {}
+        doc = doc.get("objective", doc)  # a file of package _global_ nests it
         specs = [f"{o['metric']}:{o['direction']}" for o in doc.get("objectives", [])]
         if specs == stored:
             return option

@@ -796,7 +796,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(
         "--gpu-memory-utilization --max-model-len" in out
     )
     assert (
-        "then confirm capacity, latency, knee, baseline at 2x load, 2x duration, seeds [1], "
+        "then confirm capacity, latency, knee, baseline at 2x load, 1x duration, seeds [1], "
         "3 round(s) (a fresh server per pick per round: up to 12 server starts)" in out
     )
     assert not (tmp_path / "outputs" / "state" / "optuna.db").exists()

@@ -5,6 +5,7 @@ show it, and the confirm stage's ``capacity`` pick: no server, no subprocess."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -225,6 +226,11 @@ def test_confirm_picks_by_the_capacity_objective_under_it(
     start = capacity_start(best, TunerConfig(confirm=cc))
     assert start is not None and start.factor == pytest.approx(6.97 / 2.0)
     assert start.rps == 69.7 and start.near
+    # a pick censored above (e.g. the latency pick lost at the incumbent's load): its capacity
+    # is an estimate, so its servers start there without walking by narrow steps
+    estimate = {**best.search_metrics, "capacity_censored": -1.0}
+    start = capacity_start(replace(best, search_metrics=estimate), TunerConfig(confirm=cc))
+    assert start is not None and start.factor == pytest.approx(6.97 / 2.0) and not start.near
 
 
 def test_mlflow_shows_a_capacity_censored_above_as_less_than(tmp_path: Path) -> None:

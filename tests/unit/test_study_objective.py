@@ -39,6 +39,15 @@ def test_the_default_objective_is_capacity(make_cfg: Callable[..., TunerConfig])
     ]
     assert cfg.objective == TunerConfig().objective  # the schema's default says the same
     assert cfg.confirm.picks[0] == "capacity"
+    # its capacity steps are long already: the stressed replay is not made longer too
+    assert cfg.confirm.duration_factor == 1.0
+    assert make_cfg("+workload=chat", "objective=throughput").confirm.duration_factor == 2.0
+    again = make_cfg("+workload=chat", "confirm.duration_factor=2")  # the command line wins
+    assert again.confirm.duration_factor == 2.0
+    gpus = make_cfg("+workload=chat", "objective=capacity_per_gpu")
+    assert gpus.confirm.duration_factor == 1.0 and gpus.objective.objectives[0].metric == (
+        "capacity_per_gpu_rps"
+    )
 
 
 def test_a_throughput_study_continued_with_capacity_is_refused_in_one_line(

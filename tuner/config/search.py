@@ -248,7 +248,9 @@ class ConfirmConfig:
     """Concurrency, rate (and a trace's speed) × this."""
     duration_factor: float = 2.0
     """Requests and ``workload.duration_s`` × this. 2 by default: with 3 rounds of one seed, each
-    candidate replays 6× the search's requests, as 2 seeds at 3× did on one server."""
+    candidate replays 6× the search's requests, as 2 seeds at 3× did on one server. 1 under a
+    capacity objective (``conf/objective/capacity.yaml``): each capacity step already sends at
+    least 3 requests per slot in flight at the capacity."""
     seeds: list[int] = field(default_factory=lambda: [1])
     """One stress run per seed (another request order and content) on each round's server; a
     round's value is its worst run. One seed by default: the rounds repeat it on fresh servers;
