@@ -162,6 +162,14 @@ class Capacity:
     ``high`` (the load that failed) and ``rps`` is an estimate under it."""
 
     @property
+    def factor_high(self) -> float:
+        """The lowest load factor above ``factor`` that failed (the bracket's top; for a capacity
+        censored above, the incumbent's load where this server lost), or ``factor`` where none
+        did."""
+        failed = [s.factor for s in self.steps if not s.held and s.factor >= self.factor]
+        return min(failed, default=self.factor)
+
+    @property
     def bound(self) -> float:
         """``capacity_censored``: 1 at least ``rps`` (held everywhere tried), −1 below
         ``high`` (the incumbent probe lost), 0 bracketed."""
@@ -170,7 +178,10 @@ class Capacity:
     def metrics(self, gpus: int | None = None) -> dict[str, float]:
         """:data:`CAPACITY_METRICS`; ``capacity_per_gpu_rps`` (``rps`` / ``gpus``, censored as
         ``rps`` is) only where ``gpus``, the server's GPUs (TP × DP), is given."""
-        values = (self.rps, self.low, self.high, self.factor, len(self.steps), self.bound)
+        values = (
+            self.rps, self.low, self.high, self.factor, self.factor_high, len(self.steps),
+            self.bound,
+        )  # fmt: skip
         out = {k: float(v) for k, v in zip(CAPACITY_METRICS, values, strict=False)}
         if gpus is not None:
             out[PER_GPU] = self.rps / max(1, gpus)
@@ -193,6 +204,7 @@ CAPACITY_METRICS = (
     "capacity_rps_low",
     "capacity_rps_high",
     "capacity_factor",
+    "capacity_factor_high",
     "capacity_steps",
     "capacity_censored",
     "capacity_per_gpu_rps",

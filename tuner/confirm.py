@@ -49,7 +49,7 @@ __all__ = [
 
 PICKS = CONFIRM_PICKS
 
-_SEARCH_ONLY = ("capacity_factor", "capacity_censored")
+_SEARCH_ONLY = ("capacity_factor", "capacity_factor_high", "capacity_censored")
 """Kept of a candidate's search (when measured), not of its stress runs: where its confirm
 servers start the capacity search (:func:`capacity_start`), and whether it was censored."""
 
@@ -151,17 +151,22 @@ def capacity_start(candidate: Candidate, cfg: TunerConfig) -> Start | None:
     start under ``objective=capacity`` (2026-12-04, speed-up 8, 9 servers), started one narrow
     climb under the capacity, a server whose start failed narrowed from the stressed load far
     below and one that held with a wide margin jumped past the capacity: 4-7 replays a server,
-    6.0 on average. A pick whose capacity was censored above starts at its estimate, not
-    ``near``: the search brackets from there as a search trial's does."""
+    6.0 on average. A pick whose capacity was censored above starts between its estimate and
+    the load where it lost."""
     factor = candidate.search_metrics.get("capacity_factor")
     if factor is None or factor <= 0:
         return None
     rps = candidate.search_metrics.get("capacity_rps")
-    # a capacity censored above (the pick lost at the incumbent's load) is an estimate, not a
-    # measurement: walking by narrow steps from it took 7-8 replays a server in the quick start
-    # (2026-12-04, a latency pick estimated at 3.76x the workload's load, measured at 5.4x)
-    measured = candidate.search_metrics.get("capacity_censored") != -1
-    return Start(float(factor) / cfg.confirm.load_factor, rps, near=measured)
+    top = candidate.search_metrics.get("capacity_factor_high")
+    if candidate.search_metrics.get("capacity_censored") == -1 and top and top > factor:
+        # censored above: ``factor`` is the margin line's estimate between the workload's load,
+        # which held, and the incumbent's, where it lost (``top``); a closed loop's margin is
+        # flat until it saturates, so the estimate reads low. The start is the middle of the two
+        # in log terms: in the quick start (2026-12-04) two latency picks estimated at 3.76x and
+        # 4.28x the workload's load, lost at 7.76x and 8.33x, measured 5.4-5.5x on fresh
+        # servers, 7-8 replays each walking up from the estimate
+        factor = (float(factor) * float(top)) ** 0.5
+    return Start(float(factor) / cfg.confirm.load_factor, rps, near=True)
 
 
 def stressed(w: WorkloadConfig, cc: ConfirmConfig, seed: int) -> WorkloadConfig:

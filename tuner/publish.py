@@ -64,7 +64,7 @@ def _export_header(
     searched = {
         m: v
         for m, v in _first(c.search_metrics, first).items()
-        if v == v and m not in ("capacity_factor", "capacity_censored")
+        if v == v and m not in ("capacity_factor", "capacity_factor_high", "capacity_censored")
     }
     lines = [
         f"best-{name}: trial {c.trial} of tuner study {study.study_name!r}"

@@ -265,6 +265,9 @@ async def test_a_loser_is_estimated_below_the_incumbent_not_at_it() -> None:
     assert cap.rps == pytest.approx(29.64 + t * (67.57 - 29.64))
     assert 29.64 < cap.rps < 67.57 * 0.9
     assert cap.high == pytest.approx(67.57)
+    # the load it lost at is kept: where a confirm server of this pick starts from
+    m = cap.metrics()
+    assert m["capacity_factor_high"] == 6.765625 > m["capacity_factor"] > 1.0
 
 
 async def _near(capacity: float, start: float, near: bool = True) -> tuple[list[float], Any]:

@@ -227,10 +227,12 @@ def test_confirm_picks_by_the_capacity_objective_under_it(
     assert start is not None and start.factor == pytest.approx(6.97 / 2.0)
     assert start.rps == 69.7 and start.near
     # a pick censored above (e.g. the latency pick lost at the incumbent's load): its capacity
-    # is an estimate, so its servers start there without walking by narrow steps
-    estimate = {**best.search_metrics, "capacity_censored": -1.0}
-    start = capacity_start(replace(best, search_metrics=estimate), TunerConfig(confirm=cc))
-    assert start is not None and start.factor == pytest.approx(6.97 / 2.0) and not start.near
+    # is the margin line's estimate, which a saturating closed loop puts low; its servers start
+    # halfway (in log terms) to the load it lost at
+    lost = {**best.search_metrics, "capacity_censored": -1.0, "capacity_factor_high": 13.0}
+    start = capacity_start(replace(best, search_metrics=lost), TunerConfig(confirm=cc))
+    assert start is not None and start.factor == pytest.approx((6.97 * 13.0) ** 0.5 / 2.0)
+    assert start.near
 
 
 def test_mlflow_shows_a_capacity_censored_above_as_less_than(tmp_path: Path) -> None:
