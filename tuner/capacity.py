@@ -299,11 +299,15 @@ async def search(
                 f = lo.factor * step
                 if f > settings.max_factor or (hi is not None and real(f) >= hi.factor):
                     break
+                if real(f) <= lo.factor:  # a closed loop's whole slot: no new load yet
+                    continue
             else:
                 assert hi is not None
                 f = hi.factor / step
                 if f < settings.min_factor or (lo is not None and real(f) <= lo.factor):
                     break
+                if real(f) >= hi.factor:
+                    continue
             s = await at(f)
             if s.held:
                 lo = s
@@ -462,6 +466,8 @@ def _answer(
     # has no full rate of its own: its load's share of the held step's rate stands in. Never
     # below the rate that held: that one was served within the SLOs; never above ``ceiling``
     # (an incumbent's rate where this server lost) when given.
+    if hi.factor <= lo.factor:  # one load held and failed (a noisy server): the capacity is there
+        return Capacity(lo.rps, lo.rps, max(hi.rps, lo.rps), lo.factor, tuple(steps))
     f = _interpolate(lo, hi)
     top = hi.rps if hi.pruned is None else lo.rps / lo.factor * hi.factor
     top = max(top, lo.rps)
