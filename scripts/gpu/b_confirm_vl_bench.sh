@@ -17,7 +17,7 @@ CHAT=$!
 (
   cd $W/vl
   timeout -s INT -k 40 "${VL_LIMIT:-250}" python3 -m tuner +workload=image_heavy engine=$ENGINE \
-    model=qwen3-vl-8b 'engine.gpus=[1]' study.name=image_heavy-qwen3-vl-8b study.n_trials=1 \
+    model=qwen3-vl-8b 'engine.gpus=[1]' study.name=image_heavy-qwen3-vl-8b study.n_trials=1 objective=throughput \
     confirm.enabled=false
   echo "tuner rc=$?"
 ) > "$LOGS/vl.log" 2>&1
