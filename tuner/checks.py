@@ -78,8 +78,6 @@ def to_config(cfg: DictConfig) -> TunerConfig:
     if obj.mode == "screen":  # the screen's trials are asked from its levers' space
         screen.real_weights_only(obj)  # e.g. speculative decoding: real weights only
         obj.space = config.screen_space(obj.screen)
-    if score.needs_capacity(obj.objective) and tuple(obj.confirm.picks) == config.DEFAULT_PICKS:
-        obj.confirm.picks = list(config.CAPACITY_PICKS)  # by the study's objective
     space.real_weights_only(obj.space, obj.model)  # e.g. speculative decoding: real weights only
     check(obj)
     return obj

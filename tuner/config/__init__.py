@@ -35,7 +35,6 @@ from tuner.config.compose import (
 from tuner.config.engine import ContainerConfig, EngineConfig, ModelConfig
 from tuner.config.screen import LeverSpec, ScreenConfig, chosen_levers, screen_space
 from tuner.config.search import (
-    CAPACITY_PICKS,
     DEFAULT_PICKS,
     QUALITY_MEASURES,
     CapacityConfig,
@@ -95,7 +94,6 @@ __all__ = [
     "ArrivalConfig",
     "CapacityConfig",
     "ConfirmConfig",
-    "CAPACITY_PICKS",
     "DEFAULT_PICKS",
     "ContainerConfig",
     "DistConfig",

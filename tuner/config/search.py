@@ -183,14 +183,11 @@ class ObjectiveConfig:
 
 
 DEFAULT_PICKS = ("goodput", "latency", "knee", "baseline")
-"""``confirm.picks`` unless set; under a capacity objective :data:`CAPACITY_PICKS` instead
-(:func:`tuner.checks.to_config`)."""
-
-CAPACITY_PICKS = ("capacity", "latency", "knee", "baseline")
-"""The default picks under a capacity objective: by the study's objective, the best capacity in
-place of ``goodput`` (goodput at the workload's own load, which a capacity study does not rank by;
-on the quick start under capacity it confirmed a trial whose capacity was censored below the
-defaults', 3 servers of 7 replays each)."""
+"""``confirm.picks`` unless set. A capacity objective sets its own
+(``conf/objective/capacity.yaml``: ``capacity`` in place of ``goodput``, goodput at the
+workload's own load, which a capacity study does not rank by; on the quick start under capacity
+it confirmed a trial whose capacity was censored below the defaults', 3 servers of 7 replays
+each)."""
 
 
 QUALITY_MEASURES = ("answer_rate", "exact_match")
@@ -229,9 +226,8 @@ class ConfirmConfig:
     """false: skip the stress runs; the picks are still exported (marked unconfirmed)."""
     picks: list[str] = field(default_factory=lambda: list(DEFAULT_PICKS))
     """Which configs to confirm and export (``best-<pick>.yaml``): ``capacity`` (max SLO
-    capacity; in place of ``goodput`` among the default picks under a capacity objective,
-    :data:`CAPACITY_PICKS`: each of its confirm servers starts the capacity search one narrow
-    climb under the pick's search capacity), ``goodput`` (max goodput
+    capacity; in place of ``goodput`` among a capacity objective's picks,
+    ``conf/objective/capacity.yaml``), ``goodput`` (max goodput
     within the SLOs), ``throughput`` (max output tok/s), ``latency`` (lowest value of the first
     minimised objective), ``knee`` (the Pareto point nearest the ideal), ``baseline`` (vLLM's
     defaults, trial 0, re-measured beside the others: the reference every gain is measured against;
