@@ -221,11 +221,6 @@ class MetricsScraper:
             out["sim_lag_max_ms"] = 1e3 * max(peaks)
         return out
 
-    @property
-    def started_at(self) -> float:
-        """``time.perf_counter()`` on entry: each sample's ``t_s`` counts from it."""
-        return self._t0
-
     def peak_within(self, name: str, start: float, end: float) -> float | None:
         """The largest value of ``name``, a gauge reset at each read (the simulator's
         ``tuner_sim:stream_lag_max_seconds``), over the reads whose span (since the read
@@ -234,7 +229,7 @@ class MetricsScraper:
         peaks = []
         prev: float | None = None
         for sample in self.samples:
-            t = self.started_at + sample["t_s"]
+            t = self._t0 + sample["t_s"]  # perf_counter on entry + the read's offset
             if name in sample and prev is not None and t >= start and prev <= end:
                 peaks.append(sample[name])
             prev = t
