@@ -19,18 +19,19 @@ from typing import Any
 from tuner.artifacts import TrialFolder, write_json, write_requests
 from tuner.capacity import Capacity, Start, Step, search
 from tuner.config import ObjectiveConfig, SLOConfig, WorkloadConfig
-from tuner.measure import Measured, Replay, reset_caches
+from tuner.measure import Measured, Replay, reset_caches, unsteady_indices
 from tuner.records import RequestSpec
 from tuner.replay import is_closed_loop
 from tuner.score import KEY_METRICS, slo_margins, summarize
 from tuner.telemetry.prom import wait_idle
-from tuner.workload import at_load, build_requests
+from tuner.workload import Mix, at_load, build_requests, request_mix
 
 __all__ = [
     "CLOSED_LOOP_REQUESTS_PER_SLOT",
     "MAX_REPEATS",
     "MIN_STEP_REQUESTS",
     "Measure",
+    "counted_mix",
     "holds",
     "margin",
     "probe_capacity",
@@ -38,6 +39,7 @@ __all__ = [
     "step_of",
     "step_replay",
     "step_requests",
+    "step_size",
     "whole_load",
 ]
 
@@ -213,12 +215,17 @@ def step_replay(
     top, and at least :data:`CLOSED_LOOP_REQUESTS_PER_SLOT` per slot in all), counted in their
     steady state."""
     w = at_load(base.workload, factor)
+    w = replace(w, num_requests=step_size(objective, w, _closed(base)))
+    return Replay(subdir, step_requests(w, model_files, _closed(base)), w, steady=True)
+
+
+def step_size(objective: ObjectiveConfig, w: WorkloadConfig, closed: bool) -> int:
+    """The requests a capacity step at ``w``'s load sends (:func:`step_replay`)."""
     n = max(objective.capacity.requests or w.num_requests, MIN_STEP_REQUESTS)
-    if _closed(base):  # its start and end are not counted: 1 request per slot between, at least
+    if closed:  # its start and end are not counted: 1 request per slot between, at least
         c = w.arrival.concurrency
         n = max(n + 2 * c, MIN_STEP_REQUESTS + 2 * c, CLOSED_LOOP_REQUESTS_PER_SLOT * c)
-    w = replace(w, num_requests=n)
-    return Replay(subdir, step_requests(w, model_files, _closed(base)), w, steady=True)
+    return n
 
 
 def whole_load(base: Replay, factor: float) -> float:
@@ -238,10 +245,30 @@ def step_requests(w: WorkloadConfig, model_files: Path, closed: bool) -> list[Re
     schedule depends on its length (a ramp spans it), so it is built at its own length."""
     if not closed:
         return build_requests(w, model_files)
-    size = 1 << max(0, w.num_requests - 1).bit_length()
-    full = build_requests(replace(w, num_requests=size), model_files)
+    full = build_requests(replace(w, num_requests=_stream_size(w.num_requests)), model_files)
     warm = [s for s in full if s.warmup]
     return warm + [s for s in full if not s.warmup][: w.num_requests]
+
+
+def counted_mix(
+    objective: ObjectiveConfig, w: WorkloadConfig, factor: float
+) -> tuple[Mix, list[int]]:
+    """What a closed-loop capacity step at ``factor`` × ``w``'s load measures its requests/s on:
+    its stream's lengths and images (:func:`tuner.workload.request_mix`, no texts built) and the
+    indices it counts (:func:`tuner.measure.unsteady_indices`). For
+    ``benchmarks/capacity_streams.py`` and the tests of the streams' stratification."""
+    ws = at_load(w, factor)
+    n = step_size(objective, ws, closed=True)
+    mix = request_mix(replace(ws, num_requests=_stream_size(n)))
+    warm = max(0, ws.warmup_requests)
+    specs = [RequestSpec(i, "chat", {}, 0, 0, warmup=i < warm) for i in range(warm + n)]
+    skip = unsteady_indices(Replay("step", specs, replace(ws, num_requests=n)))
+    return mix, [s.index for s in specs if not s.warmup and s.index not in skip]
+
+
+def _stream_size(n: int) -> int:
+    """A closed-loop step of ``n`` requests takes the first ``n`` of the stream of this size."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 def step_of(factor: float, rp: Replay, m: Measured, objective: ObjectiveConfig) -> Step:

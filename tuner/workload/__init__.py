@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tuner.config import WorkloadConfig
+from tuner.config import DistConfig, WorkloadConfig
 from tuner.errors import ConfigError
 from tuner.records import RequestSpec
 from tuner.workload.arrivals import arrival_gaps, arrival_times, ramp_rate
@@ -27,7 +27,7 @@ from tuner.workload.images import (
     model_image_grid,
     model_image_limit,
 )
-from tuner.workload.lengths import sample_lengths
+from tuner.workload.lengths import sample_lengths, stratified_integers
 from tuner.workload.prompts import (
     ChatTemplate,
     TokenCorpus,
@@ -39,6 +39,7 @@ from tuner.workload.trace import Trace, load_trace
 
 __all__ = [
     "ChatTemplate",
+    "Mix",
     "TokenCorpus",
     "Trace",
     "arrival_gaps",
@@ -54,6 +55,7 @@ __all__ = [
     "model_image_limit",
     "overhead",
     "ramp_rate",
+    "request_mix",
     "sample_lengths",
     "token_corpus",
 ]
@@ -141,9 +143,7 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
     # the template's own tokens around each image (counted text carries no image parts)
     wrap = template.image_wrapper_tokens(tokenizer) if template and w.images is not None else 0
 
-    r_len, r_text, r_img, r_arr, r_sys = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(w.seed).spawn(5)
-    )
+    _, r_text, r_img, r_arr, r_sys, _ = _generators(w.seed)
     n_warm = max(0, w.warmup_requests)
     turns = max(1, w.turns)
     arrivals: list[float] | None
@@ -153,12 +153,15 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
         in_lens = [int(v) for v in trace.input_tokens[warm_rows]] + trace.input_tokens.tolist()
         out_lens = [int(v) for v in trace.output_tokens[warm_rows]] + trace.output_tokens.tolist()
         arrivals = trace.arrival_s.tolist()
+        images_of, size_of = _image_mix(w, n_warm + n_meas)
     else:
         n_meas = w.num_requests
-        in_lens = sample_lengths(w.input_tokens, n_warm + n_meas, r_len)
-        out_lens = sample_lengths(w.output_tokens, n_warm + n_meas, r_len)
+        mix = request_mix(w)
+        in_lens, out_lens = mix.input_tokens, mix.output_tokens
+        images_of, size_of = mix.images, mix.image_sizes
         arrivals = arrival_times(w.arrival, n_meas, r_arr)
     total = n_warm + n_meas
+    next_size = iter(size_of)
     system = corpus.text(w.system_prompt_tokens, r_sys) if w.system_prompt_tokens > 0 else None
     if trace is not None:  # the row counts the whole prompt: the user's text is what is left
         around = overhead(template, tokenizer, system)
@@ -169,7 +172,7 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
     history: list[tuple[Any, str, int, str]] = []  # (user content, user text, image tokens, reply)
     for i in range(total):
         warm = i < n_warm
-        turn = (i if warm else i - n_warm) % turns
+        turn = (i if warm else i - n_warm) % turns  # as request_mix numbers them
         if turn == 0:
             history = []
         user_text = corpus.text(in_lens[i], r_text)
@@ -177,10 +180,10 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
         n_images = img_tokens = 0
         if w.images is not None:
             im = w.images
-            n_images = int(r_img.integers(im.min_count, im.max_count + 1))
+            n_images = images_of[i]
             parts: list[dict[str, Any]] = [{"type": "text", "text": user_text}]
             for _ in range(n_images):
-                wd, ht = (int(v) for v in im.sizes[int(r_img.integers(len(im.sizes)))])
+                wd, ht = (int(v) for v in im.sizes[next(next_size)])
                 fmt = im.formats[int(r_img.integers(len(im.formats)))]
                 url = image_data_url(wd, ht, fmt, r_img)
                 parts.append({"type": "image_url", "image_url": {"url": url}})
@@ -251,3 +254,77 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
         dataclasses.replace(s, prompt_tokens=s.prompt_tokens + n)
         for s, n in zip(specs, counts, strict=True)
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mix:
+    """What each request of a synthetic stream (``w.trace`` None) carries, warm-ups first: its
+    new input and output tokens (the user's text this turn and the reply's ``max_tokens``), its
+    turn in the conversation, its images, and each image's size (an index into
+    ``w.images.sizes``, the images in order). All stratified
+    (:mod:`tuner.workload.lengths`): lengths within each turn, so that a window of requests
+    carries the distributions' means."""
+
+    input_tokens: list[int]
+    output_tokens: list[int]
+    turn: list[int]
+    images: list[int]
+    image_sizes: list[int]
+
+    def text_tokens(self) -> list[int]:
+        """Each request's text tokens, the conversation's earlier turns (input and reply)
+        included: its prompt less what the template and the system prompt add."""
+        out: list[int] = []
+        history = 0
+        for i, t in enumerate(self.turn):
+            history = (
+                0 if t == 0 else history + self.input_tokens[i - 1] + self.output_tokens[i - 1]
+            )
+            out.append(history + self.input_tokens[i])
+        return out
+
+
+def request_mix(w: WorkloadConfig) -> Mix:
+    """The :class:`Mix` of ``w``'s stream, as :func:`build_requests` builds it (the same seed's
+    generators), without its texts: cheap where the texts are not (long documents)."""
+    if w.trace is not None:
+        raise ConfigError("a trace's requests carry the trace's own lengths: no mix is drawn")
+    n_warm, n_meas, turns = max(0, w.warmup_requests), w.num_requests, max(1, w.turns)
+    # warm-ups and measured requests each start a fresh conversation
+    turn = [i % turns for i in range(n_warm)] + [i % turns for i in range(n_meas)]
+    r_len = _generators(w.seed)[0]
+    in_lens = _per_turn(w.input_tokens, turn, turns, r_len)
+    out_lens = _per_turn(w.output_tokens, turn, turns, r_len)
+    images, sizes = _image_mix(w, n_warm + n_meas)
+    return Mix(in_lens, out_lens, turn, images, sizes)
+
+
+def _generators(seed: int) -> list[np.random.Generator]:
+    """The stream's independent generators, spawned from ``seed``: lengths, texts, images'
+    pixels and formats, arrivals, the system prompt, the image mix."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)]
+
+
+def _image_mix(w: WorkloadConfig, total: int) -> tuple[list[int], list[int]]:
+    """Images per request and each image's size (an index into ``w.images.sizes``), stratified
+    as the lengths are: a size sets the image's tokens."""
+    if w.images is None:
+        return [], []
+    r_mix = _generators(w.seed)[5]
+    images = stratified_integers(w.images.min_count, w.images.max_count, total, r_mix)
+    return images, stratified_integers(0, len(w.images.sizes) - 1, sum(images), r_mix)
+
+
+def _per_turn(d: DistConfig, turn: list[int], turns: int, rng: np.random.Generator) -> list[int]:
+    """Lengths from ``d`` for requests at these ``turn``-s, stratified over the requests of each
+    turn: a later turn's prompt holds the earlier turns, so each turn's own lengths, not every
+    other request's, must keep the distribution's mean over a window. Of the 470 chat requests a
+    capacity step counts at 470 in flight, the first turns' prompts averaged 715-733 tokens over
+    six seeds stratified over all requests in blocks of 64, 722-727 per turn in blocks of 16
+    (2026-12-05)."""
+    out = [0] * len(turn)
+    for t in range(turns):
+        where = [i for i, p in enumerate(turn) if p == t]
+        for i, v in zip(where, sample_lengths(d, len(where), rng), strict=True):
+            out[i] = v
+    return out
