@@ -74,7 +74,7 @@ def sample_lengths(d: DistConfig, n: int, rng: np.random.Generator) -> list[int]
     if d.kind == "fixed":
         values = np.full(n, float(d.mean))
     elif d.kind == "uniform":
-        return [min(max(v, low), high) for v in stratified_integers(low, high, n, rng)]
+        return stratified_integers(low, high, n, rng)
     elif d.kind == "normal":
         values = d.mean + max(d.std, 0.0) * _normal_quantiles(stratified_uniforms(n, rng))
     elif d.kind == "lognormal":
