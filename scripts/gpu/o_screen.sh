@@ -12,6 +12,8 @@
 #   LEVERS=a,b,... screens several levers at one server each (D L L L D L L L D ...)
 #   (copy the log out on every wait: a machine lost mid-job takes the job's files with it,
 #   docs/gpu-runs/2026-12-02-screen-fp8.md)
+# WL=long_docs screens that profile (5-6 min a server on the H200: SERVERS=1 EVERY=2 and 1-2
+# levers fit one hold, e.g. LEVERS=kv_fp8,mnbt_2048 T=1500 PER=360).
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
 #   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
 #   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
@@ -28,9 +30,14 @@ mkdir -p "$W/scr/outputs/state" && cd "$W/scr"
 if [ -n "${DB:-}" ] && [ ! -f outputs/state/optuna.db ]; then cp "$ROOT/$DB" outputs/state/optuna.db; fi
 PER="${PER:-240}"  # seconds a server is planned to take (start-up, 4-6 replays, stop)
 # shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
-timeout -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
-  model=qwen3-8b mode=screen "workload.arrival.concurrency=${CONC:-256}" \
-  "workload.num_requests=${REQS:-800}" "objective.capacity.max_steps=${STEPS:-6}" \
+# WL=long_docs (or image_heavy): that profile as shipped, from its own load unless CONC / REQS
+# are given; chat's defaults here are 256 in flight and 800 requests
+WL="${WL:-chat}"
+LOAD=()
+if [ "$WL" = chat ] || [ -n "${CONC:-}" ]; then LOAD+=("workload.arrival.concurrency=${CONC:-256}"); fi
+if [ "$WL" = chat ] || [ -n "${REQS:-}" ]; then LOAD+=("workload.num_requests=${REQS:-800}"); fi
+timeout -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner "+workload=$WL" "engine=$ENGINE" \
+  model=qwen3-8b mode=screen "${LOAD[@]}" "objective.capacity.max_steps=${STEPS:-6}" \
   "screen.servers=${SERVERS:-3}" "screen.defaults_every=${EVERY:-2}" "screen.only=[${LEVERS:-quant_fp8}]" \
   "study.timeout_s=$(( T - SECONDS - PER - 30 ))" ${EXTRA:-} > "$LOGS/scr.log" 2>&1
 echo "$(date -u +%T) screen: rc=$?"
