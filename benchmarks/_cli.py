@@ -3,6 +3,7 @@ tuner in a folder, and a stored trial's wall time."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -18,6 +19,17 @@ def split_overrides(argv: list[str] | None = None) -> tuple[list[str], list[str]
         return list(args), []
     i = args.index("--")
     return args[:i], args[i + 1 :]
+
+
+def listed(
+    ap: argparse.ArgumentParser, value: str, allowed: tuple[str, ...], what: str
+) -> list[str]:
+    """A comma-separated option's items, each one of ``allowed`` (else ``ap`` exits with one
+    line naming the unknown ones)."""
+    items = value.split(",")
+    if bad := [x for x in items if x not in allowed]:
+        ap.error(f"unknown {what}: {', '.join(bad)}")
+    return items
 
 
 def wall_s(t: Any) -> float | None:

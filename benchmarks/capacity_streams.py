@@ -43,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from _cli import ROOT, run_tuner, split_overrides
+from _cli import ROOT, listed, run_tuner, split_overrides
 
 COMMAND = [
     "+workload=chat",
@@ -157,9 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per server run")
     ap.add_argument("--out", type=Path, help="default benchmarks/results/capacity_streams.json")
     args = ap.parse_args(args_in)
-    parts = args.parts.split(",")
-    if bad := [p for p in parts if p not in ("streams", "servers")]:
-        ap.error(f"unknown part: {', '.join(bad)}")
+    parts = listed(ap, args.parts, ("streams", "servers"), "part")
     doc: dict[str, Any] = {"cpus": os.cpu_count(), "overrides": overrides}
     if "streams" in parts:
         blocks = [int(b) for b in args.blocks.split(",")]

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _cli import run_tuner, split_overrides, wall_s
+from _cli import listed, run_tuner, split_overrides, wall_s
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per mode")
     ap.add_argument("--out", type=Path, help="default benchmarks/results/sim_repeatability.json")
     args = ap.parse_args(args_in)
-    modes = args.modes.split(",")
-    if bad := [m for m in modes if m not in ("idle", "busy")]:
-        ap.error(f"unknown mode: {', '.join(bad)}")
+    modes = listed(ap, args.modes, ("idle", "busy"), "mode")
     results = [run_mode(m, args.trials, overrides, args.timeout_s) for m in modes]
     out = args.out or ROOT / "benchmarks" / "results" / "sim_repeatability.json"
     out.parent.mkdir(parents=True, exist_ok=True)
