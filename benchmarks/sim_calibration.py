@@ -111,8 +111,15 @@ def _stream(workload: Mapping[str, Any]) -> tuple[PreparedStream, int, SLOConfig
     kind = workload["kind"]
     if kind == "tuner":
         with tempfile.TemporaryDirectory(prefix="sim-cal-") as tmp:
+            # the streams the H200 ran: every point was measured before 2026-12-05, on
+            # independent draws (a point's own overrides come after, and may say otherwise)
             cfg = load_config(
-                [*workload["overrides"], f"paths.output_dir={tmp}", f"paths.state_dir={tmp}"]
+                [
+                    "workload.stratify=false",
+                    *workload["overrides"],
+                    f"paths.output_dir={tmp}",
+                    f"paths.state_dir={tmp}",
+                ]
             )
         w = cfg.workload
         reqs = build_requests(w, cfg.model.files)

@@ -257,7 +257,8 @@ def test_prompt_tokens_are_what_vllm_counts_for_image_heavy(make_cfg: Any) -> No
     """The first 12 requests of image_heavy (its seed, Qwen3-VL-8B shape): ``usage.prompt_tokens``
     as vLLM 0.24.0 (CPU build, this model directory shrunk to 2 layers, transformers 5.17)
     answered them on 2026-11-30 — 1 to 4 images of 512x512 to 1280x720 each."""
-    cfg = make_cfg("+workload=image_heavy", "model=qwen3-vl-8b")
+    # that day's stream: independent draws (workload.stratify=false reproduces it)
+    cfg = make_cfg("+workload=image_heavy", "model=qwen3-vl-8b", "workload.stratify=false")
     specs = build_requests(cfg.workload, Path(cfg.model.path))[:12]
     vllm = [2242, 2932, 1581, 3303, 3402, 1342, 857, 1608, 3565, 1675, 2989, 1213]
     assert [s.prompt_tokens for s in specs] == vllm

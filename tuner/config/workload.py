@@ -116,6 +116,11 @@ class WorkloadConfig:
     takes one process): ``asyncio`` (the standard library's) or ``uvloop`` (libuv's,
     ``pip install 'tuner[fast]'``; less CPU per chunk)."""
     seed: int = 0
+    stratify: bool = True
+    """Draw the lengths, images per request and image sizes stratified in blocks of 16
+    (:mod:`tuner.workload.lengths`): any few hundred requests carry the distributions' means, so
+    a capacity does not depend on the seed. ``false``: independent draws, the streams of every
+    run before 2026-12-05 (the simulator's calibration replays those)."""
     system_prompt_tokens: int = 0
     """A system prompt shared by every request (so prefix caching matters)."""
     turns: int = 1

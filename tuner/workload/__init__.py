@@ -180,10 +180,14 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
         n_images = img_tokens = 0
         if w.images is not None:
             im = w.images
-            n_images = images_of[i]
+            # drawn here from the pixels' generator when not stratified (as before 2026-12-05)
+            n_images = (
+                images_of[i] if w.stratify else int(r_img.integers(im.min_count, im.max_count + 1))
+            )
             parts: list[dict[str, Any]] = [{"type": "text", "text": user_text}]
             for _ in range(n_images):
-                wd, ht = (int(v) for v in im.sizes[next(next_size)])
+                size = next(next_size) if w.stratify else int(r_img.integers(len(im.sizes)))
+                wd, ht = (int(v) for v in im.sizes[size])
                 fmt = im.formats[int(r_img.integers(len(im.formats)))]
                 url = image_data_url(wd, ht, fmt, r_img)
                 parts.append({"type": "image_url", "image_url": {"url": url}})
@@ -263,7 +267,8 @@ class Mix:
     turn in the conversation, its images, and each image's size (an index into
     ``w.images.sizes``, the images in order). All stratified
     (:mod:`tuner.workload.lengths`): lengths within each turn, so that a window of requests
-    carries the distributions' means."""
+    carries the distributions' means. With ``w.stratify`` false the lengths are drawn
+    independently and the images left to :func:`build_requests`, as before 2026-12-05."""
 
     input_tokens: list[int]
     output_tokens: list[int]
@@ -293,6 +298,12 @@ def request_mix(w: WorkloadConfig) -> Mix:
     # warm-ups and measured requests each start a fresh conversation
     turn = [i % turns for i in range(n_warm)] + [i % turns for i in range(n_meas)]
     r_len = _generators(w.seed)[0]
+    if not w.stratify:  # independent draws over the whole stream, as before 2026-12-05; the
+        # images are then drawn while the stream is built (build_requests)
+        total = n_warm + n_meas
+        in_lens = sample_lengths(w.input_tokens, total, r_len, stratified=False)
+        out_lens = sample_lengths(w.output_tokens, total, r_len, stratified=False)
+        return Mix(in_lens, out_lens, turn, [], [])
     in_lens = _per_turn(w.input_tokens, turn, turns, r_len)
     out_lens = _per_turn(w.output_tokens, turn, turns, r_len)
     images, sizes = _image_mix(w, n_warm + n_meas)
@@ -307,8 +318,9 @@ def _generators(seed: int) -> list[np.random.Generator]:
 
 def _image_mix(w: WorkloadConfig, total: int) -> tuple[list[int], list[int]]:
     """Images per request and each image's size (an index into ``w.images.sizes``), stratified
-    as the lengths are: a size sets the image's tokens."""
-    if w.images is None:
+    as the lengths are: a size sets the image's tokens (none when ``w.stratify`` is false:
+    :func:`build_requests` then draws them as it builds)."""
+    if w.images is None or not w.stratify:
         return [], []
     r_mix = _generators(w.seed)[5]
     images = stratified_integers(w.images.min_count, w.images.max_count, total, r_mix)

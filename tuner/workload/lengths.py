@@ -61,9 +61,12 @@ def stratified_integers(low: int, high: int, n: int, rng: np.random.Generator) -
     return [int(v) for v in np.minimum(low + np.floor(u * span), high)]
 
 
-def sample_lengths(d: DistConfig, n: int, rng: np.random.Generator) -> list[int]:
-    """``n`` integer lengths drawn from ``d``, stratified in blocks (module doc), rounded and
-    clipped to ``[d.low, d.high]``.
+def sample_lengths(
+    d: DistConfig, n: int, rng: np.random.Generator, *, stratified: bool = True
+) -> list[int]:
+    """``n`` integer lengths drawn from ``d``, stratified in blocks (module doc; else drawn
+    independently, as before 2026-12-05: ``workload.stratify=false``), rounded and clipped to
+    ``[d.low, d.high]``.
 
     ``fixed``: ``mean``; ``uniform``: integers in ``low..high``; ``normal``: N(mean, std);
     ``lognormal``: a log-normal whose own mean and standard deviation are ``mean`` and ``std``.
@@ -74,16 +77,24 @@ def sample_lengths(d: DistConfig, n: int, rng: np.random.Generator) -> list[int]
     if d.kind == "fixed":
         values = np.full(n, float(d.mean))
     elif d.kind == "uniform":
+        if not stratified:
+            return [int(v) for v in rng.integers(low, high + 1, size=n)]
         return stratified_integers(low, high, n, rng)
     elif d.kind == "normal":
-        values = d.mean + max(d.std, 0.0) * _normal_quantiles(stratified_uniforms(n, rng))
+        if stratified:
+            values = d.mean + max(d.std, 0.0) * _normal_quantiles(stratified_uniforms(n, rng))
+        else:
+            values = rng.normal(d.mean, max(d.std, 0.0), size=n)
     elif d.kind == "lognormal":
         if d.mean <= 0:
             raise ConfigError(f"lognormal length mean is {d.mean}; allowed: > 0")
         sigma2 = math.log1p((max(d.std, 0.0) / d.mean) ** 2)
         mu = math.log(d.mean) - sigma2 / 2
-        z = _normal_quantiles(stratified_uniforms(n, rng))
-        values = np.exp(mu + math.sqrt(sigma2) * z)
+        if stratified:
+            z = _normal_quantiles(stratified_uniforms(n, rng))
+            values = np.exp(mu + math.sqrt(sigma2) * z)
+        else:
+            values = rng.lognormal(mu, math.sqrt(sigma2), size=n)
     else:
         raise ConfigError(
             f"length distribution kind is {d.kind!r}; allowed: fixed, uniform, normal, lognormal"
