@@ -103,8 +103,8 @@ def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
     # by -0.032 where the three held by +0.018). At full speed (helpers.capacity, 2026-12-02):
     # 63.45-63.77 req/s on three servers, 65.7 from 8 in flight, 66.4 with 200 requests a step;
     # in a fresh-clone CI run the same day 63.7-65.0 on three servers and 69.4 (+8.2 %) with 200
-    # requests a step. A longer step read higher: a step of another length counts other
-    # requests, and drawn independently their mean lengths differed by a few % (chat's output
+    # requests a step. One reason a longer step read higher: a step of another length counts
+    # other requests, and drawn independently their mean lengths differed by a few % (chat's output
     # tokens by 2.1 % between seeds 0 and 1 at 470 in flight); the streams are stratified since
     # 2026-12-05 (tests/unit/test_stream_mix.py). After that, 4 fresh servers each (these
     # settings, 2026-12-05): 68.78-71.65 req/s (mean 70.61, spread 4.1 %) with 100 requests a
@@ -173,8 +173,8 @@ def test_a_stall_of_the_host_is_replayed_not_measured(tmp_path: Path) -> None:
     # the simulated server stops for 1 s at the 280th request, in the search's step at 4x the
     # workload's load (16 in flight; the workload's own replay sends 101 requests, the step at
     # 2x up to 117, so the 280th is about the 60th counted of that step's 132), as a busy CI
-    # host stops it. Measured as is, that step fails and the capacity reads lower. Replayed once (objective.capacity.stall_ms), the search goes on from the second
-    # replay. Until 2026-12-05 the stall was at the 150th request, in the step at 2x (8 in
+    # host stops it. Measured as is, that step fails and the capacity reads lower. Replayed once
+    # (objective.capacity.stall_ms), the search goes on from the second replay. Until 2026-12-05 the stall was at the 150th request, in the step at 2x (8 in
     # flight): the requests decoding when it struck, 5-7 of 100 counted, put the step's TPOT p95
     # on the SLO's edge, and a fresh-clone CI run saw it hold (margin +0.024 on a rerun).
     def run(name: str, *extra: str) -> tuple[optuna.trial.FrozenTrial, dict[str, Any], str]:
