@@ -34,6 +34,7 @@ from tuner.stored_study import ConfirmRecord, baseline_trial
 from tuner.verdict import Arm, Verdict, decide
 
 __all__ = [
+    "SEARCH_ONLY",
     "PICKS",
     "Standing",
     "capacity_start",
@@ -49,9 +50,10 @@ __all__ = [
 
 PICKS = CONFIRM_PICKS
 
-_SEARCH_ONLY = ("capacity_factor", "capacity_factor_high", "capacity_censored")
+SEARCH_ONLY = ("capacity_factor", "capacity_factor_high", "capacity_censored")
 """Kept of a candidate's search (when measured), not of its stress runs: where its confirm
-servers start the capacity search (:func:`capacity_start`), and whether it was censored."""
+servers start the capacity search (:func:`capacity_start`), and whether it was censored. Not
+shown as results (the exports' headers leave them out, :mod:`tuner.publish`)."""
 
 # "higher is better" for these, lower for the rest (of KEY_METRICS, reported for every run)
 _HIGHER = {"goodput", "output_throughput", "request_throughput", "success_rate"}
@@ -134,7 +136,7 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
                 serve_args=stored_trial.serve_args(t),
                 search_metrics={
                     m: v
-                    for m in (*_reported(objective), *_SEARCH_ONLY)
+                    for m in (*_reported(objective), *SEARCH_ONLY)
                     if (v := stored_trial.metric(t, m)) is not None
                 },
             )

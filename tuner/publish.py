@@ -19,7 +19,7 @@ from rich.console import Console
 
 from tuner import screen, screen_report, stored_trial, study_card
 from tuner.config import TunerConfig
-from tuner.confirm import current_verdict, recommended
+from tuner.confirm import SEARCH_ONLY, current_verdict, recommended
 from tuner.console import fmt_metric, gain_text, print_confirm
 from tuner.export import ExportError, recommended_file, write_export
 from tuner.quality_guard import describe, note
@@ -62,9 +62,7 @@ def _export_header(
     metrics (the study's objectives ``first``: ``capacity_rps`` leads a capacity study's), the
     verdict, what changes numerics."""
     searched = {
-        m: v
-        for m, v in _first(c.search_metrics, first).items()
-        if v == v and m not in ("capacity_factor", "capacity_factor_high", "capacity_censored")
+        m: v for m, v in _first(c.search_metrics, first).items() if v == v and m not in SEARCH_ONLY
     }
     lines = [
         f"best-{name}: trial {c.trial} of tuner study {study.study_name!r}"
