@@ -79,13 +79,25 @@ def entry(
     tiers: dict[float, Estimate] = {}
     scales = sorted({*cfg.plan.slo_scales, 1.0})
     each = [tiers_of(steps, cfg.objective, cfg.workload.slo, scales) for steps in searches]
+    ests: dict[float, Estimate | None] = {}
     for s in scales:
         per = [t[s] for t in each]
         if s == 1.0 and rounds:
             per = [TierCapacity(1.0, v, v, v) for v in rounds]
-        est = estimate(per)
+        ests[s] = estimate(per)
+    anchor = ests.get(1.0) if rounds else None
+    for s in scales:
+        est = ests[s]
         if est is None:
             continue
+        if anchor is not None and s < 1.0 and est.outside != "below" and est.rps > anchor.rps:
+            # a stricter tier serves no more than the workload's, which fresh servers measured:
+            # one search's bracket there can be wide (a trial that lost the incumbent probe
+            # read 123 req/s between 40 that held and a pruned step, where its confirm servers
+            # held 69 at the looser SLOs, and raised the workload's tier with it, 2026-12-05)
+            est = replace(
+                est, rps=anchor.rps, low=min(est.low, anchor.rps), high=min(est.high, anchor.high)
+            )
         below = [t for k, t in tiers.items() if k < s and t.outside is None]
         if below and est.outside != "below" and est.rps < below[-1].rps:
             # never lower at a looser tier (see tiers_of); the workload's tier comes from the
