@@ -75,7 +75,8 @@ def entry(
 ) -> Entry:
     """An :class:`Entry` from the steps of one or more capacity searches of the config; its
     capacity at the workload's SLO from ``rounds`` (the confirm stage's values, one per fresh
-    server) where there are any."""
+    server) where there are any, and then no stricter tier above it; no tier lower than a
+    stricter one."""
     tiers: dict[float, Estimate] = {}
     scales = sorted({*cfg.plan.slo_scales, 1.0})
     each = [tiers_of(steps, cfg.objective, cfg.workload.slo, scales) for steps in searches]
