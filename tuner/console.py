@@ -172,12 +172,14 @@ def print_summary(
         )
     console.print(t)
     g = gpu_time(results)
+    sim = cfg.engine.kind == "sim"  # its servers hold no GPU: the time is the simulator's
+    held = "Simulated GPU time" if sim else "GPU time"
     console.print(
-        f"GPU time held by servers: {g['gpu_s_total']:,.1f} s, of which "
+        f"{held} held by servers: {g['gpu_s_total']:,.1f} s, of which "
         f"{g['gpu_s_failed_launches']:,.1f} s ({g['gpu_s_failed_share']:.1%}) on launches that "
         f"failed; {g['trials_not_launched']:.0f} trial(s) rejected before launch by the precheck."
     )
-    console.print(summary_line(run_summary(results)))
+    console.print(summary_line(run_summary(results), simulated=sim))
     _print_client_lag(results, console)
     print_pareto(study, cfg, console)
 

@@ -46,10 +46,12 @@ def run_summary(results: Sequence[TrialResult]) -> dict[str, float]:
     return launch_summary(launches, before, sum(r.server_s for r in results))
 
 
-def summary_line(s: dict[str, float]) -> str:
-    """One line for the console: ready time, share, phases, cache."""
+def summary_line(s: dict[str, float], simulated: bool = False) -> str:
+    """One line for the console: ready time, share, phases, cache; ``simulated``: the
+    simulator's servers, whose start-up and compile cache are modelled, not run."""
+    head = "Start-up (simulated)" if simulated else "Start-up"
     if "median_ready_s" not in s:
-        return "Start-up: no server became ready."
+        return f"{head}: no server became ready."
     phases = ", ".join(
         f"{p} {s[f'median_startup_{p}_s']:.1f}" for p in PHASES if f"median_startup_{p}_s" in s
     )
@@ -61,6 +63,6 @@ def summary_line(s: dict[str, float]) -> str:
             f"{s['compile_cache_misses']:.0f} miss(es)"
         )
     return (
-        f"Start-up: median ready {s['median_ready_s']:.1f} s, {share} of server-held seconds "
+        f"{head}: median ready {s['median_ready_s']:.1f} s, {share} of server-held seconds "
         f"before ready; median phases (s): {phases or '-'}{cache}."
     )

@@ -38,7 +38,7 @@ def test_two_studies_share_the_compile_cache_and_launch_warm_keys_first(tmp_path
     params, startup = _launch(first, 0)
     assert startup["compile_cache"] == "miss" and startup["compile_hash"]
     assert (cache / "torch_compile_cache" / startup["compile_hash"]).is_dir()
-    assert "Start-up: median ready" in p.stdout + p.stderr
+    assert "Start-up (simulated): median ready" in p.stdout + p.stderr
     # the second study: a cold config enqueued first, then one with the first's compile key
     # (gpu_memory_utilization is not in vLLM's key): the warm one runs first
     p = tuner(

@@ -179,4 +179,6 @@ def test_summary_of_launches() -> None:
     assert s["median_ready_s"] == 6.0 and s["startup_share"] == 0.25
     assert s["median_startup_compile_s"] == 5.0
     assert (s["compile_cache_hits"], s["compile_cache_misses"]) == (2.0, 1.0)
-    assert "median ready 6.0 s, 25% of server-held seconds" in summary_line(s)
+    assert summary_line(s).startswith("Start-up: median ready 6.0 s, 25% of server-held seconds")
+    # the simulator's servers: modelled start-ups and cache, said so
+    assert summary_line(s, simulated=True).startswith("Start-up (simulated): median ready 6.0 s")
