@@ -80,15 +80,9 @@ def entry(
     tiers: dict[float, Estimate] = {}
     scales = sorted({*cfg.plan.slo_scales, 1.0})
     each = [tiers_of(steps, cfg.objective, cfg.workload.slo, scales) for steps in searches]
-    ests: dict[float, Estimate | None] = {}
+    anchor = estimate([TierCapacity(1.0, v, v, v) for v in rounds])  # None without rounds
     for s in scales:
-        per = [t[s] for t in each]
-        if s == 1.0 and rounds:
-            per = [TierCapacity(1.0, v, v, v) for v in rounds]
-        ests[s] = estimate(per)
-    anchor = ests.get(1.0) if rounds else None
-    for s in scales:
-        est = ests[s]
+        est = anchor if s == 1.0 and anchor is not None else estimate([t[s] for t in each])
         if est is None:
             continue
         if anchor is not None and s < 1.0 and est.outside != "below" and est.rps > anchor.rps:
