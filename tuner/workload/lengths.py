@@ -81,25 +81,27 @@ def sample_lengths(
             return [int(v) for v in rng.integers(low, high + 1, size=n)]
         return stratified_integers(low, high, n, rng)
     elif d.kind == "normal":
-        if stratified:
-            values = d.mean + max(d.std, 0.0) * _normal_quantiles(stratified_uniforms(n, rng))
-        else:
-            values = rng.normal(d.mean, max(d.std, 0.0), size=n)
+        values = d.mean + max(d.std, 0.0) * _standard_normals(n, rng, stratified)
     elif d.kind == "lognormal":
         if d.mean <= 0:
             raise ConfigError(f"lognormal length mean is {d.mean}; allowed: > 0")
         sigma2 = math.log1p((max(d.std, 0.0) / d.mean) ** 2)
         mu = math.log(d.mean) - sigma2 / 2
-        if stratified:
-            z = _normal_quantiles(stratified_uniforms(n, rng))
-            values = np.exp(mu + math.sqrt(sigma2) * z)
-        else:
-            values = rng.lognormal(mu, math.sqrt(sigma2), size=n)
+        values = np.exp(mu + math.sqrt(sigma2) * _standard_normals(n, rng, stratified))
     else:
         raise ConfigError(
             f"length distribution kind is {d.kind!r}; allowed: fixed, uniform, normal, lognormal"
         )
     return [int(v) for v in np.clip(np.rint(values), low, high)]
+
+
+def _standard_normals(n: int, rng: np.random.Generator, stratified: bool) -> np.ndarray:
+    """``n`` standard normal values: at stratified uniforms' quantiles, or drawn independently
+    (numpy's ``normal`` and ``lognormal`` draw these and scale them the same way: the streams of
+    ``workload.stratify=false`` are those of before 2026-12-05, value for value)."""
+    if stratified:
+        return _normal_quantiles(stratified_uniforms(n, rng))
+    return rng.standard_normal(n)
 
 
 def _normal_quantiles(u: np.ndarray) -> np.ndarray:
