@@ -45,7 +45,7 @@ from tuner.engine.container import CIDFILE, container_name, container_server
 from tuner.engine.gpu_memory import gpu_freed, wait_free_memory
 from tuner.engine.logparse import port_clash
 from tuner.engine.pool import GpuPool, core_ranges, gpus_per_server
-from tuner.engine.process import Server, free_port
+from tuner.engine.process import Preload, Server, free_port
 from tuner.errors import FailureReason, LaunchFailed, ReplayFailed, TrialFailed
 from tuner.measure import Measured, Replay, measure, reset_caches
 from tuner.memory import ModelShape
@@ -365,7 +365,12 @@ def launch_server(run: ServerRun, engine: EngineConfig, env: dict[str, str]) -> 
         "cpus": run.cpus,
     }
     if engine.container is None:
-        return Server(run.argv, env=env, **where)
+        preload = None
+        if engine.preload:
+            modules = tuple(engine.preload_modules)
+            per_launch = ("CUDA_VISIBLE_DEVICES", LEASE_ENV)
+            preload = Preload(modules, run.ctx.run_dir / "zygote.log", per_launch)
+        return Server(run.argv, env=env, preload=preload, **where)
     return container_server(
         engine,
         run.argv,

@@ -71,6 +71,14 @@ class EngineConfig:
     processes; give it one per 32 requests in flight (8 at 256, ``tuner.replay.client_cores``)."""
     container: ContainerConfig | None = None
     """Run each server in a container (``engine=docker``); None: a process on this machine."""
+    preload: bool = False
+    """Fork each server from one interpreter that imported ``command``'s entry point and
+    ``preload_modules`` once (:mod:`tuner.engine.preload`), instead of starting a new one: a
+    launch skips the interpreter's start and those imports. Where ``command`` is no console script
+    or ``python -m``, or the zygote fails, servers start as processes (the reason logged once)."""
+    preload_modules: list[str] = field(default_factory=list)
+    """Imported by the zygote besides the entry point's module (one that fails is logged and
+    left to the server)."""
 
 
 @dataclass

@@ -60,6 +60,11 @@ def check_engine(c: TunerConfig) -> None:
     box = c.engine.container
     if box is not None and not (box.image and box.program):
         raise ConfigError("engine.container needs an image and a program, e.g. docker")
+    if box is not None and c.engine.preload:
+        raise ConfigError(
+            "engine.preload forks servers on this machine, engine.container runs each in a "
+            "container: set engine.preload=false"
+        )
 
 
 def check_study(c: TunerConfig) -> None:

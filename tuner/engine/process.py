@@ -29,11 +29,12 @@ from types import TracebackType
 import aiohttp
 
 from tuner.engine.logparse import classify, is_fatal, parse_facts, strip_prefix
+from tuner.engine.preload import ForkedProcess, PreloadError, fork_server, stop_all
 from tuner.engine.startup_log import startup_facts
 from tuner.errors import EngineError, FailureReason, LaunchFailed, ReplayFailed
 from tuner.records import LaunchInfo
 
-__all__ = ["Server", "free_port", "group_members", "kill_all_groups", "proc_table"]
+__all__ = ["Preload", "Server", "free_port", "group_members", "kill_all_groups", "proc_table"]
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,9 @@ PROGRESS_EVERY_S = 15.0
 
 
 def kill_all_groups() -> None:
-    """SIGKILL every process group this tuner started and has not stopped (exit/signal path)."""
+    """SIGKILL every process group this tuner started and has not stopped (exit/signal path),
+    and end the zygotes of ``engine.preload``."""
+    stop_all()
     for pgid in list(_LIVE_GROUPS):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
@@ -89,6 +92,20 @@ def group_members(pgid: int) -> list[int]:
     return sorted(pid for pid, (_, group) in proc_table().items() if group == pgid)
 
 
+@dataclasses.dataclass(frozen=True)
+class Preload:
+    """``engine.preload``: fork the server from a zygote that imported ``modules``
+    (:mod:`tuner.engine.preload`), which logs to ``zygote_log``; ``per_launch``: variables of
+    the environment that differ between launches of one zygote."""
+
+    modules: tuple[str, ...]
+    zygote_log: Path
+    per_launch: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)
+
+
+_FELL_BACK: set[str] = set()
+
+
 class Server:
     """An engine server process. Use ``async with Server(...) as info:``."""
 
@@ -104,8 +121,10 @@ class Server:
         stop_timeout_s: float = 15.0,
         health_interval_s: float = 0.5,
         cpus: Sequence[int] | None = None,
+        preload: Preload | None = None,
     ) -> None:
         self.argv = list(argv)
+        self.preload = preload
         self.cpus = sorted(cpus) if cpus else None
         """CPU cores the server's process tree is pinned to (None: not pinned)."""
         self.env = dict(env)
@@ -115,7 +134,7 @@ class Server:
         self.startup_timeout_s = startup_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.health_interval_s = health_interval_s
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ForkedProcess | None = None
         self.pgid: int | None = None
         self.ready = False
         self.stop_s: float | None = None
@@ -167,18 +186,20 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = self._t_start = time.monotonic()
         launched_at = time.time()  # wall clock: the log's stamps are wall times
-        with self.log_path.open("wb") as logf:
-            try:
-                self.proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
-                    self.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                    env=self.env,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise EngineError(f"cannot start {self.argv[0]!r}: {exc.strerror}") from exc
+        self.proc = await self._forked() if self.preload else None
+        if self.proc is None:
+            with self.log_path.open("wb") as logf:
+                try:
+                    self.proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
+                        self.argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=logf,
+                        stderr=subprocess.STDOUT,
+                        env=self.env,
+                        start_new_session=True,
+                    )
+                except OSError as exc:
+                    raise EngineError(f"cannot start {self.argv[0]!r}: {exc.strerror}") from exc
         self.pgid = self.proc.pid  # start_new_session: the child leads its own group
         _LIVE_GROUPS.add(self.pgid)
         if self.cpus:  # before the server forks its workers (vLLM imports for seconds first)
@@ -224,6 +245,29 @@ class Server:
             facts=dataclasses.replace(facts, engine_version=version or facts.engine_version),
             startup=startup_facts(lines, launched_at, ready_at),
         )
+
+    async def _forked(self) -> ForkedProcess | None:
+        """The server forked from its zygote (the first launch waits for the zygote's imports,
+        in a thread), or None where it cannot be: then a process is started, as without
+        ``engine.preload``, and the reason is logged once."""
+        assert self.preload is not None
+        self.log_path.open("wb").close()  # the child appends
+        try:
+            return await asyncio.to_thread(
+                fork_server,
+                self.argv,
+                self.env,
+                self.log_path,
+                modules=self.preload.modules,
+                zygote_log=self.preload.zygote_log,
+                timeout_s=self.startup_timeout_s,
+                per_launch=self.preload.per_launch,
+            )
+        except PreloadError as exc:
+            if str(exc) not in _FELL_BACK:
+                _FELL_BACK.add(str(exc))
+                log.warning("engine.preload: %s; starting each server as a process", exc)
+            return None
 
     def _failed(self) -> LaunchFailed:
         reason, detail = classify(self.log_lines())

@@ -1,0 +1,202 @@
+"""engine.preload: servers forked from one preloaded interpreter (tuner.engine.preload, .zygote).
+
+The zygote is real (a subprocess in its own session); the servers are the simulator, as the
+launcher starts it, or ``helpers.zygote_child``, a stand-in that prints what it was given."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers.procs import sim_argv
+
+from tuner.engine import preload
+from tuner.engine.process import Preload, Server, free_port, group_members
+from tuner.errors import FailureReason, LaunchFailed
+
+pytestmark = [pytest.mark.integration, pytest.mark.fast]
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = str(ROOT / "models" / "qwen-0.5b-dummy")
+TESTS = str(ROOT / "tests")
+CHILD = [sys.executable, "-m", "helpers.zygote_child"]
+
+
+@pytest.fixture(autouse=True)
+def _no_zygote_left() -> object:
+    yield
+    preload.stop_all()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": TESTS, "TUNER_SIM_SPEEDUP": "20", **extra}
+
+
+def _sim(tmp_path: Path, name: str, *flags: str, env: dict[str, str] | None = None) -> Server:
+    port = free_port()
+    return Server(
+        sim_argv(MODEL, port, *flags),
+        env=env or _env(),
+        log_path=tmp_path / f"{name}.log",
+        host="127.0.0.1",
+        port=port,
+        startup_timeout_s=30,
+        stop_timeout_s=5,
+        health_interval_s=0.1,
+        preload=Preload(("tuner.sim.server",), tmp_path / "zygote.log"),
+    )
+
+
+def _wait_gone(pgid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not group_members(pgid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+async def test_launches_share_one_zygote_each_server_in_its_own_group(tmp_path: Path) -> None:
+    pids = []
+    for name in ("a", "b"):
+        server = _sim(tmp_path, name, "--gpu-memory-utilization", "0.5")
+        async with server as info:
+            assert isinstance(server.proc, preload.ForkedProcess)
+            assert server.pgid == info.pid and len(group_members(info.pid)) >= 2
+            assert info.facts.kv_cache_tokens and info.facts.kv_cache_tokens > 0
+            assert info.startup is not None and "process" in info.startup.phases
+        assert server.survivors == [] and group_members(info.pid) == []
+        assert server.proc.wait(timeout=5) is not None  # the zygote reported the exit
+        pids.append(info.pid)
+        # the server's own lines are in its log; its port is this launch's
+        assert f"'port': {server.port}" in (tmp_path / f"{name}.log").read_text()
+    zygotes = list(preload._ZYGOTES.values())
+    assert len(zygotes) == 1 and zygotes[0].alive and set(pids) <= set(zygotes[0].exits)
+
+
+async def test_a_failed_start_is_classified_as_without_preload(tmp_path: Path) -> None:
+    failures = []
+    for name in ("forked", "plain"):
+        server = _sim(tmp_path, name, "--block-size", "24")
+        server.preload = server.preload if name == "forked" else None
+        with pytest.raises(LaunchFailed) as e:
+            async with server:
+                pass
+        assert isinstance(server.proc, preload.ForkedProcess) == (name == "forked")
+        failures.append((e.value.reason, str(e.value)))
+    assert failures[0] == failures[1]
+    assert failures[0][0] is FailureReason.INVALID_CONFIG
+
+
+async def test_a_command_no_zygote_can_run_starts_as_a_process(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = _sim(tmp_path, "plain")
+    server.argv = ["/bin/sh", "-c", 'exec "$@"', "sh", *server.argv]
+    async with server as info:
+        assert isinstance(server.proc, subprocess.Popen) and info.pid > 0
+    assert "engine.preload: /bin/sh is not a Python console script" in caplog.text
+    assert not preload._ZYGOTES
+
+
+def _zygote(tmp_path: Path) -> preload.Zygote:
+    entry = preload.entry_of(CHILD)
+    assert isinstance(entry, preload.Entry)
+    zygote = preload.Zygote(entry, ["json", "no_such_module_here"], _env(), tmp_path / "z.log")
+    zygote.wait_ready(30)
+    return zygote
+
+
+def _forked(zygote: preload.Zygote, tmp_path: Path, name: str, *args: str, **env: str) -> int:
+    return zygote.fork([*CHILD[2:], *args], _env(**env), str(tmp_path), tmp_path / f"{name}.log")
+
+
+def _printed(tmp_path: Path, name: str) -> dict:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = (tmp_path / f"{name}.log").read_text() if (tmp_path / f"{name}.log").exists() else ""
+        if text.strip():
+            return json.loads(text.splitlines()[0])
+        time.sleep(0.05)
+    raise AssertionError(f"{name} printed nothing")
+
+
+def test_each_child_gets_its_argv_environment_cwd_and_exit_code(tmp_path: Path) -> None:
+    zygote = _zygote(tmp_path)
+    assert "no_such_module_here" in (tmp_path / "z.log").read_text() or zygote.import_s is not None
+    a = _forked(zygote, tmp_path, "a", "3", ZYGOTE_GPU="0")
+    b = _forked(zygote, tmp_path, "b", "0", ZYGOTE_GPU="1")
+    seen_a, seen_b = _printed(tmp_path, "a"), _printed(tmp_path, "b")
+    assert seen_a["argv"] == ["3"] and seen_a["env"] == {"ZYGOTE_GPU": "0"}
+    assert seen_b["env"] == {"ZYGOTE_GPU": "1"} and seen_b["cwd"] == str(tmp_path)
+    assert seen_a["pgid"] == a and seen_b["pgid"] == b  # each leads its own group
+    assert preload.ForkedProcess(zygote, a).wait(10) == 3
+    assert preload.ForkedProcess(zygote, b).wait(10) == 0
+    zygote.stop()
+
+
+def test_stopping_the_zygote_kills_the_servers_it_forked(tmp_path: Path) -> None:
+    zygote = _zygote(tmp_path)
+    pid = _forked(zygote, tmp_path, "s", "sleep")
+    _printed(tmp_path, "s")
+    assert group_members(pid) == [pid]
+    zygote.stop()
+    assert _wait_gone(pid)
+
+
+def test_a_tuner_killed_with_sigkill_leaves_no_forked_server(tmp_path: Path) -> None:
+    # a forked server's /proc environ is the zygote's (no lease marker for tuner.recovery):
+    # the zygote sees its stdin close when its tuner dies and kills what it forked
+    code = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from tuner.engine import preload\n"
+        f"tmp = Path({str(tmp_path)!r})\n"
+        "entry = preload.entry_of([sys.executable, '-m', 'helpers.zygote_child'])\n"
+        "z = preload.Zygote(entry, [], dict(os.environ), tmp / 'z.log')\n"
+        "z.wait_ready(30)\n"
+        "env = dict(os.environ)\n"
+        "print(z.fork(['helpers.zygote_child', 'sleep'], env, str(tmp), tmp / 's.log'), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=_env()
+    )
+    assert owner.stdout is not None
+    pid = int(owner.stdout.readline())
+    assert group_members(pid) == [pid]
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    assert _wait_gone(pid)
+
+
+def test_a_study_with_preload_forks_every_server_from_one_zygote(tmp_path: Path) -> None:
+    from helpers.cli import FAST, tuner
+
+    p = tuner(
+        tmp_path,
+        "+workload=chat",
+        "engine=sim",
+        "engine.preload=true",
+        "study.n_trials=2",
+        "confirm.rounds=1",
+        "tracking=none",
+        *FAST,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = p.stdout + p.stderr
+    assert out.count("engine.preload: -m tuner.sim preloaded in") == 1
+    assert "starting each server as a process" not in out
+    run = next((tmp_path / "outputs" / "runs").iterdir())
+    results = [json.loads(r.read_text()) for r in sorted(run.glob("trial_*/result.json"))]
+    assert len(results) == 2 and all(r["launch"]["startup"]["phases"] for r in results)
+    # the confirm stage's fresh server came from the same zygote, which logs beside the run
+    assert "confirm: 1 candidate(s) x 1 round(s)" in out
+    assert next(run.glob("confirm/trial_*/round_1/server.log")).read_text()
+    assert (run / "zygote.log").exists()

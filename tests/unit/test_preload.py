@@ -1,0 +1,60 @@
+"""engine.preload's reading of engine.command: which interpreter and entry point a zygote runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.engine.preload import Entry, entry_of
+from tuner.errors import ConfigError
+
+
+def _script(path: Path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_python_dash_m_runs_the_module_with_its_arguments() -> None:
+    got = entry_of([sys.executable, "-m", "tuner.sim", "serve", "/m", "--port", "1"])
+    assert got == Entry(sys.executable, "-m tuner.sim", ("tuner.sim", "serve", "/m", "--port", "1"))
+
+
+def test_a_console_script_runs_its_entry_point_under_its_own_interpreter(tmp_path: Path) -> None:
+    # as pip writes vllm's: the interpreter on the #! line, the entry point imported below it
+    vllm = _script(
+        tmp_path / "vllm",
+        "#!/opt/venv/bin/python3.12\n# -*- coding: utf-8 -*-\nimport re\nimport sys\n"
+        "from vllm.entrypoints.cli.main import main\nif __name__ == '__main__':\n"
+        "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+        "    sys.exit(main())\n",
+    )
+    got = entry_of([vllm, "serve", "/m"])
+    assert got == Entry(
+        "/opt/venv/bin/python3.12", "vllm.entrypoints.cli.main:main", (vllm, "serve", "/m")
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('#!/bin/sh\nexec vllm "$@"\n', "is not a Python console script"),
+        ("#!/usr/bin/python3\nprint('no entry point')\n", "is not a Python console script"),
+    ],
+)
+def test_what_cannot_run_in_a_zygote_says_why(tmp_path: Path, text: str, why: str) -> None:
+    got = entry_of([_script(tmp_path / "serve", text), "serve"])
+    assert isinstance(got, str) and why in got
+
+
+def test_a_missing_program_and_python_without_a_module_are_refused() -> None:
+    assert "not found on PATH" in str(entry_of(["no-such-vllm-here", "serve"]))
+    assert "runs no module" in str(entry_of([sys.executable, "script.py"]))
+
+
+def test_preload_with_a_container_is_one_line_of_config_error(make_cfg) -> None:
+    assert make_cfg("+workload=chat", "engine=vllm", "engine.preload=true").engine.preload
+    with pytest.raises(ConfigError, match="engine.preload=false"):
+        make_cfg("+workload=chat", "engine=docker", "engine.preload=true")

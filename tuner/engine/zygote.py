@@ -1,0 +1,159 @@
+"""A preloaded interpreter that forks engine servers (``engine.preload``): the process side.
+
+Run as a file by the engine's own interpreter (``<python> zygote.py ENTRY [MODULE ...]``), it
+imports ENTRY's module and the MODULEs once, then forks one child per request; each child is a
+server as a launch would start it: its own session (process group), the request's environment,
+working directory and argv, stdout and stderr to the request's log file, ENTRY called as its
+``main``. A launch then skips the interpreter's start and those imports: `vllm serve`'s
+"process" phase, 16-28 s on the H200 (docs/gpu-runs/2026-12-05-capacity-study.md).
+
+ENTRY is ``module:function`` (a console script's entry point, e.g. vLLM's
+``vllm.entrypoints.cli.main:main``) or ``-m module`` (``python -m``). Stdlib only: the engine's
+interpreter need not have the tuner installed. The tuner side is :mod:`tuner.engine.preload`.
+
+Protocol: JSON lines. The zygote's stdout carries only these (anything the imports print goes to
+its stderr): first ``{"ready": pid, "import_s": s, "failed": [module: error]}`` or ``{"error":
+"..."}``; then per request line ``{"argv", "env", "cwd", "log"}`` on stdin, ``{"pid": pid}`` or
+``{"error": "..."}``; whenever a child ends, ``{"exit": pid, "code": code}`` (a negative code: the
+signal). End of stdin: the zygote SIGKILLs the process group of every server still running and
+exits. That is also how a tuner killed with ``kill -9`` leaves no server behind: a forked server's
+``/proc/<pid>/environ`` is the zygote's, so it lacks the lease marker ``tuner.recovery`` looks for.
+
+Why a fork here is safe: it preloads only modules that `vllm serve`'s API server itself imports
+before it starts its EngineCore process, which vLLM forks from that state when
+``VLLM_WORKER_MULTIPROC_METHOD=fork``; the zygote refuses to serve if the imports initialised
+CUDA (``torch.cuda.is_initialized()``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+
+__all__ = ["main"]
+
+_OUT = -1  # the protocol's fd (the zygote's original stdout)
+_CHILDREN: set[int] = set()  # forked servers not yet reaped
+
+
+def _send(msg: dict) -> None:
+    data = (json.dumps(msg) + "\n").encode()
+    while data:  # a short line: one write, atomic on a pipe; loop only if interrupted
+        n = os.write(_OUT, data)
+        data = data[n:]
+
+
+def _reap(signum: int = 0, frame: object = None) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _CHILDREN.discard(pid)
+        _send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _load(entry: str) -> object:
+    """The callable that runs ENTRY with ``sys.argv`` set."""
+    if entry.startswith("-m "):
+        module = entry[3:].strip()
+        return lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)
+    module, _, func = entry.partition(":")
+    obj: object = importlib.import_module(module)
+    for part in func.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _child(req: dict, run: object, fds: tuple[int, ...]) -> None:
+    """In the forked child: become the server. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+        for sig in (signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        for fd in (log, null, *fds):
+            os.close(fd)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.argv = list(req["argv"])
+        result = run()  # type: ignore[operator]
+        code = result if isinstance(result, int) else 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    global _OUT
+    if not argv:
+        sys.stderr.write("usage: zygote.py ENTRY [MODULE ...]\n")
+        return 2
+    _OUT = os.dup(1)
+    os.dup2(2, 1)  # the imports' prints go to stderr, never into the protocol
+    t0 = time.monotonic()
+    failed = []
+    try:
+        run = _load(argv[0])
+    except Exception as exc:
+        _send({"error": f"cannot load {argv[0]}: {type(exc).__name__}: {exc}"})
+        return 1
+    for module in argv[1:]:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # the child imports it again and fails as a launch would
+            failed.append(f"{module}: {type(exc).__name__}: {exc}")
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        _send({"error": "the preloaded modules initialised CUDA: a forked server could not use it"})
+        return 1
+    signal.signal(signal.SIGCHLD, _reap)
+    _send({"ready": os.getpid(), "import_s": round(time.monotonic() - t0, 3), "failed": failed})
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            sys.stdout.flush()  # nothing buffered here may reach the child's log
+            sys.stderr.flush()
+            pid = os.fork()
+        except (ValueError, OSError) as exc:
+            _send({"error": f"{type(exc).__name__}: {exc}"})
+            continue
+        if pid == 0:
+            _child(req, run, (_OUT,))
+        _CHILDREN.add(pid)
+        _send({"pid": pid})
+    # stdin closed: the tuner ended, or died (kill -9); a server it did not stop dies with it
+    for pid in list(_CHILDREN):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
