@@ -3,11 +3,14 @@
 Usage::
 
     python benchmarks/startup.py [--engine sim|vllm] [--model PATH] [--hold-s S] [--out PATH]
-        [--configs A,B] [--passes cold,warm,study] [-- TUNER OVERRIDES...]
+        [--configs A,B] [--passes cold,warm,study,launchers] [--launchers A,B] [--repeat N]
+        [-- TUNER OVERRIDES...]
 
 On the H200::
 
     python benchmarks/startup.py --engine vllm --configs defaults,gmu_0.80 --passes cold,warm
+    python benchmarks/startup.py --engine vllm --configs defaults --passes cold,launchers \
+        --launchers plain,preload,fork,preload_fork --repeat 2
 
 Launches a fixed list of configs (:data:`CONFIGS`: vLLM's defaults, a max_num_batched_tokens
 change, a gpu_memory_utilization change (the same compile key as the defaults) and a block_size
@@ -18,7 +21,14 @@ change) through the tuner's own launcher (``trial_argv``, ``build_env``,
 * ``warm``: each config once more on that cache;
 * ``study``: a study-like order (:data:`STUDY`, configs coming back) on another fresh cache, each
   launch in the order the tuner would pick among them (:func:`tuner.compile_cache.warm_first`
-  over the launches left, as the tuner orders its queue).
+  over the launches left, as the tuner orders its queue);
+* ``launchers``: on the cold pass's cache (run ``cold`` first, so every launch is a hit), each
+  config ``--repeat`` times under each of ``--launchers`` (:data:`LAUNCHERS`), interleaved:
+  ``plain`` (a new process, as by default), ``preload`` (``engine.preload``: forked from one
+  zygote, :mod:`tuner.engine.preload`; its first launch waits for the zygote's imports),
+  ``fork`` (``VLLM_WORKER_MULTIPROC_METHOD=fork``: vLLM forks its EngineCore instead of the CLI's
+  spawn, which imports everything again; the simulator ignores it), ``preload_fork`` (both).
+  Each launcher's summary, and its median ready time and phases as a ratio to ``plain``'s.
 
 Each server stays up ``--hold-s`` after it is ready (a stand-in for the replay: 20 s on vLLM, a
 chat trial's replay took 15-25 s on the H200; 0 on the simulator), then is stopped. Each launch's
@@ -50,7 +60,7 @@ from tuner.checks import load_config  # noqa: E402
 from tuner.compile_cache import record, warm_first  # noqa: E402
 from tuner.config import TunerConfig  # noqa: E402
 from tuner.engine.argv import build_env, compile_key, params_key, trial_argv  # noqa: E402
-from tuner.engine.process import Server, free_port, kill_all_groups  # noqa: E402
+from tuner.engine.process import Preload, Server, free_port, kill_all_groups  # noqa: E402
 from tuner.engine.startup_log import PHASES  # noqa: E402
 from tuner.records import LaunchInfo, to_jsonable  # noqa: E402
 from tuner.startup import launch_summary  # noqa: E402
@@ -61,7 +71,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "gmu_0.80": {"gpu_memory_utilization": 0.8},  # not in vLLM's compile key
     "block_32": {"block_size": 32},
 }
-PASSES = ("cold", "warm", "study")
+PASSES = ("cold", "warm", "study", "launchers")
+LAUNCHERS = ("plain", "preload", "fork", "preload_fork")
 STUDY = ["block_32", "defaults", "mbt_4096", "gmu_0.80", "block_32", "defaults"]
 
 
@@ -81,13 +92,26 @@ def gpu_slug(cfg: TunerConfig) -> str:
 
 
 async def launch(
-    cfg: TunerConfig, name: str, root: Path, hold_s: float, log_dir: Path, k: int
+    cfg: TunerConfig,
+    name: str,
+    root: Path,
+    hold_s: float,
+    log_dir: Path,
+    k: int,
+    launcher: str = "plain",
 ) -> dict[str, Any]:
     port = free_port(cfg.engine.host)
     argv = trial_argv(cfg, CONFIGS[name], port=port, baseline=False)
+    env = build_env(cfg.engine, cache_root=root)
+    if "fork" in launcher.split("_"):
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    preload = None
+    if launcher.startswith("preload"):
+        preload = Preload(tuple(cfg.engine.preload_modules), log_dir / "zygote.log")
     server = Server(
         argv,
-        env=build_env(cfg.engine, cache_root=root),
+        env=env,
+        preload=preload,
         log_path=log_dir / f"{k:02d}-{name}.log",
         host=cfg.engine.host,
         port=port,
@@ -101,6 +125,7 @@ async def launch(
     startup = info.startup
     row = {
         "config": name,
+        "launcher": launcher,
         "ready_s": info.startup_s,
         "held_s": server.lifetime_s,
         "phases": startup.phases if startup else {},
@@ -110,7 +135,10 @@ async def launch(
         "_launch": info,
     }
     phases = " ".join(f"{p} {row['phases'][p]:.1f}" for p in PHASES if p in row["phases"])
-    print(f"  {name:10s} ready {info.startup_s:6.1f} s  cache {row['compile_cache']}  {phases}")
+    print(
+        f"  {name:10s} {launcher:12s} ready {info.startup_s:6.1f} s  "
+        f"cache {row['compile_cache']}  {phases}"
+    )
     return row
 
 
@@ -120,8 +148,25 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     return launch_summary(launches, before, sum(r["held_s"] for r in rows))
 
 
+def by_launcher(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each launcher's :func:`summary`, and its median ready time and phases over ``plain``'s."""
+    out = {n: summary([r for r in rows if r["launcher"] == n]) for n in LAUNCHERS}
+    out = {n: s for n, s in out.items() if s}
+    plain = out.get("plain", {})
+    for s in out.values():
+        for key in [k for k in s if k.startswith("median_") and plain.get(k)]:
+            s[f"{key}_vs_plain"] = round(s[key] / plain[key], 3)
+    return out
+
+
 async def run(
-    cfg: TunerConfig, hold_s: float, work: Path, configs: list[str], passes_asked: list[str]
+    cfg: TunerConfig,
+    hold_s: float,
+    work: Path,
+    configs: list[str],
+    passes_asked: list[str],
+    launchers: list[str] = ["plain"],  # noqa: B006 - never mutated
+    repeat: int = 1,
 ) -> dict[str, Any]:
     passes: dict[str, list[dict[str, Any]]] = {}
     cold_root, study_root = work / "cache-cold", work / "cache-study"
@@ -143,6 +188,17 @@ async def run(
             k += 1
             rows.append(await launch(cfg, name, root, hold_s, work / "logs", k))
         passes[pass_name] = rows
+    if "launchers" in passes_asked:
+        print(f"launchers pass (VLLM_CACHE_ROOT={cold_root}): {', '.join(launchers)}")
+        rows = []
+        for _ in range(repeat):
+            for name in configs:
+                for launcher in launchers:
+                    k += 1
+                    rows.append(
+                        await launch(cfg, name, cold_root, hold_s, work / "logs", k, launcher)
+                    )
+        passes["launchers"] = rows
     every = [r for rows in passes.values() for r in rows]
     out: dict[str, Any] = {
         "engine": cfg.engine.kind,
@@ -153,6 +209,7 @@ async def run(
         "passes": {
             n: {
                 "summary": summary(rows),
+                **({"by_launcher": by_launcher(rows)} if n == "launchers" else {}),
                 "launches": [{k: v for k, v in r.items() if k != "_launch"} for r in rows],
             }
             for n, rows in passes.items()
@@ -171,11 +228,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold-s", type=float, help="seconds each server stays up after ready")
     ap.add_argument("--out", type=Path, help="default benchmarks/results/startup-<gpu>.json")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"a subset of {','.join(CONFIGS)}")
-    ap.add_argument("--passes", default=",".join(PASSES), help=f"a subset of {','.join(PASSES)}")
+    ap.add_argument("--passes", default="cold,warm,study", help=f"a subset of {','.join(PASSES)}")
+    ap.add_argument(
+        "--launchers", default="plain,preload", help=f"a subset of {','.join(LAUNCHERS)}"
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="launches per config and launcher")
     args = ap.parse_args(args_in)
     configs, passes = args.configs.split(","), args.passes.split(",")
-    if bad := [c for c in configs if c not in CONFIGS] + [p for p in passes if p not in PASSES]:
-        ap.error(f"unknown config or pass: {', '.join(bad)}")
+    launchers = args.launchers.split(",")
+    bad = [c for c in configs if c not in CONFIGS] + [p for p in passes if p not in PASSES]
+    if bad := bad + [n for n in launchers if n not in LAUNCHERS]:
+        ap.error(f"unknown config, pass or launcher: {', '.join(bad)}")
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as tmp:
         work = Path(tmp)
@@ -186,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
         hold_s = args.hold_s if args.hold_s is not None else (20.0 if args.engine == "vllm" else 0)
         t0 = time.monotonic()
         try:
-            result = asyncio.run(run(cfg, hold_s, work, configs, passes))
+            result = asyncio.run(
+                run(cfg, hold_s, work, configs, passes, launchers, max(1, args.repeat))
+            )
         except KeyboardInterrupt:
             kill_all_groups()
             return 130
@@ -201,6 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{s.get('startup_share', 0):.0%}, compile cache {s.get('compile_cache_hits', 0):.0f} "
         f"hit(s) / {s.get('compile_cache_misses', 0):.0f} miss(es); wrote {out}"
     )
+    for name, ls in result["passes"].get("launchers", {}).get("by_launcher", {}).items():
+        ratio = ls.get("median_ready_s_vs_plain")
+        print(
+            f"  {name:12s} median ready {ls.get('median_ready_s', 0):6.1f} s"
+            + (f" ({ratio:.2f}x plain)" if ratio else "")
+            + f", process {ls.get('median_startup_process_s', 0):.1f} s"
+            + f", api {ls.get('median_startup_api_s', 0):.1f} s"
+        )
     return 0
 
 

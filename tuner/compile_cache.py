@@ -128,6 +128,11 @@ def _int(value: Any) -> int | None:
         return None
 
 
+_ENV_NOT_IN_KEY = ("VLLM_CACHE_ROOT", "VLLM_PORT", "VLLM_WORKER_MULTIPROC_METHOD")
+"""Variables vLLM 0.24.0 leaves out of its compile factors (``vllm/envs.py``,
+``compile_factors``'s ``ignored_factors``): a launch that differs only in them shares the key."""
+
+
 def predicted_key(
     words: Sequence[str], env: Mapping[str, str] | None = None, *, prefix: Sequence[str] = ()
 ) -> str | None:
@@ -159,7 +164,7 @@ def predicted_key(
         mbt = _int(flags.get("max-num-batched-tokens"))
         key["derived_capture_size"] = min(size, mbt) if mbt else size
     envs = sorted((k, v) for k, v in (env or {}).items() if k.startswith("VLLM_"))
-    envs = [(k, v) for k, v in envs if k not in ("VLLM_CACHE_ROOT", "VLLM_PORT")]
+    envs = [(k, v) for k, v in envs if k not in _ENV_NOT_IN_KEY]
     factors = [list(prefix), words[0], sorted(key.items(), key=lambda kv: kv[0]), envs]
     return hashlib.sha256(json.dumps(factors, default=str).encode()).hexdigest()[:16]
 

@@ -35,3 +35,34 @@ def test_startup_benchmark_on_the_simulator(tmp_path: Path) -> None:
     assert s["median_ready_s"] > 0 and 0 < s["startup_share"] <= 1
     assert (s["compile_cache_hits"], s["compile_cache_misses"]) == (8, 6)
     assert set(data["passes"]["cold"]["launches"][0]["phases"]) >= {"process", "ready"}
+
+
+def test_the_launchers_pass_compares_preloaded_launches_with_plain_ones(tmp_path: Path) -> None:
+    out = tmp_path / "startup-launchers.json"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/startup.py",
+            "--configs=defaults",
+            "--passes=cold,launchers",
+            "--launchers=plain,preload,preload_fork",
+            "--repeat=2",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    data = json.loads(out.read_text())["passes"]["launchers"]
+    order = [(r["config"], r["launcher"]) for r in data["launches"]]
+    assert order == [("defaults", n) for n in ("plain", "preload", "preload_fork")] * 2
+    assert {r["compile_cache"] for r in data["launches"]} == {"hit"}  # the cold pass's cache
+    ratios = data["by_launcher"]
+    assert ratios["plain"]["median_ready_s_vs_plain"] == 1.0
+    assert (
+        ratios["preload"]["median_ready_s"] > 0 and "median_ready_s_vs_plain" in ratios["preload"]
+    )
+    assert "preload      median ready" in p.stdout

@@ -116,6 +116,11 @@ def test_the_predicted_key_groups_as_vllm_does() -> None:
     assert _key("-cc.cudagraph_mode=PIECEWISE") != base
     assert _key("--enforce-eager") is None and _key("-cc.mode=0") is None
     assert predicted_key(["other-model", "--port", "1"]) != base
+    # vLLM's compile factors leave these variables out; the others of VLLM_* count
+    words = ["m", "--port", "1"]
+    assert predicted_key(words, {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}) == base
+    assert predicted_key(words, {"VLLM_CACHE_ROOT": "/elsewhere"}) == base
+    assert predicted_key(words, {"VLLM_USE_FLASHINFER_SAMPLER": "0"}) != base
 
 
 def test_cache_root_settings(make_cfg, tmp_path: Path, monkeypatch) -> None:

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Device work (nvidia-h200), issue #29 item 7's start-up: does a launch get cheaper with
+# engine.preload (each server forked from one interpreter that imported vLLM's CLI) and
+# VLLM_WORKER_MULTIPROC_METHOD=fork (vLLM forks its EngineCore instead of the CLI's spawn, which
+# imports vLLM and torch again), and does a server started so serve the same capacity?
+# 1. benchmarks/startup.py on vLLM's defaults: a cold launch, then REPEAT rounds of each of
+#    LAUNCHERS (plain, preload, fork, preload_fork) on that warm cache, interleaved: ready time
+#    and phases per launcher, and each as a ratio to plain's.
+# 2. vLLM's defaults' chat SLO capacity (its own SLO, from 256 in flight, 800 requests, incumbent
+#    probe off), one tuner invocation per server, arms plain and fast (both levers) interleaved
+#    P F P F while time is left; then the change with its interval and the verdict
+#    (scripts/gpu/capacity_verdict.py). Each invocation starts its own zygote, so these servers'
+#    ready times include its imports: step 1 measures the saving, step 2 the capacity.
+#   bash /tmp/stage/bin/bg.sh start fs env T=1500 bash $PWD/scripts/gpu/r_fast_start.sh   (carry .whl)
+#   then bash /tmp/stage/bin/bg.sh wait fs 520; bash scripts/gpu/r_fast_start.sh keep   (each call),
+#   finally bash scripts/gpu/r_fast_start.sh pack: $OUT/fs.tgz.part-*
+# Here, on the simulator: LOCAL_TEST=1 ENGINE=sim REPEAT=1 ROUNDS=1 REQS=60 CONC=8 T=600 bash scripts/gpu/r_fast_start.sh
+set -u
+T="${T:-1500}"
+source "$(dirname "$0")/common.sh"
+case "${1:-run}" in
+  keep) cp "$LOGS"/fs-*.log "$LOGS"/bench.log "$OUT"/ 2>/dev/null
+        grep -h "ready\|SLO capacity" "$LOGS"/bench.log "$LOGS"/fs-*.log 2>/dev/null | cut -c1-200 | tail -20
+        exit 0 ;;
+  pack) nvidia-smi --query-gpu=index,memory.used --format=csv > "$LOGS/nvidia-smi-fs.txt" 2>&1
+        pack fs logs fs bench; exit 0 ;;
+esac
+mkdir -p "$W/fs" "$W/bench"
+timeout -s INT -k 30 $(( T - SECONDS - 60 )) python3 benchmarks/startup.py --engine "$ENGINE" \
+  --configs defaults --passes cold,launchers --launchers "${LAUNCHERS:-plain,preload,fork,preload_fork}" \
+  --repeat "${REPEAT:-2}" --hold-s "${HOLD:-5}" --out "$W/bench/startup-launchers.json" > "$LOGS/bench.log" 2>&1
+echo "$(date -u +%T) bench: rc=$?"
+tail -6 "$LOGS/bench.log"
+cd "$W/fs"
+# shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
+ARGS=(+workload=chat "engine=$ENGINE" model=qwen3-8b space=none objective=capacity
+  "workload.arrival.concurrency=${CONC:-256}" "workload.num_requests=${REQS:-800}"
+  "objective.capacity.max_steps=${STEPS:-6}" objective.capacity.incumbent_probe=false
+  confirm.enabled=false study.n_trials=1 ${EXTRA:-})
+PER="${PER:-240}"  # seconds a capacity server is planned to take
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for arm in plain fast; do
+    [ $(( T - SECONDS )) -lt $(( PER + 60 )) ] && { echo "no time left for round $r $arm"; break 2; }
+    extra=()
+    [ "$arm" = fast ] && extra=(engine.preload=true +engine.env.VLLM_WORKER_MULTIPROC_METHOD=fork)
+    timeout -s INT -k 30 $(( T - SECONDS - 40 )) python3 -m tuner "${ARGS[@]}" \
+      "study.name=fs-$arm" "${extra[@]}" > "$LOGS/fs-$arm-$r.log" 2>&1
+    echo "$(date -u +%T) round $r $arm: rc=$? $(grep -o 'ready in [0-9.]* s' "$LOGS/fs-$arm-$r.log" | head -1); $(grep -o 'SLO capacity [^(]*' "$LOGS/fs-$arm-$r.log" | tail -1)"
+  done
+done
+python3 "$ROOT/scripts/gpu/capacity_verdict.py" "$W/fs/outputs/state/optuna.db" fs-fast fs-plain \
+  | tee "$LOGS/fs-verdict.txt"
+echo "used ${SECONDS}s of $T"
