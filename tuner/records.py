@@ -150,13 +150,15 @@ class LaunchInfo:
     """What the launcher learned while starting a server: its port, pid and start-up time, and
     what its log said (``facts``; its ``engine_version`` is the server's ``/version`` answer when
     there is one). Serialised flat: ``facts``' fields follow ``startup_s``, then ``startup``
-    (absent from records written before it existed)."""
+    (absent from records written before it existed), then ``preloaded`` (True: forked from a
+    zygote, ``engine.preload``; absent for a server started as a process)."""
 
     port: int
     pid: int
     startup_s: float
     facts: LogFacts = dataclasses.field(default_factory=LogFacts, metadata={"inline": True})
     startup: StartupFacts | None = dataclasses.field(default=None, metadata={"omit_none": True})
+    preloaded: bool | None = dataclasses.field(default=None, metadata={"omit_none": True})
 
 
 @dataclasses.dataclass(frozen=True)

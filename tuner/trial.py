@@ -398,7 +398,8 @@ async def _replay_all(run: ServerRun, server: Server) -> None:
         cache = launch.startup.compile_cache if launch.startup else None
         sim = "simulated " if cfg.engine.kind == "sim" else ""  # no kernel is compiled
         cache = f" ({sim}compile cache {cache})" if cache else ""
-        ready = f"ready in {launch.startup_s:.1f} s{cache}, " if not i else ""
+        forked = ", forked from the preloaded interpreter" if launch.preloaded else ""
+        ready = f"ready in {launch.startup_s:.1f} s{cache}{forked}, " if not i else ""
         log.info(
             "trial %d: %sKV cache %s tokens (predicted %s); replaying %d requests (%d warm-up)%s",
             run.number,

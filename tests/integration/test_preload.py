@@ -71,6 +71,7 @@ async def test_launches_share_one_zygote_each_server_in_its_own_group(tmp_path: 
             assert server.pgid == info.pid and len(group_members(info.pid)) >= 2
             assert info.facts.kv_cache_tokens and info.facts.kv_cache_tokens > 0
             assert info.startup is not None and "process" in info.startup.phases
+            assert info.preloaded is True
         assert server.survivors == [] and group_members(info.pid) == []
         assert server.proc.wait(timeout=5) is not None  # the zygote reported the exit
         pids.append(info.pid)
@@ -101,6 +102,7 @@ async def test_a_command_no_zygote_can_run_starts_as_a_process(
     server.argv = ["/bin/sh", "-c", 'exec "$@"', "sh", *server.argv]
     async with server as info:
         assert isinstance(server.proc, subprocess.Popen) and info.pid > 0
+        assert info.preloaded is None
     assert "engine.preload: /bin/sh is not a Python console script" in caplog.text
     assert not preload._ZYGOTES
 
@@ -196,6 +198,8 @@ def test_a_study_with_preload_forks_every_server_from_one_zygote(tmp_path: Path)
     run = next((tmp_path / "outputs" / "runs").iterdir())
     results = [json.loads(r.read_text()) for r in sorted(run.glob("trial_*/result.json"))]
     assert len(results) == 2 and all(r["launch"]["startup"]["phases"] for r in results)
+    assert all(r["launch"]["preloaded"] is True for r in results)
+    assert out.count("forked from the preloaded interpreter") >= 2
     # the confirm stage's fresh server came from the same zygote, which logs beside the run
     assert "confirm: 1 candidate(s) x 1 round(s)" in out
     assert next(run.glob("confirm/trial_*/round_1/server.log")).read_text()

@@ -244,6 +244,7 @@ class Server:
             startup_s=round(startup_s, 3),
             facts=dataclasses.replace(facts, engine_version=version or facts.engine_version),
             startup=startup_facts(lines, launched_at, ready_at),
+            preloaded=True if isinstance(self.proc, ForkedProcess) else None,
         )
 
     async def _forked(self) -> ForkedProcess | None:
