@@ -1,6 +1,6 @@
 """A server stand-in for engine.preload's tests, run as ``python -m helpers.zygote_child``:
-prints its argv, working directory and ``ZYGOTE_*`` variables as one JSON line, then exits with
-the code given as its first argument, or sleeps when that is ``sleep``."""
+prints its argv, working directory, ``ZYGOTE_*`` variables and ``sys.path`` as one JSON line,
+then exits with the code given as its first argument, or sleeps when that is ``sleep``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import time
 
 if __name__ == "__main__":
     seen = {k: v for k, v in os.environ.items() if k.startswith("ZYGOTE_")}
-    print(
-        json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": seen, "pgid": os.getpgid(0)})
-    )
+    said = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": seen, "pgid": os.getpgid(0)}
+    print(json.dumps({**said, "path": sys.path}))
     sys.stdout.flush()
     if sys.argv[1] == "sleep":
         time.sleep(600)

@@ -138,6 +138,9 @@ def test_each_child_gets_its_argv_environment_cwd_and_exit_code(tmp_path: Path) 
     assert seen_a["argv"] == ["3"] and seen_a["env"] == {"ZYGOTE_GPU": "0"}
     assert seen_b["env"] == {"ZYGOTE_GPU": "1"} and seen_b["cwd"] == str(tmp_path)
     assert seen_a["pgid"] == a and seen_b["pgid"] == b  # each leads its own group
+    # sys.path as `python -m` sets it: the working directory first, not the zygote's folder
+    assert seen_a["path"][0] == str(tmp_path)
+    assert str(ROOT / "tuner" / "engine") not in seen_a["path"]
     assert preload.ForkedProcess(zygote, a).wait(10) == 3
     assert preload.ForkedProcess(zygote, b).wait(10) == 0
     zygote.stop()

@@ -62,15 +62,27 @@ def _reap(signum: int = 0, frame: object = None) -> None:
 
 
 def _load(entry: str) -> object:
-    """The callable that runs ENTRY with ``sys.argv`` set."""
+    """The callable that runs ENTRY with ``sys.argv`` set, ``sys.path[0]`` first set as the
+    interpreter would have set it: the working directory for ``python -m``, the script's folder
+    for a console script."""
     if entry.startswith("-m "):
         module = entry[3:].strip()
-        return lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+        def run_module() -> object:
+            sys.path.insert(0, os.getcwd())
+            return runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+        return run_module
     module, _, func = entry.partition(":")
     obj: object = importlib.import_module(module)
     for part in func.split("."):
         obj = getattr(obj, part)
-    return obj
+
+    def run_script() -> object:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+        return obj()  # type: ignore[operator]
+
+    return run_script
 
 
 def _child(req: dict, run: object, fds: tuple[int, ...]) -> None:
@@ -112,6 +124,9 @@ def main(argv: list[str]) -> int:
     if not argv:
         sys.stderr.write("usage: zygote.py ENTRY [MODULE ...]\n")
         return 2
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        del sys.path[0]  # the tuner's engine modules must not shadow top-level ones
     _OUT = os.dup(1)
     os.dup2(2, 1)  # the imports' prints go to stderr, never into the protocol
     t0 = time.monotonic()
