@@ -207,3 +207,25 @@ def test_a_study_with_preload_forks_every_server_from_one_zygote(tmp_path: Path)
     assert "confirm: 1 candidate(s) x 1 round(s)" in out
     assert next(run.glob("confirm/trial_*/round_1/server.log")).read_text()
     assert (run / "zygote.log").exists()
+
+
+def test_one_zygote_per_environment_less_the_per_launch_variables(tmp_path: Path) -> None:
+    seen = []
+    for gpu in ("0", "1"):
+        child = preload.fork_server(
+            CHILD + ["0"],
+            _env(ZYGOTE_GPU=gpu),
+            tmp_path / f"gpu{gpu}.log",
+            modules=[],
+            zygote_log=tmp_path / "z.log",
+            timeout_s=30,
+            per_launch=("ZYGOTE_GPU",),
+            cpus=[0],
+        )
+        assert child.wait(10) == 0
+        seen.append(_printed(tmp_path, f"gpu{gpu}"))
+    assert [s["env"] for s in seen] == [{"ZYGOTE_GPU": "0"}, {"ZYGOTE_GPU": "1"}]
+    assert all(s["cpus"] == [0] for s in seen)  # pinned in the child, before it ran
+    (zygote,) = preload._ZYGOTES.values()
+    # the zygote itself started without them: no launch's lease marker in its /proc environ
+    assert b"ZYGOTE_GPU" not in Path(f"/proc/{zygote.proc.pid}/environ").read_bytes()

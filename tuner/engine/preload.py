@@ -163,14 +163,22 @@ class Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def fork(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, log_path: Path) -> int:
-        """Fork one server running ``argv`` (its ``sys.argv``); its pid (it leads its own
-        process group)."""
+    def fork(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        log_path: Path,
+        cpus: Sequence[int] | None = None,
+    ) -> int:
+        """Fork one server running ``argv`` (its ``sys.argv``), pinned to ``cpus`` from its
+        start if given; its pid (it leads its own process group)."""
         request = {
             "argv": list(argv),
             "env": dict(env),
             "cwd": cwd,
             "log": str(log_path),
+            "cpus": list(cpus) if cpus else None,
         }
         with self._lock:
             assert self.proc.stdin is not None
@@ -250,12 +258,15 @@ def fork_server(
     zygote_log: Path,
     timeout_s: float,
     per_launch: Sequence[str] = (),
+    cpus: Sequence[int] | None = None,
 ) -> ForkedProcess:
     """Fork ``argv`` as a server from its zygote, starting the zygote on first use (blocks for
     its imports: call it from a thread). One zygote serves every launch whose environment is
-    the same but for ``per_launch`` variables (the GPU lease: nothing reads them at import;
-    the zygote starts with the first launch's). Raises :class:`PreloadError` with the reason when
-    ``argv`` cannot run in one or the zygote fails; the caller starts a process instead."""
+    the same but for ``per_launch`` variables (the GPU lease, the trial's lease marker: the
+    zygote starts without them, nothing reads them at import). ``cpus``: the server's cores
+    (``engine.cpu_pinning``), set in the child before it runs. Raises :class:`PreloadError`
+    with the reason when ``argv`` cannot run in one or the zygote fails; the caller starts a
+    process instead."""
     entry = entry_of(argv)
     if isinstance(entry, str):
         raise PreloadError(entry)
@@ -265,7 +276,8 @@ def fork_server(
             raise PreloadError(_FAILED[key])
         zygote = _ZYGOTES.get(key)
         if zygote is None or not zygote.alive:
-            zygote = _ZYGOTES[key] = Zygote(entry, modules, env, zygote_log)
+            base = {k: v for k, v in env.items() if k not in per_launch}
+            zygote = _ZYGOTES[key] = Zygote(entry, modules, base, zygote_log)
     try:
         zygote.wait_ready(timeout_s)
     except PreloadError as exc:
@@ -273,7 +285,7 @@ def fork_server(
         _ZYGOTES.pop(key, None)
         zygote.stop()
         raise
-    return ForkedProcess(zygote, zygote.fork(entry.argv, env, os.getcwd(), log_path))
+    return ForkedProcess(zygote, zygote.fork(entry.argv, env, os.getcwd(), log_path, cpus))
 
 
 def stop_all() -> None:

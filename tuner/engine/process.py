@@ -263,6 +263,7 @@ class Server:
                 zygote_log=self.preload.zygote_log,
                 timeout_s=self.startup_timeout_s,
                 per_launch=self.preload.per_launch,
+                cpus=self.cpus,
             )
         except PreloadError as exc:
             if str(exc) not in _FELL_BACK:

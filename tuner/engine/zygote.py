@@ -13,11 +13,12 @@ interpreter need not have the tuner installed. The tuner side is :mod:`tuner.eng
 
 Protocol: JSON lines. The zygote's stdout carries only these (anything the imports print goes to
 its stderr): first ``{"ready": pid, "import_s": s, "failed": [module: error]}`` or ``{"error":
-"..."}``; then per request line ``{"argv", "env", "cwd", "log"}`` on stdin, ``{"pid": pid}`` or
-``{"error": "..."}``; whenever a child ends, ``{"exit": pid, "code": code}`` (a negative code: the
-signal). End of stdin: the zygote SIGKILLs the process group of every server still running and
-exits. That is also how a tuner killed with ``kill -9`` leaves no server behind: a forked server's
-``/proc/<pid>/environ`` is the zygote's, so it lacks the lease marker ``tuner.recovery`` looks for.
+"..."}``; then per request line ``{"argv", "env", "cwd", "log", "cpus"}`` on stdin (``cpus``:
+the cores to pin the server to, or null), ``{"pid": pid}`` or ``{"error": "..."}``; whenever a
+child ends, ``{"exit": pid, "code": code}`` (a negative code: the signal). End of stdin: the
+zygote SIGKILLs the process group of every server still running and exits. That is also how a
+tuner killed with ``kill -9`` leaves no server behind: a forked server's ``/proc/<pid>/environ``
+is the zygote's, which lacks the lease marker ``tuner.recovery`` looks for.
 
 Why a fork here is safe: it preloads only modules that `vllm serve`'s API server itself imports
 before it starts its EngineCore process, which vLLM forks from that state when
@@ -100,6 +101,8 @@ def _child(req: dict, run: object, fds: tuple[int, ...]) -> None:
         os.dup2(log, 2)
         for fd in (log, null, *fds):
             os.close(fd)
+        if req.get("cpus"):  # before anything it starts: its children inherit the cores
+            os.sched_setaffinity(0, req["cpus"])
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
