@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/startup.py [--engine sim|vllm] [--model PATH] [--hold-s S] [--out PATH]
         [--configs A,B] [--passes cold,warm,study,launchers] [--launchers A,B] [--repeat N]
-        [-- TUNER OVERRIDES...]
+        [--logs DIR] [-- TUNER OVERRIDES...]
 
 On the H200::
 
@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import json
 import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -233,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "--launchers", default="plain,preload", help=f"a subset of {','.join(LAUNCHERS)}"
     )
     ap.add_argument("--repeat", type=int, default=1, help="launches per config and launcher")
+    ap.add_argument("--logs", type=Path, help="copy every server's log here (default: dropped)")
     args = ap.parse_args(args_in)
     configs, passes = args.configs.split(","), args.passes.split(",")
     launchers = args.launchers.split(",")
@@ -257,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         result["wall_s"] = round(time.monotonic() - t0, 1)
         result["gpu"] = gpu_slug(cfg)
+        if args.logs:  # the servers' logs (and the zygote's) outlive the work folder
+            shutil.copytree(work / "logs", args.logs, dirs_exist_ok=True)
     out = args.out or ROOT / "benchmarks" / "results" / f"startup-{result['gpu']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(to_jsonable(result), indent=1) + "\n")

@@ -11,6 +11,7 @@
 #    P F P F while time is left; then the change with its interval and the verdict
 #    (scripts/gpu/capacity_verdict.py). Each invocation starts its own zygote, so these servers'
 #    ready times include its imports: step 1 measures the saving, step 2 the capacity.
+# 3. If time is left, one cold launch of the defaults with VLLM_LOGGING_LEVEL=DEBUG (its log kept).
 #   bash /tmp/stage/bin/bg.sh start fs env T=1500 bash $PWD/scripts/gpu/r_fast_start.sh   (carry .whl)
 #   then bash /tmp/stage/bin/bg.sh wait fs 520; bash scripts/gpu/r_fast_start.sh keep   (each call),
 #   finally bash scripts/gpu/r_fast_start.sh pack: $OUT/fs.tgz.part-*
@@ -28,7 +29,8 @@ esac
 mkdir -p "$W/fs" "$W/bench"
 timeout -s INT -k 30 $(( T - SECONDS - 60 )) python3 benchmarks/startup.py --engine "$ENGINE" \
   --configs defaults --passes cold,launchers --launchers "${LAUNCHERS:-plain,preload,fork,preload_fork}" \
-  --repeat "${REPEAT:-2}" --hold-s "${HOLD:-5}" --out "$W/bench/startup-launchers.json" > "$LOGS/bench.log" 2>&1
+  --repeat "${REPEAT:-2}" --hold-s "${HOLD:-5}" --out "$W/bench/startup-launchers.json" \
+  --logs "$W/bench/servers" > "$LOGS/bench.log" 2>&1
 echo "$(date -u +%T) bench: rc=$?"
 tail -6 "$LOGS/bench.log"
 cd "$W/fs"
@@ -50,4 +52,12 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
 done
 python3 "$ROOT/scripts/gpu/capacity_verdict.py" "$W/fs/outputs/state/optuna.db" fs-fast fs-plain \
   | tee "$LOGS/fs-verdict.txt"
+# 3. if time is left: one cold launch of the defaults with vLLM's DEBUG log, to see what fills
+# the api and warmup phases (the defaults spent 18 s in warmup warm or cold on 2026-12-02)
+if [ $(( T - SECONDS )) -gt 240 ]; then
+  cd "$ROOT" && timeout -s INT -k 20 $(( T - SECONDS - 40 )) python3 benchmarks/startup.py \
+    --engine "$ENGINE" --configs defaults --passes cold --hold-s 1 --out "$W/bench/startup-debug.json" \
+    --logs "$W/bench/debug" -- +engine.env.VLLM_LOGGING_LEVEL=DEBUG > "$LOGS/bench-debug.log" 2>&1
+  echo "$(date -u +%T) debug launch: rc=$? $(tail -1 "$LOGS/bench-debug.log")"
+fi
 echo "used ${SECONDS}s of $T"
