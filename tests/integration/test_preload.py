@@ -229,3 +229,23 @@ def test_one_zygote_per_environment_less_the_per_launch_variables(tmp_path: Path
     (zygote,) = preload._ZYGOTES.values()
     # the zygote itself started without them: no launch's lease marker in its /proc environ
     assert b"ZYGOTE_GPU" not in Path(f"/proc/{zygote.proc.pid}/environ").read_bytes()
+
+
+def test_a_server_gets_what_the_preloaded_imports_set_in_the_environment(tmp_path: Path) -> None:
+    # a process launched afresh would run the same imports and get the same changes; the
+    # per-launch variable keeps its launch's value
+    child = preload.fork_server(
+        CHILD + ["0"],
+        _env(ZYGOTE_GPU="3", ZYGOTE_DROPPED_AT_IMPORT="x", ZYGOTE_KEPT="y"),
+        tmp_path / "c.log",
+        modules=["helpers.zygote_env_import"],
+        zygote_log=tmp_path / "z.log",
+        timeout_s=30,
+        per_launch=("ZYGOTE_GPU",),
+    )
+    assert child.wait(10) == 0
+    assert _printed(tmp_path, "c")["env"] == {
+        "ZYGOTE_GPU": "3",
+        "ZYGOTE_SET_AT_IMPORT": "1",
+        "ZYGOTE_KEPT": "y",
+    }

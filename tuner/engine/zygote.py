@@ -41,6 +41,8 @@ __all__ = ["main"]
 
 _OUT = -1  # the protocol's fd (the zygote's original stdout)
 _CHILDREN: set[int] = set()  # forked servers not yet reaped
+_START_ENV: dict[str, str] = {}  # the environment before the imports
+_IMPORTED_ENV: dict[str, str | None] = {}  # what the imports set (None: removed)
 
 
 def _send(msg: dict) -> None:
@@ -86,6 +88,22 @@ def _load(entry: str) -> object:
     return run_script
 
 
+def _launch_env(env: dict) -> dict:
+    """The environment a launched server would have after the same imports: ``env``, then what
+    the imports set or removed (vLLM 0.24's ``env_override`` sets ``TORCHINDUCTOR_COMPILE_THREADS``,
+    ``PYTORCH_NVML_BASED_CUDA_CHECK`` and more when it is imported); a variable the zygote started
+    without and the launch sets (the GPU lease) keeps the launch's value."""
+    out = dict(env)
+    for k, v in _IMPORTED_ENV.items():
+        if k not in _START_ENV and k in env:
+            continue
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
 def _child(req: dict, run: object, fds: tuple[int, ...]) -> None:
     """In the forked child: become the server. Never returns."""
     code = 1
@@ -105,7 +123,7 @@ def _child(req: dict, run: object, fds: tuple[int, ...]) -> None:
             os.sched_setaffinity(0, req["cpus"])
         os.chdir(req["cwd"])
         os.environ.clear()
-        os.environ.update(req["env"])
+        os.environ.update(_launch_env(req["env"]))
         sys.argv = list(req["argv"])
         result = run()  # type: ignore[operator]
         code = result if isinstance(result, int) else 0
@@ -133,6 +151,7 @@ def main(argv: list[str]) -> int:
     _OUT = os.dup(1)
     os.dup2(2, 1)  # the imports' prints go to stderr, never into the protocol
     t0 = time.monotonic()
+    _START_ENV.update(os.environ)
     failed = []
     try:
         run = _load(argv[0])
@@ -144,6 +163,8 @@ def main(argv: list[str]) -> int:
             importlib.import_module(module)
         except Exception as exc:  # the child imports it again and fails as a launch would
             failed.append(f"{module}: {type(exc).__name__}: {exc}")
+    _IMPORTED_ENV.update({k: v for k, v in os.environ.items() if _START_ENV.get(k) != v})
+    _IMPORTED_ENV.update({k: None for k in _START_ENV if k not in os.environ})
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and cuda.is_initialized():
