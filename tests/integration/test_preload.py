@@ -249,3 +249,26 @@ def test_a_server_gets_what_the_preloaded_imports_set_in_the_environment(tmp_pat
         "ZYGOTE_SET_AT_IMPORT": "1",
         "ZYGOTE_KEPT": "y",
     }
+
+
+def test_kill_9_of_a_preloading_tuner_leaves_no_server_and_the_next_run_recovers(
+    tmp_path: Path,
+) -> None:
+    import uuid
+
+    from helpers.cli import FAST, tuner
+    from helpers.procs import kill_9_once_serving, marked_pids
+
+    name, value = "TUNER_TEST_MARK", uuid.uuid4().hex
+    env = {**os.environ, name: value}  # every process of this tuner carries it, forked or not
+    args = ["+workload=chat", "study.n_trials=1", "engine.preload=true", "objective=throughput"]
+    kill_9_once_serving(tmp_path, [*args, "engine.env.TUNER_SIM_SPEEDUP=1"], env)
+    deadline = time.monotonic() + 10
+    while marked_pids(f"{name}={value}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # the zygote saw its stdin close and killed the server it forked, then exited
+    assert marked_pids(f"{name}={value}") == [], "a forked server outlived its SIGKILLed tuner"
+    p = tuner(tmp_path, *args, *FAST, "confirm.enabled=false", env={name: value})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "recovered: trial 0" in p.stderr + p.stdout
+    assert marked_pids(f"{name}={value}") == []
