@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,32 @@ def sim_argv(model: str, port: int, *flags: str) -> list[str]:
         sys.executable, "-m", "tuner.sim", "serve", model, "--host", "127.0.0.1",
         "--port", str(port), "--served-model-name", "m", "--load-format", "dummy", *flags,
     ]  # fmt: skip
+
+
+def sim_server(
+    log_path: Path,
+    *flags: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+    preload: Any = None,
+) -> Any:
+    """A :class:`tuner.engine.process.Server` of the simulator (the small shipped model, 20x
+    speed-up) on a free loopback port, logging to ``log_path``; ``env`` on top of ours."""
+    from tuner.engine.process import Server, free_port
+
+    port = free_port()
+    root = Path(__file__).resolve().parents[2]
+    return Server(
+        sim_argv(str(root / "models" / "qwen-0.5b-dummy"), port, *flags),
+        env={**os.environ, "TUNER_SIM_SPEEDUP": "20", **(env or {})},
+        log_path=log_path,
+        host="127.0.0.1",
+        port=port,
+        startup_timeout_s=timeout,
+        stop_timeout_s=5,
+        health_interval_s=0.1,
+        preload=preload,
+    )
 
 
 def run_benchmark(

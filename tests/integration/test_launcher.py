@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from helpers.procs import sim_argv
+from helpers.procs import sim_server
 
 from tuner.engine.process import Server, free_port, group_members
 from tuner.errors import FailureReason, LaunchFailed, ReplayFailed
@@ -16,25 +16,12 @@ from tuner.errors import FailureReason, LaunchFailed, ReplayFailed
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = str(ROOT / "models" / "qwen-0.5b-dummy")
 
 
 def make_server(
     tmp_path: Path, *flags: str, env: dict[str, str] | None = None, timeout: float = 30.0
 ) -> Server:
-    port = free_port()
-    argv = sim_argv(MODEL, port, *flags)
-    full_env = {**os.environ, "TUNER_SIM_SPEEDUP": "20", **(env or {})}
-    return Server(
-        argv,
-        env=full_env,
-        log_path=tmp_path / "server.log",
-        host="127.0.0.1",
-        port=port,
-        startup_timeout_s=timeout,
-        stop_timeout_s=5,
-        health_interval_s=0.1,
-    )
+    return sim_server(tmp_path / "server.log", *flags, env=env, timeout=timeout)
 
 
 async def test_ready_facts_and_clean_teardown(tmp_path: Path) -> None:

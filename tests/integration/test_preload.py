@@ -14,16 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.procs import sim_argv
+from helpers.procs import sim_server
 
 from tuner.engine import preload
-from tuner.engine.process import Preload, Server, free_port, group_members
+from tuner.engine.process import Preload, Server, group_members
 from tuner.errors import FailureReason, LaunchFailed
 
 pytestmark = [pytest.mark.integration, pytest.mark.fast]
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = str(ROOT / "models" / "qwen-0.5b-dummy")
 TESTS = str(ROOT / "tests")
 CHILD = [sys.executable, "-m", "helpers.zygote_child"]
 
@@ -38,19 +37,9 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": TESTS, "TUNER_SIM_SPEEDUP": "20", **extra}
 
 
-def _sim(tmp_path: Path, name: str, *flags: str, env: dict[str, str] | None = None) -> Server:
-    port = free_port()
-    return Server(
-        sim_argv(MODEL, port, *flags),
-        env=env or _env(),
-        log_path=tmp_path / f"{name}.log",
-        host="127.0.0.1",
-        port=port,
-        startup_timeout_s=30,
-        stop_timeout_s=5,
-        health_interval_s=0.1,
-        preload=Preload(("tuner.sim.server",), tmp_path / "zygote.log"),
-    )
+def _sim(tmp_path: Path, name: str, *flags: str) -> Server:
+    preload = Preload(("tuner.sim.server",), tmp_path / "zygote.log")
+    return sim_server(tmp_path / f"{name}.log", *flags, env=_env(), preload=preload)
 
 
 def _wait_gone(pgid: int, timeout_s: float = 10.0) -> bool:
