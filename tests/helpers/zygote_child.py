@@ -4,12 +4,14 @@ then exits with the code given as its first argument, or sleeps when that is ``s
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
 import time
 
 if __name__ == "__main__":
+    atexit.register(print, "atexit ran")  # a forked server exits as a Python program does
     seen = {k: v for k, v in os.environ.items() if k.startswith("ZYGOTE_")}
     said = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": seen, "pgid": os.getpgid(0)}
     print(json.dumps({**said, "path": sys.path, "cpus": sorted(os.sched_getaffinity(0))}))

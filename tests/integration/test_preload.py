@@ -20,7 +20,7 @@ from tuner.engine import preload
 from tuner.engine.process import Preload, Server, group_members
 from tuner.errors import FailureReason, LaunchFailed
 
-pytestmark = [pytest.mark.integration, pytest.mark.fast]
+pytestmark = pytest.mark.integration  # fast tier: the tests marked fast (a launch or none)
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = str(ROOT / "tests")
@@ -51,6 +51,7 @@ def _wait_gone(pgid: int, timeout_s: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.fast
 async def test_launches_share_one_zygote_each_server_in_its_own_group(tmp_path: Path) -> None:
     pids = []
     for name in ("a", "b"):
@@ -70,6 +71,7 @@ async def test_launches_share_one_zygote_each_server_in_its_own_group(tmp_path: 
     assert len(zygotes) == 1 and zygotes[0].alive and set(pids) <= set(zygotes[0].exits)
 
 
+@pytest.mark.fast
 async def test_a_failed_start_is_classified_as_without_preload(tmp_path: Path) -> None:
     failures = []
     for name in ("forked", "plain"):
@@ -84,6 +86,7 @@ async def test_a_failed_start_is_classified_as_without_preload(tmp_path: Path) -
     assert failures[0][0] is FailureReason.INVALID_CONFIG
 
 
+@pytest.mark.fast
 async def test_a_command_no_zygote_can_run_starts_as_a_process(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -118,6 +121,7 @@ def _printed(tmp_path: Path, name: str) -> dict:
     raise AssertionError(f"{name} printed nothing")
 
 
+@pytest.mark.fast
 def test_each_child_gets_its_argv_environment_cwd_and_exit_code(tmp_path: Path) -> None:
     zygote = _zygote(tmp_path)
     assert "no_such_module_here" in (tmp_path / "z.log").read_text() or zygote.import_s is not None
@@ -132,9 +136,11 @@ def test_each_child_gets_its_argv_environment_cwd_and_exit_code(tmp_path: Path) 
     assert str(ROOT / "tuner" / "engine") not in seen_a["path"]
     assert preload.ForkedProcess(zygote, a).wait(10) == 3
     assert preload.ForkedProcess(zygote, b).wait(10) == 0
+    assert (tmp_path / "a.log").read_text().splitlines()[-1] == "atexit ran"
     zygote.stop()
 
 
+@pytest.mark.fast
 def test_stopping_the_zygote_kills_the_servers_it_forked(tmp_path: Path) -> None:
     zygote = _zygote(tmp_path)
     pid = _forked(zygote, tmp_path, "s", "sleep")
@@ -144,6 +150,7 @@ def test_stopping_the_zygote_kills_the_servers_it_forked(tmp_path: Path) -> None
     assert _wait_gone(pid)
 
 
+@pytest.mark.fast
 def test_a_tuner_killed_with_sigkill_leaves_no_forked_server(tmp_path: Path) -> None:
     # a forked server's /proc environ is the zygote's (no lease marker for tuner.recovery):
     # the zygote sees its stdin close when its tuner dies and kills what it forked
@@ -198,6 +205,7 @@ def test_a_study_with_preload_forks_every_server_from_one_zygote(tmp_path: Path)
     assert (run / "zygote.log").exists()
 
 
+@pytest.mark.fast
 def test_one_zygote_per_environment_less_the_per_launch_variables(tmp_path: Path) -> None:
     seen = []
     for gpu in ("0", "1"):
@@ -220,6 +228,7 @@ def test_one_zygote_per_environment_less_the_per_launch_variables(tmp_path: Path
     assert b"ZYGOTE_GPU" not in Path(f"/proc/{zygote.proc.pid}/environ").read_bytes()
 
 
+@pytest.mark.fast
 def test_a_server_gets_what_the_preloaded_imports_set_in_the_environment(tmp_path: Path) -> None:
     # a process launched afresh would run the same imports and get the same changes; the
     # per-launch variable keeps its launch's value

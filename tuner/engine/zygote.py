@@ -71,9 +71,9 @@ def _load(entry: str) -> object:
     if entry.startswith("-m "):
         module = entry[3:].strip()
 
-        def run_module() -> object:
+        def run_module() -> None:
             sys.path.insert(0, os.getcwd())
-            return runpy.run_module(module, run_name="__main__", alter_sys=True)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
 
         return run_module
     module, _, func = entry.partition(":")
@@ -105,9 +105,11 @@ def _launch_env(env: dict) -> dict:
 
 
 def _child(req: dict, run: object, fds: tuple[int, ...]) -> None:
-    """In the forked child: become the server. Never returns."""
-    code = 1
+    """In the forked child: become the server, then run ENTRY and exit as a Python program does
+    (``SystemExit`` up through the zygote's frames: the interpreter's shutdown and ``atexit``
+    handlers run, as for a server started afresh). Never returns."""
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})  # blocked around the fork
         os.setsid()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
         for sig in (signal.SIGTERM, signal.SIGCHLD):
@@ -125,19 +127,10 @@ def _child(req: dict, run: object, fds: tuple[int, ...]) -> None:
         os.environ.clear()
         os.environ.update(_launch_env(req["env"]))
         sys.argv = list(req["argv"])
-        result = run()  # type: ignore[operator]
-        code = result if isinstance(result, int) else 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
         traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
+        os._exit(1)
+    sys.exit(run())  # type: ignore[operator]
 
 
 def main(argv: list[str]) -> int:
@@ -175,16 +168,24 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            sys.stdout.flush()  # nothing buffered here may reach the child's log
-            sys.stderr.flush()
+        except ValueError as exc:
+            _send({"error": f"{type(exc).__name__}: {exc}"})
+            continue
+        sys.stdout.flush()  # nothing buffered here may reach the child's log
+        sys.stderr.flush()
+        # no exit is reported (or reaped) before its pid is known and sent
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        try:
             pid = os.fork()
-        except (ValueError, OSError) as exc:
+        except OSError as exc:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             _send({"error": f"{type(exc).__name__}: {exc}"})
             continue
         if pid == 0:
             _child(req, run, (_OUT,))
         _CHILDREN.add(pid)
         _send({"pid": pid})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     # stdin closed: the tuner ended, or died (kill -9); a server it did not stop dies with it
     for pid in list(_CHILDREN):
         try:
