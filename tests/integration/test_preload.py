@@ -270,3 +270,21 @@ def test_kill_9_of_a_preloading_tuner_leaves_no_server_and_the_next_run_recovers
     assert p.returncode == 0, p.stderr[-3000:]
     assert "recovered: trial 0" in p.stderr + p.stdout
     assert marked_pids(f"{name}={value}") == []
+
+
+@pytest.mark.fast
+def test_a_zygote_that_cannot_start_says_why_once(tmp_path: Path) -> None:
+    script = tmp_path / "sim-serve"
+    script.write_text("#!/nonexistent/python3\nfrom tuner.sim.__main__ import main\n")
+    script.chmod(0o755)
+    for _ in range(2):  # the second launch is refused at once, from memory
+        with pytest.raises(preload.PreloadError, match="cannot start /nonexistent/python3"):
+            preload.fork_server(
+                [str(script), "serve"],
+                _env(),
+                tmp_path / "s.log",
+                modules=[],
+                zygote_log=tmp_path / "z.log",
+                timeout_s=5,
+            )
+    assert not preload._ZYGOTES and len(preload._FAILED) == 1

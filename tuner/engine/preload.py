@@ -106,14 +106,17 @@ class Zygote:
         self.entry = entry
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as errf:
-            self.proc = subprocess.Popen(
-                [entry.python, str(ZYGOTE), entry.entry, *modules],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errf,
-                env=dict(env),
-                start_new_session=True,
-            )
+            try:
+                self.proc = subprocess.Popen(
+                    [entry.python, str(ZYGOTE), entry.entry, *modules],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=errf,
+                    env=dict(env),
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise PreloadError(f"cannot start {entry.python}: {exc.strerror}") from exc
         self.exits: dict[int, int] = {}
         self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
         self._lock = threading.Lock()
@@ -190,7 +193,7 @@ class Zygote:
             return int(self._reply(REPLY_TIMEOUT_S)["pid"])
 
     def stop(self) -> None:
-        """End the zygote (its servers live on in their own groups)."""
+        """End the zygote: it SIGKILLs the group of each server it forked that still runs."""
         with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -277,15 +280,20 @@ def fork_server(
         zygote = _ZYGOTES.get(key)
         if zygote is None or not zygote.alive:
             base = {k: v for k, v in env.items() if k not in per_launch}
-            zygote = _ZYGOTES[key] = Zygote(entry, modules, base, zygote_log)
+            try:
+                zygote = _ZYGOTES[key] = Zygote(entry, modules, base, zygote_log)
+            except PreloadError as exc:
+                _FAILED[key] = str(exc)
+                raise
     try:
         zygote.wait_ready(timeout_s)
-    except PreloadError as exc:
+        pid = zygote.fork(entry.argv, env, os.getcwd(), log_path, cpus)
+    except PreloadError as exc:  # not tried again: each launch would wait for it first
         _FAILED[key] = str(exc)
         _ZYGOTES.pop(key, None)
         zygote.stop()
         raise
-    return ForkedProcess(zygote, zygote.fork(entry.argv, env, os.getcwd(), log_path, cpus))
+    return ForkedProcess(zygote, pid)
 
 
 def stop_all() -> None:
