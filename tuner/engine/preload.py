@@ -287,11 +287,15 @@ def fork_server(
                 raise
     try:
         zygote.wait_ready(timeout_s)
-        pid = zygote.fork(entry.argv, env, os.getcwd(), log_path, cpus)
     except PreloadError as exc:  # not tried again: each launch would wait for it first
         _FAILED[key] = str(exc)
         _ZYGOTES.pop(key, None)
         zygote.stop()
+        raise
+    try:
+        pid = zygote.fork(entry.argv, env, os.getcwd(), log_path, cpus)
+    except PreloadError as exc:  # no new launch waits on it; servers it forked run on
+        _FAILED[key] = str(exc)
         raise
     return ForkedProcess(zygote, pid)
 
