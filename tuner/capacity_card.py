@@ -38,6 +38,7 @@ from tuner.score import slo_margins
 from tuner.verdict import CONFIDENCE
 
 __all__ = [
+    "AT_MOST",
     "Card",
     "Entry",
     "Estimate",
@@ -52,6 +53,7 @@ __all__ = [
 
 
 OUTSIDE = "outside the measured loads"
+AT_MOST = "at most the workload's tier, which fresh servers measured"
 
 
 def scaled(slo: SLOConfig, scale: float) -> SLOConfig:
@@ -129,7 +131,9 @@ def tiers_of(
 @dataclass(frozen=True)
 class Estimate:
     """A capacity over ``n`` servers: the geometric mean and its 95 % interval (one server: its
-    bracket); ``outside`` as :class:`TierCapacity`'s when any server's was."""
+    bracket); ``outside`` as :class:`TierCapacity`'s when any server's was, or ``at_most``: a
+    stricter tier bounded by the workload's, which fresh servers measured (the capacity is at
+    most ``rps``; ``low`` is what its search held, :func:`tuner.study_card.entry`)."""
 
     rps: float
     low: float
@@ -211,6 +215,7 @@ class Card:
             "target_source": self.target_source,
             "gpu_hour_usd": self.gpu_hour_usd,
             "outside_note": OUTSIDE,
+            "at_most_note": AT_MOST,
             "entries": [
                 {
                     "trial": e.trial,

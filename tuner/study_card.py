@@ -19,6 +19,7 @@ from tuner import stored_trial
 from tuner.artifacts import TrialFolder
 from tuner.capacity import Step, objective_metric
 from tuner.capacity_card import (
+    AT_MOST,
     OUTSIDE,
     Card,
     Entry,
@@ -90,9 +91,8 @@ def entry(
             # one search's bracket there can be wide (a trial that lost the incumbent probe
             # read 123 req/s between 40 that held and a pruned step, where its confirm servers
             # held 69 at the looser SLOs, and raised the workload's tier with it, 2026-12-05)
-            est = replace(
-                est, rps=anchor.rps, low=min(est.low, anchor.rps), high=min(est.high, anchor.high)
-            )
+            low = min(est.low, anchor.rps)
+            est = replace(est, rps=anchor.rps, low=low, high=anchor.rps, outside="at_most")
         below = [t for k, t in tiers.items() if k < s and t.outside is None]
         if below and est.outside != "below" and est.rps < below[-1].rps:
             # never lower at a looser tier (see tiers_of); the workload's tier comes from the
@@ -228,6 +228,8 @@ def _range(est: Estimate | None) -> str:
         return f"< {est.high:,.1f} ({OUTSIDE})"
     if est.outside == "above":
         return f"≥ {est.rps:,.1f} ({OUTSIDE})"
+    if est.outside == "at_most":
+        return f"≤ {est.rps:,.1f} [{est.low:,.1f}–] ({AT_MOST})"
     return f"{est.rps:,.1f} [{est.low:,.1f}–{est.high:,.1f}]"
 
 

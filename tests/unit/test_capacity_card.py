@@ -96,6 +96,15 @@ def test_the_confirmed_tier_bounds_the_stricter_ones_and_floors_the_looser(
     assert e.tiers[0.5].rps == e.tiers[1.0].rps and e.tiers[0.5].low == 40.34  # 122.9 capped
     assert e.tiers[0.5].high <= e.tiers[1.0].high
     assert e.tiers[2.0].rps >= e.tiers[1.0].rps
+    # the capped tier is a bound, and reads as one: at most the workload's tier
+    assert e.tiers[0.5].outside == "at_most" and e.tiers[1.0].outside is None
+    assert sc._range(e.tiers[0.5]).startswith(f"≤ {e.tiers[1.0].rps:,.1f} [40.3–]")
+    frame = card_data(cc.make_card([e], {"ttft_ms": 1000.0}, [0.5, 1.0, 2.0], None, None).as_dict())
+    fig = card_figure(frame)
+    symbols = fig.data[0].marker.symbol
+    # ×2: the pruned step is not judged at a looser tier; the held one is the highest measured
+    assert list(symbols) == ["triangle-down", "circle", "triangle-up-open"]
+    assert "▼: a stricter tier at most the workload's" in fig.layout.annotations[-1].text
 
 
 def test_estimate_over_servers_is_the_geometric_mean_with_an_interval() -> None:

@@ -115,6 +115,7 @@ def card_figure(
         label = str(rows["label"].iloc[0])
         outside = list(rows["outside"])
         # outside the measured loads: a bound, drawn at the bound with an arrow-like marker
+        # at most (a stricter tier bounded by the workload's): at the bound, down to what held
         y = [
             h if o == "below" else r
             for r, h, o in zip(rows["capacity_rps"], rows["capacity_high"], outside, strict=True)
@@ -124,10 +125,15 @@ def card_figure(
             for r, h, o in zip(rows["capacity_rps"], rows["capacity_high"], outside, strict=True)
         ]
         down = [
-            0.0 if o else r - lo
+            0.0 if o in ("below", "above") else r - lo
             for r, lo, o in zip(rows["capacity_rps"], rows["capacity_low"], outside, strict=True)
         ]
-        symbols = {"": "circle", "below": "triangle-down-open", "above": "triangle-up-open"}
+        symbols = {
+            "": "circle",
+            "below": "triangle-down-open",
+            "above": "triangle-up-open",
+            "at_most": "triangle-down",
+        }
         fig.add_trace(
             go.Scatter(
                 x=[names[s] for s in rows["scale"]],
@@ -177,10 +183,20 @@ def card_figure(
         row=1,
         col=2,
     )
-    if (frame["outside"] != "").any():
+    notes = []
+    if frame["outside"].isin(["below", "above"]).any():
+        notes.append(
+            "▽ / △: outside the measured loads: below the lowest load measured / at least the "
+            "highest (a bound, not a crossing)"
+        )
+    if (frame["outside"] == "at_most").any():
+        notes.append(
+            "▼: a stricter tier at most the workload's, which fresh servers measured (down to "
+            "the load its search held)"
+        )
+    if notes:
         fig.add_annotation(
-            text="▽ / △: outside the measured loads: below the lowest load measured / at least the "
-            "highest (a bound, not a crossing)",
+            text="<br>".join(notes),
             xref="paper",
             yref="paper",
             x=0,
