@@ -13,6 +13,7 @@ from tuner.engine.argv import (
     build_env,
     cache_root,
     command_missing,
+    command_prefix,
     flag_args,
     mask_argv,
     secret_values,
@@ -20,6 +21,7 @@ from tuner.engine.argv import (
 )
 from tuner.engine.container import CIDFILE, wrap
 from tuner.engine.pool import cpu_layout, describe_cores
+from tuner.engine.preload import entry_of
 from tuner.records import RequestSpec
 from tuner.recovery import LEASE_ENV
 from tuner.replay import IN_PROCESS_STREAMS, STREAMS_PER_PROCESS, choose_client
@@ -58,6 +60,8 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
         _print_argv(cfg, console)
     if cfg.engine.container is not None:
         console.print(f"each server in a container: {_container_line(cfg)}", markup=False)
+    if cfg.engine.preload:
+        console.print(_preload_line(cfg), markup=False)
     missing = command_missing(cfg.engine)
     if missing:
         console.print(
@@ -186,6 +190,19 @@ def _print_argv(cfg: TunerConfig, console: Console) -> None:
     console.print(f"no baseline trial ({why})", markup=False)
     console.print(
         f"every trial: {shown}" + (f" plus its value of {flags}" if flags else ""), markup=False
+    )
+
+
+def _preload_line(cfg: TunerConfig) -> str:
+    """``engine.preload``: which interpreter and entry point the zygote runs, or why each server
+    will start as a process instead."""
+    entry = entry_of(command_prefix(cfg.engine))
+    if isinstance(entry, str):
+        return f"engine.preload: {entry}; each server will start as a process"
+    modules = ", ".join(cfg.engine.preload_modules) or "none"
+    return (
+        f"engine.preload: each server forked from one {entry.python} that imported "
+        f"{entry.entry} (and {modules}) once"
     )
 
 

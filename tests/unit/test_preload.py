@@ -58,3 +58,23 @@ def test_preload_with_a_container_is_one_line_of_config_error(make_cfg) -> None:
     assert make_cfg("+workload=chat", "engine=vllm", "engine.preload=true").engine.preload
     with pytest.raises(ConfigError, match="engine.preload=false"):
         make_cfg("+workload=chat", "engine=docker", "engine.preload=true")
+
+
+def test_the_dry_run_says_what_the_zygote_runs_or_why_it_cannot(make_cfg, tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from tuner.plan import print_plan
+
+    def plan(*overrides: str) -> str:
+        buf = io.StringIO()
+        print_plan(make_cfg("+workload=chat", *overrides), Console(file=buf, width=400))
+        return buf.getvalue()
+
+    assert "engine.preload" not in plan()
+    sim = plan("engine.preload=true")
+    assert f"each server forked from one {sys.executable} that imported -m tuner.sim" in sim
+    wrapper = _script(tmp_path / "serve", '#!/bin/sh\nexec vllm serve "$@"\n')
+    out = plan("engine=vllm", "engine.preload=true", f"engine.command=[{wrapper}]")
+    assert f"engine.preload: {wrapper} is not a Python console script; each server will" in out

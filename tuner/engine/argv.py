@@ -47,6 +47,7 @@ __all__ = [
     "params_key",
     "passed",
     "command_missing",
+    "command_prefix",
     "flag_args",
     "mask",
     "mask_argv",
