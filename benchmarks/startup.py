@@ -60,6 +60,7 @@ from _cli import split_overrides  # noqa: E402
 from tuner.checks import load_config  # noqa: E402
 from tuner.compile_cache import record, warm_first  # noqa: E402
 from tuner.config import TunerConfig  # noqa: E402
+from tuner.engine import preload  # noqa: E402
 from tuner.engine.argv import build_env, compile_key, params_key, trial_argv  # noqa: E402
 from tuner.engine.process import Preload, Server, free_port, kill_all_groups  # noqa: E402
 from tuner.engine.startup_log import PHASES  # noqa: E402
@@ -207,6 +208,8 @@ async def run(
         "hold_s": hold_s,
         "configs": {n: CONFIGS[n] for n in configs},
         "summary": summary(every),
+        # each zygote's own imports (the first preloaded launch waited for them)
+        "zygote_import_s": [z.import_s for z in preload._ZYGOTES.values()],
         "passes": {
             n: {
                 "summary": summary(rows),

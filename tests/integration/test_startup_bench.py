@@ -56,7 +56,9 @@ def test_the_launchers_pass_compares_preloaded_launches_with_plain_ones(tmp_path
         timeout=300,
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    data = json.loads(out.read_text())["passes"]["launchers"]
+    whole = json.loads(out.read_text())
+    assert len(whole["zygote_import_s"]) == 2  # preload's, and preload_fork's own environment
+    data = whole["passes"]["launchers"]
     order = [(r["config"], r["launcher"]) for r in data["launches"]]
     assert order == [("defaults", n) for n in ("plain", "preload", "preload_fork")] * 2
     assert {r["compile_cache"] for r in data["launches"]} == {"hit"}  # the cold pass's cache
