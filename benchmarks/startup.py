@@ -107,13 +107,13 @@ async def launch(
     env = build_env(cfg.engine, cache_root=root)
     if "fork" in launcher.split("_"):
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-    preload = None
+    forked = None
     if launcher.startswith("preload"):
-        preload = Preload(tuple(cfg.engine.preload_modules), log_dir / "zygote.log")
+        forked = Preload(tuple(cfg.engine.preload_modules), log_dir / "zygote.log")
     server = Server(
         argv,
         env=env,
-        preload=preload,
+        preload=forked,
         log_path=log_dir / f"{k:02d}-{name}.log",
         host=cfg.engine.host,
         port=port,
