@@ -4,8 +4,9 @@
 # VLLM_WORKER_MULTIPROC_METHOD=fork (vLLM forks its EngineCore instead of the CLI's spawn, which
 # imports vLLM and torch again), and does a server started so serve the same capacity?
 # 1. benchmarks/startup.py on vLLM's defaults: a cold launch, then REPEAT rounds of each of
-#    LAUNCHERS (plain, preload, fork, preload_fork) on that warm cache, interleaved: ready time
-#    and phases per launcher, and each as a ratio to plain's.
+#    LAUNCHERS (plain, preload, fork, preload_fork) on that warm cache, interleaved: ready time and
+#    phases per launcher, each as a ratio to plain's (REPEAT=1: 5 launches, about 7 minutes at
+#    60-135 s a launch on the H200).
 # 2. vLLM's defaults' chat SLO capacity (its own SLO, from 256 in flight, 800 requests, incumbent
 #    probe off), one tuner invocation per server, arms plain and fast (both levers) interleaved
 #    P F P F while time is left; then the change with its interval and the verdict
@@ -29,7 +30,7 @@ esac
 mkdir -p "$W/fs" "$W/bench"
 timeout -s INT -k 30 $(( T - SECONDS - 60 )) python3 benchmarks/startup.py --engine "$ENGINE" \
   --configs defaults --passes cold,launchers --launchers "${LAUNCHERS:-plain,preload,fork,preload_fork}" \
-  --repeat "${REPEAT:-2}" --hold-s "${HOLD:-5}" --out "$W/bench/startup-launchers.json" \
+  --repeat "${REPEAT:-1}" --hold-s "${HOLD:-5}" --out "$W/bench/startup-launchers.json" \
   --logs "$W/bench/servers" > "$LOGS/bench.log" 2>&1
 echo "$(date -u +%T) bench: rc=$?"
 tail -6 "$LOGS/bench.log"
