@@ -169,12 +169,16 @@ def test_a_tuner_killed_with_sigkill_leaves_no_forked_server(tmp_path: Path) -> 
     owner = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=_env()
     )
-    assert owner.stdout is not None
-    pid = int(owner.stdout.readline())
-    assert group_members(pid) == [pid]
-    owner.send_signal(signal.SIGKILL)
-    owner.wait()
-    assert _wait_gone(pid)
+    try:
+        assert owner.stdout is not None
+        pid = int(owner.stdout.readline())
+        assert group_members(pid) == [pid]  # the zygote answers once the server leads its group
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        assert _wait_gone(pid)
+    finally:
+        owner.kill()
+        owner.wait()
 
 
 def test_a_study_with_preload_forks_every_server_from_one_zygote(tmp_path: Path) -> None:

@@ -175,14 +175,21 @@ def main(argv: list[str]) -> int:
         sys.stderr.flush()
         # no exit is reported (or reaped) before its pid is known and sent
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        settled_r, settled_w = os.pipe()  # the child closes its end once it leads its group
         try:
             pid = os.fork()
         except OSError as exc:
+            os.close(settled_r)
+            os.close(settled_w)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             _send({"error": f"{type(exc).__name__}: {exc}"})
             continue
         if pid == 0:
-            _child(req, run, (_OUT,))
+            os.close(settled_r)
+            _child(req, run, (_OUT, settled_w))
+        os.close(settled_w)
+        os.read(settled_r, 1)  # EOF: its own session and group (or it died): stoppable by group
+        os.close(settled_r)
         _CHILDREN.add(pid)
         _send({"pid": pid})
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
