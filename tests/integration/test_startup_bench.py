@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.procs import run_benchmark
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # ~40 s: 14 simulated launches
 
@@ -16,13 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_startup_benchmark_on_the_simulator(tmp_path: Path) -> None:
     out = tmp_path / "startup-sim.json"
-    p = subprocess.run(
-        [sys.executable, "benchmarks/startup.py", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    p = run_benchmark("startup", "--out", str(out), cwd=ROOT)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["gpu"] == "sim"
@@ -39,22 +32,11 @@ def test_startup_benchmark_on_the_simulator(tmp_path: Path) -> None:
 
 def test_the_launchers_pass_compares_preloaded_launches_with_plain_ones(tmp_path: Path) -> None:
     out = tmp_path / "startup-launchers.json"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/startup.py",
-            "--configs=defaults",
-            "--passes=cold,launchers",
-            "--launchers=plain,preload,preload_fork",
-            "--repeat=2",
-            "--out",
-            str(out),
-        ],
+    launchers = ["--launchers=plain,preload,preload_fork", "--repeat=2"]
+    p = run_benchmark(
+        "startup", "--configs=defaults", "--passes=cold,launchers", *launchers, "--out", str(out),
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    )  # fmt: skip
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     whole = json.loads(out.read_text())
     assert len(whole["zygote_import_s"]) == 2  # preload's, and preload_fork's own environment
