@@ -244,6 +244,7 @@ async def replay_in_processes(
     ]
     log.debug("replay over %d client processes, slots %s", processes, slots)
     pool = _Pool(on_record)
+    t_spawn = time.perf_counter()
     try:
         await pool.start(ctx, processes, blob, claims, client_loop, pause_gc)
         for k, plan in enumerate(plans):
@@ -255,6 +256,12 @@ async def replay_in_processes(
             raise ReplayClientError(
                 f"the replay client processes did not start in {_READY_TIMEOUT_S:.0f} s"
             ) from None
+        # each replay starts its processes afresh, while the server waits: say what that costs
+        log.info(
+            "  replay client: %d processes ready in %.1f s",
+            processes,
+            time.perf_counter() - t_spawn,
+        )
         for k in range(processes):
             log.debug(
                 "replay client process %d: event loop %s, GC thresholds %s", k, *pool.extra[k]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -115,13 +117,21 @@ async def test_closed_loop_sends_each_once_within_the_bound(server: tuple[str, F
     assert not replay_children()  # all exited and reaped
 
 
-async def test_slots_split_over_processes(server: tuple[str, FakeVLLM]) -> None:
+async def test_slots_split_over_processes(
+    server: tuple[str, FakeVLLM], caplog: pytest.LogCaptureFixture
+) -> None:
     """Concurrency 4 over 3 processes (2, 1, 1): a process holding all 4 would be caught."""
     base, fake = server
     specs = [spec(i, x_ttft=0.05) for i in range(24)]
+    caplog.set_level(logging.INFO, logger="tuner.replay_procs")
     recs = await run(base, specs, ArrivalConfig(kind="concurrency", concurrency=4), processes=3)
     assert [r.status for r in recs] == ["ok"] * 24
     assert 2 <= fake.max_in_flight <= 4
+    # what starting the processes cost, once per replay (the server waits meanwhile)
+    said = [r.getMessage() for r in caplog.records if "processes ready in" in r.getMessage()]
+    assert len(said) == 1 and re.fullmatch(
+        r"  replay client: 3 processes ready in \d+\.\d s", said[0]
+    )
 
 
 async def test_more_processes_than_slots(server: tuple[str, FakeVLLM]) -> None:
