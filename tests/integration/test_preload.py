@@ -38,8 +38,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _sim(tmp_path: Path, name: str, *flags: str) -> Server:
-    preload = Preload(("tuner.sim.server",), tmp_path / "zygote.log")
-    return sim_server(tmp_path / f"{name}.log", *flags, env=_env(), preload=preload)
+    forked = Preload(("tuner.sim.server",), tmp_path / "zygote.log")
+    return sim_server(tmp_path / f"{name}.log", *flags, env=_env(), preload=forked)
 
 
 def _wait_gone(pgid: int, timeout_s: float = 10.0) -> bool:
