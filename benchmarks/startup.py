@@ -107,9 +107,7 @@ async def launch(
     env = build_env(cfg.engine, cache_root=root)
     if "fork" in launcher.split("_"):
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-    forked = None
-    if launcher.startswith("preload"):
-        forked = Preload(tuple(cfg.engine.preload_modules), log_dir / "zygote.log")
+    forked = Preload.of(cfg.engine, log_dir / "zygote.log") if "preload" in launcher else None
     server = Server(
         argv,
         env=env,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from tuner.engine.startup_log import PHASES
 from tuner.records import LaunchInfo, TrialResult
 
-__all__ = ["launch_summary", "run_summary", "summary_line"]
+__all__ = ["launch_summary", "ready_note", "run_summary", "summary_line"]
 
 
 def launch_summary(
@@ -66,3 +66,14 @@ def summary_line(s: dict[str, float], simulated: bool = False) -> str:
         f"{head}: median ready {s['median_ready_s']:.1f} s, {share} of server-held seconds "
         f"before ready; median phases (s): {phases or '-'}{cache}."
     )
+
+
+def ready_note(launch: LaunchInfo, simulated: bool = False) -> str:
+    """One launch for its trial's first line: ``ready in 98.2 s (compile cache miss), `` and,
+    when ``engine.preload`` forked it, that it was; ``simulated``: the simulator's cache,
+    modelled (no kernel is compiled)."""
+    state = launch.startup.compile_cache if launch.startup else None
+    sim = "simulated " if simulated else ""
+    cache = f" ({sim}compile cache {state})" if state else ""
+    forked = ", forked from the preloaded interpreter" if launch.preloaded else ""
+    return f"ready in {launch.startup_s:.1f} s{cache}{forked}, "

@@ -55,6 +55,7 @@ from tuner.records import LaunchInfo, RequestSpec, TrialResult
 from tuner.recovery import LEASE_ENV, Lease, lease_dir
 from tuner.score import constraints, mean_result, needs_capacity, objective_values, summarize
 from tuner.space import changed_params, resolved
+from tuner.startup import ready_note
 from tuner.telemetry.gpu import GpuMemory
 
 __all__ = [
@@ -365,11 +366,8 @@ def launch_server(run: ServerRun, engine: EngineConfig, env: dict[str, str]) -> 
         "cpus": run.cpus,
     }
     if engine.container is None:
-        preload = None
-        if engine.preload:
-            modules = tuple(engine.preload_modules)
-            per_launch = ("CUDA_VISIBLE_DEVICES", LEASE_ENV)
-            preload = Preload(modules, run.ctx.run_dir / "zygote.log", per_launch)
+        zygote_log = run.ctx.run_dir / "zygote.log"  # the lease's marker differs per launch too
+        preload = Preload.of(engine, zygote_log, LEASE_ENV) if engine.preload else None
         return Server(run.argv, env=env, preload=preload, **where)
     return container_server(
         engine,
@@ -390,20 +388,16 @@ async def _replay_all(run: ServerRun, server: Server) -> None:
     ctx, cfg = run.ctx, run.cfg
     launch = run.launch
     assert launch is not None
+    ready = ready_note(launch, simulated=cfg.engine.kind == "sim")  # said by the first replay
     for i, rp in enumerate(run.replays):
         extra: dict[str, float] = {}
         if i:  # the previous replay warmed the caches: start this one cold
             key = api_key(cfg.engine, cfg.model)
             extra["caches_reset"] = float(await reset_caches(server.base_url, key))
-        cache = launch.startup.compile_cache if launch.startup else None
-        sim = "simulated " if cfg.engine.kind == "sim" else ""  # no kernel is compiled
-        cache = f" ({sim}compile cache {cache})" if cache else ""
-        forked = ", forked from the preloaded interpreter" if launch.preloaded else ""
-        ready = f"ready in {launch.startup_s:.1f} s{cache}{forked}, " if not i else ""
         log.info(
             "trial %d: %sKV cache %s tokens (predicted %s); replaying %d requests (%d warm-up)%s",
             run.number,
-            ready,
+            "" if i else ready,
             _fmt_int(launch.facts.kv_cache_tokens),
             _fmt_int(run.predicted),
             len(rp.requests),

@@ -25,7 +25,7 @@ from tuner.engine.startup_log import PHASES, startup_facts
 from tuner.records import StartupFacts
 from tuner.sim.cli import parse_args
 from tuner.sim.startup import compile_hashes, compiles, resolve
-from tuner.startup import launch_summary, summary_line
+from tuner.startup import launch_summary, ready_note, summary_line
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "docs/gpu-runs/2026-11-30-h200x2-bench-pinned/call1-gpu0-server.log.gz"
@@ -187,3 +187,16 @@ def test_summary_of_launches() -> None:
     assert summary_line(s).startswith("Start-up: median ready 6.0 s, 25% of server-held seconds")
     # the simulator's servers: modelled start-ups and cache, said so
     assert summary_line(s, simulated=True).startswith("Start-up (simulated): median ready 6.0 s")
+
+
+def test_a_launch_on_its_trials_first_line() -> None:
+    from dataclasses import replace
+
+    from tuner.records import LaunchInfo
+
+    hit = LaunchInfo(port=1, pid=1, startup_s=57.14, startup=StartupFacts(compile_cache="hit"))
+    assert ready_note(hit) == "ready in 57.1 s (compile cache hit), "
+    assert ready_note(replace(hit, preloaded=True), simulated=True) == (
+        "ready in 57.1 s (simulated compile cache hit), forked from the preloaded interpreter, "
+    )
+    assert ready_note(LaunchInfo(port=1, pid=1, startup_s=0.5)) == "ready in 0.5 s, "

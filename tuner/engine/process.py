@@ -28,6 +28,7 @@ from types import TracebackType
 
 import aiohttp
 
+from tuner.config import EngineConfig
 from tuner.engine.logparse import classify, is_fatal, parse_facts, strip_prefix
 from tuner.engine.preload import ForkedProcess, PreloadError, fork_server, stop_all
 from tuner.engine.startup_log import startup_facts
@@ -101,6 +102,13 @@ class Preload:
     modules: tuple[str, ...]
     zygote_log: Path
     per_launch: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)
+
+    @classmethod
+    def of(cls, engine: EngineConfig, zygote_log: Path, *per_launch: str) -> Preload:
+        """``engine.preload_modules``' zygote; ``per_launch``: variables set per launch besides
+        ``CUDA_VISIBLE_DEVICES`` (the GPU lease)."""
+        modules = tuple(engine.preload_modules)
+        return cls(modules, zygote_log, ("CUDA_VISIBLE_DEVICES", *per_launch))
 
 
 _FELL_BACK: set[str] = set()
