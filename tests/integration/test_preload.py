@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -204,7 +205,8 @@ def test_a_study_with_preload_forks_every_server_from_one_zygote(tmp_path: Path)
     assert all(r["launch"]["preloaded"] is True for r in results)
     assert out.count("forked from the preloaded interpreter") >= 2
     # the confirm stage's fresh server came from the same zygote, which logs beside the run
-    assert "confirm: 1 candidate(s) x 1 round(s)" in out
+    # one candidate or two, as the two trials' measured capacities fall
+    assert re.search(r"confirm: [12] candidate\(s\) x 1 round\(s\)", out), out[-3000:]
     assert next(run.glob("confirm/trial_*/round_1/server.log")).read_text()
     assert (run / "zygote.log").exists()
 
