@@ -144,7 +144,9 @@ def pick(study: optuna.Study, objective: ObjectiveConfig, picks: Sequence[str]) 
     return out
 
 
-def capacity_start(candidate: Candidate, cfg: TunerConfig) -> Start | None:
+def capacity_start(
+    candidate: Candidate, cfg: TunerConfig, earlier: Sequence[TrialResult] = ()
+) -> Start | None:
     """Where a confirm server's capacity search starts: at the candidate's search capacity, as
     a load factor on the stressed workload (``confirm.load_factor`` × the workload's load),
     ``near`` (:attr:`tuner.capacity.Start.near`: from there it walks by narrow steps, up after a
@@ -154,7 +156,25 @@ def capacity_start(candidate: Candidate, cfg: TunerConfig) -> Start | None:
     climb under the capacity, a server whose start failed narrowed from the stressed load far
     below and one that held with a wide margin jumped past the capacity: 4-7 replays a server,
     6.0 on average. A pick whose capacity was censored above starts between its estimate and
-    the load where it lost."""
+    the load where it lost.
+
+    ``earlier``: the pick's confirm servers that ran before this one (earlier rounds, also those
+    a cut-short run stored). Once one of them bracketed a capacity on the same stressed stream,
+    the next starts at theirs (the median crossing), not the search's: the search server read on
+    another stream (``workload.seed``, 3 % apart on the simulator) and a censored pick's start is
+    a guess. In the quick start of 2026-12-05 a latency pick censored in the search started
+    each of its 3 servers at 2.43x, lost there and one narrow step below, and took 5 replays
+    each to measure 63.0-63.5 req/s (2.23x-2.33x); from the first server's crossing a server
+    needs 3 (the stress replay, a hold, a loss). A start moves a capacity by less than the
+    spread between fresh servers (``tests/integration/test_capacity_study.py``); each server
+    still brackets its own crossing, up or down from there."""
+    measured = sorted(
+        (r.metrics for r in earlier if not r.failure_reason and _bracketed(r.metrics)),
+        key=lambda m: m["capacity_factor"],
+    )
+    if measured:  # the median server by its crossing (of two, the lower)
+        m = measured[(len(measured) - 1) // 2]
+        return Start(float(m["capacity_factor"]), m.get("capacity_rps"), near=True)
     factor = candidate.search_metrics.get("capacity_factor")
     if factor is None or factor <= 0:
         return None
@@ -169,6 +189,12 @@ def capacity_start(candidate: Candidate, cfg: TunerConfig) -> Start | None:
         # servers, 7-8 replays each walking up from the estimate
         factor = (float(factor) * float(top)) ** 0.5
     return Start(float(factor) / cfg.confirm.load_factor, rps, near=True)
+
+
+def _bracketed(metrics: Mapping[str, float]) -> bool:
+    """A capacity between a load that held and one that failed (not censored either way)."""
+    factor = metrics.get("capacity_factor")
+    return factor is not None and factor > 0 and metrics.get("capacity_censored", 0.0) == 0.0
 
 
 def stressed(w: WorkloadConfig, cc: ConfirmConfig, seed: int) -> WorkloadConfig:

@@ -352,7 +352,8 @@ async def _confirm(
                 runs[c.trial] += [(rnd, seed, r) for seed, r in kept]
                 continue
             tdir = trial_dir(ctx.run_dir / "confirm", c.trial) / f"round_{rnd}"
-            start = capacity_start(c, cfg) if needs_capacity(cfg.objective) else None
+            earlier = [r for _, _, r in runs[c.trial]]  # its servers of earlier rounds
+            start = capacity_start(c, cfg, earlier) if needs_capacity(cfg.objective) else None
             run = (ctx, c.trial, c.params, c.baseline, tdir, replays)
             got = await run_server(*run, prune=False, capacity_start=start, after=after)
             stored.put(study, c.trial, rnd, list(zip(cc.seeds, got, strict=True)))

@@ -57,6 +57,14 @@ def test_the_card_of_a_capacity_study(
     # the stricter tier holds less (or lies below the loads measured), the looser one more
     assert tiers["0.5"]["outside"] == "below" or tiers["0.5"]["rps"] <= own["rps"] * 1.0001
     assert tiers["2"]["rps"] >= own["rps"]  # never lower when looser
+    # the second server started its search where the first crossed (confirm.capacity_start),
+    # one slot of the closed loop at most above it (4 in flight at the stressed load)
+    first, second = (
+        json.loads((run / "confirm" / "trial_0000" / f"round_{r}" / "capacity.json").read_text())
+        for r in (1, 2)
+    )
+    crossed = first["capacity"]["capacity_factor"]
+    assert crossed <= second["steps"][1]["factor"] < crossed + 1 / 4 + 1e-9, (first, second)
     plan = e["plan"]
     assert plan["servers"] == plan["gpus"] == -(-100 // own["rps"])  # ceil(target / capacity)
     assert plan["servers_low"] <= plan["servers"] <= plan["servers_high"]

@@ -235,6 +235,39 @@ def test_confirm_picks_by_the_capacity_objective_under_it(
     assert start.near
 
 
+def test_a_picks_later_confirm_servers_start_where_its_first_crossed(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    # issue 29: a censored latency pick started each of its 3 servers at a guess and took 5
+    # replays each; once one server bracketed its capacity, the next start there (the median
+    # crossing, on the stressed stream's own scale: not divided by confirm.load_factor again)
+    cfg = make_cfg("+workload=chat", "objective=capacity")
+    study = _study()
+    _capacity_trial(study, 69.7, 6.97)
+    (best,) = pick(study, cfg.objective, ["capacity"])
+    lost = {**best.search_metrics, "capacity_censored": -1.0, "capacity_factor_high": 13.0}
+    censored = replace(best, search_metrics=lost)
+    guess = capacity_start(censored, cfg)
+    assert guess is not None
+
+    def server(factor: float, rps: float, censored: float = 0.0, failed: bool = False):
+        m = {"capacity_factor": factor, "capacity_rps": rps, "capacity_censored": censored}
+        return TrialResult(0, {}, (), None if failed else (rps, 400.0), {}, m,
+                           failure_reason="server_died" if failed else None)  # fmt: skip
+
+    one = capacity_start(censored, cfg, [server(2.26, 63.5)])
+    assert one == Start(2.26, 63.5, near=True)
+    three = [server(2.31, 64.0), server(2.2, 62.9), server(2.26, 63.5)]
+    assert capacity_start(censored, cfg, three) == Start(2.26, 63.5, near=True)
+    two = [server(2.31, 64.0), server(2.2, 62.9)]
+    assert capacity_start(censored, cfg, two) == Start(2.2, 62.9, near=True)  # the lower
+    # a server that failed, or one whose capacity is censored (held everywhere, or no load
+    # held), tells no crossing: the start stays the search's
+    useless = [server(2.5, 70.0, failed=True), server(3.0, 80.0, censored=1.0), server(0.0, 0.0)]
+    assert capacity_start(censored, cfg, useless) == guess
+    assert capacity_start(best, cfg, useless) == capacity_start(best, cfg)
+
+
 def test_mlflow_shows_a_capacity_censored_above_as_less_than(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
