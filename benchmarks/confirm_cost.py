@@ -63,6 +63,7 @@ _SEARCH_START = """
 import runpy, sys
 import tuner.confirm, tuner.study
 _start = tuner.confirm.capacity_start
+assert tuner.study.capacity_start is _start, "tuner.study no longer calls confirm.capacity_start"
 tuner.study.capacity_start = lambda c, cfg, earlier=(): _start(c, cfg)  # the search's, always
 sys.argv = ["tuner", *sys.argv[1:]]
 runpy.run_module("tuner", run_name="__main__", alter_sys=True)
