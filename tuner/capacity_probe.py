@@ -107,8 +107,18 @@ async def probe_capacity(
     load factor tried next (the study's incumbent capacity, or a confirmed pick's own);
     ``stop_on_loss``: a loss there ends the search, censored above
     (:func:`tuner.capacity.search`)."""
-    # each step judged on every SLO (whatever objective.slo_constraints says), pruned when lost
+    # each step judged on every SLO (whatever objective.slo_constraints says), pruned when lost;
+    # a closed loop's step at the incumbent's load replayed in full: its served rate decides
+    # whether a loss there ends the search (capacity.search's ``closed``)
     judged = replace(objective, slo_constraints=True, prune=True)
+    closed = _closed(base)
+    cap_cfg = objective.capacity
+    full_at = (
+        min(max(start.factor, cap_cfg.min_factor), cap_cfg.max_factor)
+        if closed and stop_on_loss and start is not None and start.binding
+        else None
+    )
+    at_incumbent: list[Step] = []  # the step(s) replayed in full there (a stall repeats one)
     numbers = itertools.count(1)  # the capacity_K folders; step 0 is the workload's own replay
     repeated: list[dict[str, Any]] = []  # steps a stall of the measuring side voided
 
@@ -150,10 +160,15 @@ async def probe_capacity(
             f" ({w.arrival.concurrency} in flight)" if _closed(rp) else "",
         )
         step_dir = folder.replay(rp.subdir).path
-        m = await measure(step_dir, rp, judged)
+        m = await measure(
+            step_dir, rp, replace(judged, prune=False) if factor == full_at else judged
+        )
         await check()  # the engine died: its exception ends the search
         write_requests(step_dir, m.records)
-        return step_of(_factor(base, rp, factor), rp, m, judged), rp.subdir
+        step = step_of(_factor(base, rp, factor), rp, m, judged)
+        if factor == full_at:
+            at_incumbent.append(step)
+        return step, rp.subdir
 
     first_step = step_of(1.0, base, first, judged)
     if voided(first_step, base.subdir):  # the workload's own replay, at its own load
@@ -172,7 +187,14 @@ async def probe_capacity(
         loads=functools.partial(whole_load, base),
         start=start,
         stop_on_loss=stop_on_loss,
+        closed=closed,
     )
+    if at_incumbent and not at_incumbent[-1].held and not cap.capped and start is not None:
+        log.info(
+            "trial %d: lost at the incumbent's load yet served %.2f req/s there, more than its "
+            "%.2f: its capacity is measured below that load, not capped",
+            number, at_incumbent[-1].rps, start.rps or 0.0,
+        )  # fmt: skip
     write_json(
         folder.capacity,
         {"capacity": cap.metrics(), "steps": [s.row() for s in cap.steps], "repeated": repeated},

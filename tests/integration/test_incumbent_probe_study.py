@@ -1,6 +1,6 @@
 """The incumbent probe in a study on the simulator (in process): the second trial's first capacity
-step after its own load is the first trial's capacity; each trial's capacity is bracketed or, if it
-lost there, censored above."""
+step after its own load is the first trial's capacity, replayed in full; each trial's capacity is
+bracketed or, if it lost there serving no more than the first, censored above."""
 
 from __future__ import annotations
 
@@ -46,11 +46,17 @@ def test_the_second_trial_probes_the_first_trials_capacity(
     assert factors[0] == 1.0
     assert factors[1] == math.ceil(4 * m0["capacity_factor"]) / 4
     m1 = second.user_attrs["metrics"]
-    if not steps["steps"][1]["held"]:  # lost at the incumbent's load: one step, censored above
+    probe = steps["steps"][1]
+    # a closed loop's step at the incumbent's load runs in full: its served rate decides a loss
+    assert probe["pruned"] is None
+    if not probe["held"] and probe["rps"] <= m0["capacity_rps"]:
+        # lost there, serving no more than the incumbent: one step, censored above; the estimate
+        # at most the bound, itself at most the incumbent's rate
         assert len(factors) == 2 and m1["capacity_censored"] == -1.0
-        # the estimate is at most the bound, itself at most the incumbent's rate (a pruned step
-        # has no rate of its own: the held one's scaled to its load can reach the incumbent's,
-        # CI 2026-12-02: 31.30 both)
         assert m1["capacity_rps"] <= m1["capacity_rps_high"] <= m0["capacity_rps"] + 1e-9
+    elif not probe["held"]:  # lost there yet served more: measured below it (the same config
+        # as the incumbent, at a concurrency rounded up past its crossing, can)
+        assert len(factors) > 2 and m1["capacity_censored"] == 0.0
+        assert m1["capacity_rps"] <= probe["rps"]
     else:
         assert m1["capacity_censored"] >= 0.0
