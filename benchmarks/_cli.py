@@ -43,11 +43,14 @@ def wall_s(t: Any) -> float | None:
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_tuner(argv: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+def run_tuner(
+    argv: list[str], cwd: Path, timeout_s: float, code: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m tuner ARGV`` in ``cwd`` with this checkout on ``PYTHONPATH``, in its own
-    session (a time limit stops its whole group), its output captured."""
+    session (a time limit stops its whole group), its output captured; with ``code``,
+    ``python -c CODE ARGV`` instead (a benchmark's patched tuner)."""
     return subprocess.run(
-        [sys.executable, "-m", "tuner", *argv],
+        [sys.executable, *(["-m", "tuner"] if code is None else ["-c", code]), *argv],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -44,7 +44,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -74,14 +73,7 @@ runpy.run_module("tuner", run_name="__main__", alter_sys=True)
 def run_confirm(mode: str, argv: list[str], cwd: Path, timeout_s: float) -> float:
     """The confirm stage of the study stored in ``cwd``; its wall seconds."""
     t0 = time.perf_counter()
-    if mode == "earlier":
-        p = run_tuner(argv, cwd, timeout_s)
-    else:
-        p = subprocess.run(
-            [sys.executable, "-c", _SEARCH_START, *argv], cwd=cwd, capture_output=True,
-            text=True, timeout=timeout_s, env={**os.environ, "PYTHONPATH": str(ROOT)},
-            start_new_session=True,
-        )  # fmt: skip
+    p = run_tuner(argv, cwd, timeout_s, code=None if mode == "earlier" else _SEARCH_START)
     if p.returncode != 0:
         raise SystemExit(f"confirm ({mode}) failed in {cwd}:\n{p.stderr[-3000:]}")
     return time.perf_counter() - t0

@@ -67,6 +67,7 @@ __all__ = [
     "NARROW_CLIMB",
     "NEAR_STEPS",
     "narrow_climb",
+    "start_factor",
     "OBJECTIVES",
     "PER_GPU",
     "Capacity",
@@ -259,12 +260,10 @@ async def search(
     ends when no load is left strictly inside the bracket. ``start``: the load to try next (the
     incumbent's capacity); ``stop_on_loss``: a loss at or below it ends the search, censored
     above and never above the incumbent's requests/s (only with a ``start`` that is binding).
-    ``closed``: the load is requests in flight (a closed loop), so a loss at the incumbent's
-    load ends the search only where the step, replayed in full (not pruned), served no more
-    requests/s than the incumbent's capacity: below that load it serves less, so it cannot beat
-    it. A step that served more lost at a load where its requests finish sooner than the
-    incumbent's: its crossing lies below, at a rate that may beat the incumbent's, so the search
-    walks down from there by narrow steps (as from a ``near`` start) and measures it."""
+    ``closed``: the load is requests in flight (module docstring): a loss there ends the search
+    only where the step, replayed in full, served no more requests/s than the incumbent's
+    capacity; else the crossing lies below, at a rate that may beat it, and the search walks
+    down by narrow steps (as from a ``near`` start)."""
     real = loads or (lambda f: f)
     stop_on_loss = stop_on_loss and start is not None and start.binding
     steps: list[Step] = []
@@ -283,7 +282,7 @@ async def search(
     at_start: Step | None = None
     near = start is not None and start.near
     if start is not None and start.factor > 0:
-        f = min(max(start.factor, settings.min_factor), settings.max_factor)
+        f = start_factor(start, settings)
         if hi is not None and real(f) >= hi.factor:  # lost below the incumbent's load already
             if stop_on_loss:
                 return _capped(lo, hi, steps, ceiling)
@@ -366,12 +365,15 @@ async def search(
     return _answer(lo, hi, steps)
 
 
+def start_factor(start: Start, settings: CapacityConfig) -> float:
+    """The load factor :func:`search` tries ``start`` at: within ``min_factor``…``max_factor``."""
+    return min(max(start.factor, settings.min_factor), settings.max_factor)
+
+
 def _served_more(step: Step, ceiling: float | None) -> bool:
     """Whether a closed loop's ``step``, lost at the incumbent's load, served more requests/s
-    there than the incumbent's capacity ``ceiling``, measured over its whole counted window: a
-    pruned step's rate comes from the requests that finished before the prune, the short ones,
-    and reads high (vLLM's defaults on the simulator: 95 req/s at a pruned step, 69 at their
-    capacity), so it never counts."""
+    over its whole counted window than the incumbent's capacity ``ceiling``. A pruned step's
+    rate (the short requests that finished before the prune) reads high and never counts."""
     return ceiling is not None and step.pruned is None and step.rps > ceiling
 
 

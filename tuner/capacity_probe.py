@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.artifacts import TrialFolder, write_json, write_requests
-from tuner.capacity import Capacity, Start, Step, search
+from tuner.capacity import Capacity, Start, Step, search, start_factor
 from tuner.config import ObjectiveConfig, SLOConfig, WorkloadConfig
 from tuner.measure import Measured, Replay, reset_caches, unsteady_indices
 from tuner.records import RequestSpec
@@ -112,9 +112,8 @@ async def probe_capacity(
     # whether a loss there ends the search (capacity.search's ``closed``)
     judged = replace(objective, slo_constraints=True, prune=True)
     closed = _closed(base)
-    cap_cfg = objective.capacity
     full_at = (
-        min(max(start.factor, cap_cfg.min_factor), cap_cfg.max_factor)
+        start_factor(start, objective.capacity)
         if closed and stop_on_loss and start is not None and start.binding
         else None
     )
