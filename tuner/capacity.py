@@ -25,9 +25,9 @@ loop the load is requests in flight, and a config whose requests finish sooner s
 requests/s with fewer in flight: its SLOs can fail at the incumbent's count while it beats the
 incumbent below it (a quick start's fp8 trial, stopped so, measured 84-90 req/s against the
 incumbent's 70.3 on 3 fresh servers). So there (``closed``) the step at the incumbent's load is
-replayed in full, not pruned, and a loss ends the search only where it served no more requests/s
-than the incumbent's capacity (below that load it serves less); one that served more walks down
-by narrow steps and is measured. A hold there
+pruned only once lost and bound (Little's law) to serve no more requests/s than the incumbent's
+capacity, and a loss ends the search only so or where it served no more in full (below that load
+it serves less); one that served more walks down by narrow steps and is measured. A hold there
 climbs from it, jumping by the margin's extrapolation ``1 / (1 − margin)`` (between
 ×(1 + 0.9 ``rel_width``) and :data:`MAX_JUMP`) instead of doubling: wide margins jump further, and
 a narrow one, near its own edge, a little. Before the study has a capacity, a ``study.warm_start``
@@ -261,7 +261,7 @@ async def search(
     incumbent's capacity); ``stop_on_loss``: a loss at or below it ends the search, censored
     above and never above the incumbent's requests/s (only with a ``start`` that is binding).
     ``closed``: the load is requests in flight (module docstring): a loss there ends the search
-    only where the step, replayed in full, served no more requests/s than the incumbent's
+    only where the step served (or was bound to serve) no more requests/s than the incumbent's
     capacity; else the crossing lies below, at a rate that may beat it, and the search walks
     down by narrow steps (as from a ``near`` start)."""
     real = loads or (lambda f: f)
@@ -372,8 +372,8 @@ def start_factor(start: Start, settings: CapacityConfig) -> float:
 
 def _served_more(step: Step, ceiling: float | None) -> bool:
     """Whether a closed loop's ``step``, lost at the incumbent's load, served more requests/s
-    over its whole counted window than the incumbent's capacity ``ceiling``. A pruned step's
-    rate (the short requests that finished before the prune) reads high and never counts."""
+    than the incumbent's capacity ``ceiling``. It is pruned there only once bound to serve no
+    more; a pruned step's rate (the short requests finished by then) reads high, never counts."""
     return ceiling is not None and step.pruned is None and step.rps > ceiling
 
 

@@ -67,8 +67,9 @@ kept in its row: the host's CPU, not the server, in what was measured."""
 MAX_REPEATS = 2
 """Steps a search replays at most because the measuring side stalled (``stall_ms``)."""
 
-Measure = Callable[[Path, Replay, ObjectiveConfig], Awaitable[Measured]]
-"""Replays on the trial's server into a folder, pruned by the objective's constraints."""
+Measure = Callable[[Path, Replay, ObjectiveConfig, float | None], Awaitable[Measured]]
+"""Replays on the trial's server into a folder, pruned by the objective's constraints (a closed
+loop's, given a rate, only once it cannot serve more: :func:`tuner.measure.measure`)."""
 
 
 def margin(metrics: Mapping[str, float], objective: ObjectiveConfig, slo: SLOConfig) -> float:
@@ -108,8 +109,9 @@ async def probe_capacity(
     ``stop_on_loss``: a loss there ends the search, censored above
     (:func:`tuner.capacity.search`)."""
     # each step judged on every SLO (whatever objective.slo_constraints says), pruned when lost;
-    # a closed loop's step at the incumbent's load replayed in full: its served rate decides
-    # whether a loss there ends the search (capacity.search's ``closed``)
+    # a closed loop's step at the incumbent's load replayed until its served rate, which decides
+    # whether a loss there ends the search (capacity.search's ``closed``), is known to be at most
+    # the incumbent's or the step ends
     judged = replace(objective, slo_constraints=True, prune=True)
     closed = _closed(base)
     full_at = (
@@ -117,7 +119,7 @@ async def probe_capacity(
         if closed and stop_on_loss and start is not None and start.binding
         else None
     )
-    at_incumbent: list[Step] = []  # the step(s) replayed in full there (a stall repeats one)
+    at_incumbent: list[Step] = []  # the step(s) at the incumbent's load (a stall repeats one)
     numbers = itertools.count(1)  # the capacity_K folders; step 0 is the workload's own replay
     repeated: list[dict[str, Any]] = []  # steps a stall of the measuring side voided
 
@@ -159,9 +161,7 @@ async def probe_capacity(
             f" ({w.arrival.concurrency} in flight)" if _closed(rp) else "",
         )
         step_dir = folder.replay(rp.subdir).path
-        m = await measure(
-            step_dir, rp, replace(judged, prune=False) if factor == full_at else judged
-        )
+        m = await measure(step_dir, rp, judged, start.rps if start and factor == full_at else None)
         await check()  # the engine died: its exception ends the search
         write_requests(step_dir, m.records)
         step = step_of(_factor(base, rp, factor), rp, m, judged)

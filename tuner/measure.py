@@ -96,11 +96,14 @@ async def measure(
     gpus: list[int],
     rp: Replay,
     prune: ObjectiveConfig | None,
+    served_at_most: float | None = None,
 ) -> Measured:
     """Replay with telemetry beside it; stop early (pruned) once a constraint of ``prune`` is
-    lost (None: never). ``cfg`` gives the engine and the model, not the objective. The replay
-    runs on the engine's clock (:class:`tuner.engine.clock.Clock`): the records come back in
-    the engine's own seconds, the modelled GPU's on the simulator."""
+    lost (None: never) and, given ``served_at_most`` (a closed loop's), once it cannot serve
+    more requests/s than that (:class:`tuner.score.PruneWatch`). ``cfg`` gives the engine and
+    the model, not the objective. The replay runs on the engine's clock
+    (:class:`tuner.engine.clock.Clock`): the records come back in the engine's own seconds, the
+    modelled GPU's on the simulator."""
     w = rp.workload
     clock = Clock.of(cfg.engine)
     wall_requests = clock.wall_requests(rp.requests)
@@ -112,7 +115,8 @@ async def measure(
     done: list[RequestRecord] = []
     lost = asyncio.Event()
     why: list[str] = []
-    pruner = PruneWatch(n_measured, prune, w.slo, skip) if prune is not None else None
+    at_most = None if served_at_most is None else (w.arrival.concurrency, served_at_most)
+    pruner = None if prune is None else PruneWatch(n_measured, prune, w.slo, skip, at_most)
     # a steady replay ends once its counted requests have all finished: the drain's requests
     # still in flight then change nothing counted (they kept the load up until the last counted
     # one finished), so they are cancelled instead of waited for

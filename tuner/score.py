@@ -9,6 +9,7 @@ span from the first send to the last completion, goodput = requests/s meeting ev
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -282,7 +283,13 @@ class PruneWatch:
     record: a replay asks after each of its up to a few thousand records, and recounting them all
     each time was quadratic. Records whose index is in ``skip`` (a closed loop's start and end in
     the capacity search's steps: :func:`tuner.measure.unsteady_indices`) and warm-ups are not
-    counted."""
+    counted.
+
+    ``served_at_most``: (a closed loop's requests in flight, requests/s): a lost replay stops only
+    once it cannot serve more than that rate by Little's law (in flight over the counted requests'
+    mean E2E, as :func:`tuner.capacity_probe.step_of` reads it). The E2E of the counted requests
+    finished so far, summed over all ``total``, is a lower bound on that mean (the rest add
+    E2E ≥ 0; failed ones are left out of the mean), so the bound only grows."""
 
     def __init__(
         self,
@@ -290,11 +297,14 @@ class PruneWatch:
         objective: ObjectiveConfig,
         slo: SLOConfig,
         skip: frozenset[int] = frozenset(),
+        served_at_most: tuple[int, float] | None = None,
     ) -> None:
         self.total, self.objective, self.skip = total, objective, skip
+        self.served_at_most = served_at_most
         self.slos = _slos(slo)
         self.failed = 0
         self.over = [0] * len(self.slos)
+        self.e2e_s = 0.0  # the counted requests' E2E so far
 
     def count(self, r: RequestRecord) -> None:
         if r.warmup or r.index in self.skip:
@@ -302,6 +312,7 @@ class PruneWatch:
         if r.status != "ok":
             self.failed += 1
             return
+        self.e2e_s += r.e2e_s or 0.0
         for k, (m, limit) in enumerate(self.slos):
             v = {"ttft": r.ttft_s, "tpot": r.tpot_s, "e2e": r.e2e_s}[m]
             self.over[k] += v is not None and v * 1000.0 > limit
@@ -312,6 +323,16 @@ class PruneWatch:
         return self.reason()
 
     def reason(self) -> str | None:
+        lost = self._lost()
+        if lost is None or self.served_at_most is None:
+            return lost
+        in_flight, ceiling = self.served_at_most
+        top = in_flight * self.total / self.e2e_s if self.e2e_s > 0 else math.inf
+        if top > ceiling:
+            return None  # it may yet serve more: replayed on
+        return f"{lost}; it serves at most {top:.4g} req/s, not above {ceiling:.4g}"
+
+    def _lost(self) -> str | None:
         objective, total = self.objective, self.total
         if not objective.prune or total <= 0:
             return None

@@ -427,8 +427,8 @@ async def _capacity(run: ServerRun, server: Server) -> None:
     if first is None or first.pruned:  # lost at the workload's own load: the trial is PRUNED
         return
 
-    async def step(folder: Path, rp: Replay, judged: ObjectiveConfig) -> Measured:
-        return await measure(cfg, server.base_url, folder, run.gpus, rp, judged)
+    async def step(path: Path, rp: Replay, judged: ObjectiveConfig, top: float | None) -> Measured:
+        return await measure(cfg, server.base_url, path, run.gpus, rp, judged, top)
 
     cap = await probe_capacity(
         run.number,

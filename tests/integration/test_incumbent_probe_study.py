@@ -1,6 +1,6 @@
 """The incumbent probe in a study on the simulator (in process): the second trial's first capacity
-step after its own load is the first trial's capacity, replayed in full; each trial's capacity is
-bracketed or, if it lost there serving no more than the first, censored above."""
+step after its own load is the first trial's capacity, replayed until it may serve no more than the
+first; each trial's capacity is bracketed or, if it lost there serving no more, censored above."""
 
 from __future__ import annotations
 
@@ -47,9 +47,12 @@ def test_the_second_trial_probes_the_first_trials_capacity(
     assert factors[1] == math.ceil(4 * m0["capacity_factor"]) / 4
     m1 = second.user_attrs["metrics"]
     probe = steps["steps"][1]
-    # a closed loop's step at the incumbent's load runs in full: its served rate decides a loss
-    assert probe["pruned"] is None
-    if not probe["held"] and probe["rps"] <= m0["capacity_rps"]:
+    # a closed loop's step at the incumbent's load runs on while it may serve more than the
+    # incumbent: pruned only once bound (Little's law) to serve no more, else its rate decides
+    if probe["pruned"] is not None:
+        assert "serves at most" in probe["pruned"] and not probe["held"]
+        assert len(factors) == 2 and m1["capacity_censored"] == -1.0
+    elif not probe["held"] and probe["rps"] <= m0["capacity_rps"]:
         # lost there, serving no more than the incumbent: one step, censored above; the estimate
         # at most the bound, itself at most the incumbent's rate
         assert len(factors) == 2 and m1["capacity_censored"] == -1.0

@@ -77,3 +77,37 @@ async def test_a_replay_on_the_simulator_is_measured_in_the_modelled_gpus_time(
     sent, ttfts, took = await run("engine=vllm")  # vLLM: the wall clock's own seconds
     assert sent == pytest.approx([0.0, 0.4, 0.8], abs=0.05) and took >= 0.8 + ttft, (sent, took)
     assert all(ttft <= t < ttft + 0.1 for t in ttfts), ttfts
+
+
+async def test_a_lost_closed_loop_given_a_rate_runs_on_until_bound_to_serve_no_more(
+    server: tuple[str, FakeVLLM], make_cfg: Callable[..., TunerConfig], tmp_path: Path
+) -> None:
+    # the capacity probe's step at the incumbent's load (tuner.score.PruneWatch's
+    # served_at_most): 3 slots; the start (0-2) quick, the counted 3-5 0.3 s and 6-8 2 s to
+    # their first token, all over a 100 ms TTFT SLO: lost once 3-5 finish (at ~0.35 s)
+    base, _ = server
+    cfg = make_cfg("+workload=chat", "engine=vllm", "workload.slo.ttft_ms=100")
+    ttft = [0.05] * SLOTS + [0.3] * SLOTS + [2.0] * 2 * SLOTS
+    specs = [spec(i, endpoint="chat", max_tokens=2, x_ttft=t) for i, t in enumerate(ttft)]
+    w = dataclasses.replace(
+        cfg.workload,
+        arrival=ArrivalConfig(kind="concurrency", concurrency=SLOTS),
+        num_requests=len(specs),
+        warmup_requests=0,
+    )
+    rp = Replay("capacity_1", specs, w, steady=True)
+    judged = dataclasses.replace(cfg.objective, slo_constraints=True, prune=True)
+
+    async def run(at_most: float | None) -> tuple[str | None, set[int], float]:
+        t0 = time.perf_counter()
+        m = await measure(cfg, base, tmp_path / f"r{at_most}", [], rp, judged, at_most)
+        return m.pruned, {r.index for r in m.records}, time.perf_counter() - t0
+
+    pruned, got, took = await run(None)  # no rate: stopped once lost
+    assert pruned is not None and "TTFT" in pruned and took < 1.5 and not got & {6, 7, 8}
+    # 3-5 alone bound the rate: 3 in flight x 6 counted / (3 x 0.3 s) = 20 req/s at most
+    pruned, got, took = await run(25.0)
+    assert pruned is not None and "serves at most" in pruned and took < 1.5, (pruned, took)
+    # against 1 req/s it may yet serve more (3 / ~1.15 s ≈ 2.6): measured in full
+    pruned, got, took = await run(1.0)
+    assert pruned is None and {3, 4, 5, 6, 7, 8} <= got and took >= 2.0, (pruned, got, took)

@@ -162,3 +162,36 @@ def test_a_closed_loops_start_and_drain_are_not_counted() -> None:
         assert watch.add(rec(i, 0.0, 5.0, 6.0, 10)) is None
     reasons = [watch.add(rec(i, 0.0, 5.0, 6.0, 10)) for i in range(3, 5)]
     assert reasons[0] is None and "TTFT SLO" in (reasons[1] or "")  # 2 > 5 % of 10 + 1
+
+
+def test_a_lost_closed_loop_with_a_ceiling_stops_only_once_bound_to_serve_no_more() -> None:
+    # the capacity probe's step at the incumbent's load (a closed loop): lost is not enough to
+    # stop it; it must also be unable to serve more req/s than the incumbent (Little's law: in
+    # flight over the counted requests' mean E2E, of which the finished ones' sum over all the
+    # counted is a lower bound), or the step runs on and its full rate decides
+    from tuner.score import PruneWatch
+
+    obj = ObjectiveConfig(slo_constraints=True, prune=True)
+    slo = SLOConfig(ttft_ms=1000)
+    # 10 counted requests, 4 in flight, the incumbent at 2 req/s: stop once ΣE2E/10 >= 4/2 s
+    watch = PruneWatch(10, obj, slo, served_at_most=(4, 2.0))
+    plain = PruneWatch(10, obj, slo)
+    reasons, plain_reasons = [], []
+    for i in range(6):  # each 3 s long, over the TTFT SLO: lost after the second
+        r = rec(i, 0.0, 2.0, 3.0, 10)
+        reasons.append(watch.add(r))
+        plain_reasons.append(plain.add(r))
+    assert plain_reasons[0] is None and plain_reasons[1] is not None
+    # ΣE2E after k records: 3k s; the bound 4 * 10 / 3k req/s is <= 2 from k = 7 on
+    assert reasons == [None] * 6
+    last = watch.add(rec(6, 0.0, 2.0, 3.0, 10))
+    assert last is not None and "TTFT SLO" in last and "at most 1.905 req/s" in last
+    # a failed request adds nothing to the bound; a record not counted (skip) neither
+    cut = PruneWatch(10, obj, slo, skip=frozenset({0}), served_at_most=(4, 2.0))
+    for i in range(7):
+        assert cut.add(rec(i, 0.0, 2.0, 3.0, 10)) is None  # 6 counted: 18 s, bound 2.22 > 2
+    assert cut.add(rec(7, 0.0, 2.0, 3.0, 10, status="error")) is None
+    assert cut.add(rec(8, 0.0, 2.0, 3.0, 10)) is not None  # 21 s: 1.905
+    # one that held is never stopped, however slow
+    held = PruneWatch(10, obj, slo, served_at_most=(4, 2.0))
+    assert all(held.add(rec(i, 0.0, 0.5, 30.0, 10)) is None for i in range(10))
