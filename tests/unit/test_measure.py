@@ -19,21 +19,23 @@ SLOTS = 3
 DRAIN_S = 1.5  # the drain's requests take this long to their first token
 
 
-async def _replay(
-    base: str, cfg: TunerConfig, tmp_path: Path, steady: bool
-) -> tuple[list[int], float]:
-    # 3 requests per slot: the start (0-2) and the drain (6-8) are not counted, 3-5 are
-    specs = [
-        spec(i, endpoint="chat", max_tokens=3, x_ttft=DRAIN_S if i >= 2 * SLOTS else 0.01)
-        for i in range(3 * SLOTS)
-    ]
+def _step(cfg: TunerConfig, ttft: list[float], max_tokens: int, steady: bool = True) -> Replay:
+    """A capacity step of ``SLOTS`` in flight: request i waits ``ttft[i]`` s to its first token."""
+    specs = [spec(i, endpoint="chat", max_tokens=max_tokens, x_ttft=t) for i, t in enumerate(ttft)]
     w = dataclasses.replace(
         cfg.workload,
         arrival=ArrivalConfig(kind="concurrency", concurrency=SLOTS),
         num_requests=len(specs),
         warmup_requests=0,
     )
-    rp = Replay("capacity_1", specs, w, steady=steady)
+    return Replay("capacity_1", specs, w, steady=steady)
+
+
+async def _replay(
+    base: str, cfg: TunerConfig, tmp_path: Path, steady: bool
+) -> tuple[list[int], float]:
+    # 3 requests per slot: the start (0-2) and the drain (6-8) are not counted, 3-5 are
+    rp = _step(cfg, [0.01] * 2 * SLOTS + [DRAIN_S] * SLOTS, 3, steady)
     assert rp.unsteady == frozenset({0, 1, 2, 6, 7, 8})
     t0 = time.perf_counter()
     m = await measure(cfg, base, tmp_path / f"steady-{steady}", [], rp, None)
@@ -87,15 +89,7 @@ async def test_a_lost_closed_loop_given_a_rate_runs_on_until_bound_to_serve_no_m
     # their first token, all over a 100 ms TTFT SLO: lost once 3-5 finish (at ~0.35 s)
     base, _ = server
     cfg = make_cfg("+workload=chat", "engine=vllm", "workload.slo.ttft_ms=100")
-    ttft = [0.05] * SLOTS + [0.3] * SLOTS + [2.0] * 2 * SLOTS
-    specs = [spec(i, endpoint="chat", max_tokens=2, x_ttft=t) for i, t in enumerate(ttft)]
-    w = dataclasses.replace(
-        cfg.workload,
-        arrival=ArrivalConfig(kind="concurrency", concurrency=SLOTS),
-        num_requests=len(specs),
-        warmup_requests=0,
-    )
-    rp = Replay("capacity_1", specs, w, steady=True)
+    rp = _step(cfg, [0.05] * SLOTS + [0.3] * SLOTS + [2.0] * 2 * SLOTS, 2)
     judged = dataclasses.replace(cfg.objective, slo_constraints=True, prune=True)
 
     async def run(at_most: float | None) -> tuple[str | None, set[int], float]:
