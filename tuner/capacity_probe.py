@@ -114,7 +114,7 @@ async def probe_capacity(
     # the incumbent's or the step ends
     judged = replace(objective, slo_constraints=True, prune=True)
     closed = _closed(base)
-    full_at = (
+    incumbent_at = (  # the factor of the step whose served rate decides a loss there
         start_factor(start, objective.capacity)
         if closed and stop_on_loss and start is not None and start.binding
         else None
@@ -161,11 +161,12 @@ async def probe_capacity(
             f" ({w.arrival.concurrency} in flight)" if _closed(rp) else "",
         )
         step_dir = folder.replay(rp.subdir).path
-        m = await measure(step_dir, rp, judged, start.rps if start and factor == full_at else None)
+        decides = factor == incumbent_at  # never, without a binding start
+        m = await measure(step_dir, rp, judged, start.rps if decides and start else None)
         await check()  # the engine died: its exception ends the search
         write_requests(step_dir, m.records)
         step = step_of(_factor(base, rp, factor), rp, m, judged)
-        if factor == full_at:
+        if decides:
             at_incumbent.append(step)
         return step, rp.subdir
 
