@@ -25,7 +25,8 @@ change) through the tuner's own launcher (``trial_argv``, ``build_env``,
 * ``launchers``: on the cold pass's cache (run ``cold`` first, so every launch is a hit), each
   config ``--repeat`` times under each of ``--launchers`` (:data:`LAUNCHERS`), interleaved:
   ``plain`` (a new process, as by default), ``preload`` (``engine.preload``: forked from one
-  zygote, :mod:`tuner.engine.preload`; its first launch waits for the zygote's imports),
+  zygote, :mod:`tuner.engine.preload`, started before the pass: no timed launch waits for its
+  imports, which are reported apart),
   ``fork`` (``VLLM_WORKER_MULTIPROC_METHOD=fork``: vLLM forks its EngineCore instead of the CLI's
   spawn, which imports everything again; the simulator ignores it), ``preload_fork`` (both).
   Each launcher's summary, and its median ready time and phases as a ratio to ``plain``'s.
@@ -104,9 +105,7 @@ async def launch(
 ) -> dict[str, Any]:
     port = free_port(cfg.engine.host)
     argv = trial_argv(cfg, CONFIGS[name], port=port, baseline=False)
-    env = build_env(cfg.engine, cache_root=root)
-    if "fork" in launcher.split("_"):
-        env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    env = launch_env(cfg, root, launcher)
     forked = Preload.of(cfg.engine, log_dir / "zygote.log") if "preload" in launcher else None
     server = Server(
         argv,
@@ -140,6 +139,39 @@ async def launch(
         f"cache {row['compile_cache']}  {phases}"
     )
     return row
+
+
+def launch_env(cfg: TunerConfig, root: Path, launcher: str) -> dict[str, str]:
+    """A launch's environment: the engine's, on the compile cache ``root``, and ``fork``'s
+    variable."""
+    env = build_env(cfg.engine, cache_root=root)
+    if "fork" in launcher.split("_"):
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    return env
+
+
+def start_zygotes(cfg: TunerConfig, root: Path, log_dir: Path, launchers: list[str]) -> None:
+    """Each preloading launcher's zygote, started before the timed launches: in a study only
+    the first server waits for its imports (~22 s on an H100, 2026-12-05), so a launch that
+    waited for them would not show what every later one costs. Their import times are in the
+    JSON apart (``zygote_import_s``). A zygote that cannot start is said; its launches then
+    start processes, as the tuner's would."""
+    for launcher in (n for n in launchers if "preload" in n):
+        argv = trial_argv(cfg, CONFIGS["defaults"], port=0, baseline=False)
+        p = Preload.of(cfg.engine, log_dir / "zygote.log")
+        try:
+            z = preload.zygote_for(
+                argv,
+                launch_env(cfg, root, launcher),
+                modules=p.modules,
+                zygote_log=p.zygote_log,
+                timeout_s=cfg.engine.startup_timeout_s,
+                per_launch=p.per_launch,
+            )
+        except preload.PreloadError as exc:
+            print(f"  {launcher}: no zygote ({exc}): its launches start processes")
+            continue
+        print(f"  {launcher}: zygote ready, its imports took {z.import_s or 0.0:.1f} s (not timed)")
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -190,6 +222,7 @@ async def run(
         passes[pass_name] = rows
     if "launchers" in passes_asked:
         print(f"launchers pass (VLLM_CACHE_ROOT={cold_root}): {', '.join(launchers)}")
+        await asyncio.to_thread(start_zygotes, cfg, cold_root, work / "logs", launchers)
         rows = []
         for _ in range(repeat):
             for name in configs:
@@ -206,7 +239,7 @@ async def run(
         "hold_s": hold_s,
         "configs": {n: CONFIGS[n] for n in configs},
         "summary": summary(every),
-        # each zygote's own imports (the first preloaded launch waited for them)
+        # each zygote's own imports, before the timed launches (start_zygotes)
         "zygote_import_s": [z.import_s for z in preload._ZYGOTES.values()],
         "passes": {
             n: {

@@ -3,10 +3,12 @@
 # engine.preload (each server forked from one interpreter that imported vLLM's CLI) and
 # VLLM_WORKER_MULTIPROC_METHOD=fork (vLLM forks its EngineCore instead of the CLI's spawn, which
 # imports vLLM and torch again), and does a server started so serve the same capacity?
-# 1. benchmarks/startup.py on vLLM's defaults: a cold launch, then REPEAT rounds of each of
-#    LAUNCHERS (plain, preload, fork, preload_fork) on that warm cache, interleaved: ready time and
-#    phases per launcher, each as a ratio to plain's (REPEAT=1: 5 launches, about 7 minutes at
-#    60-135 s a launch on the H200).
+# 1. benchmarks/startup.py on vLLM's defaults: a cold launch, one warm plain launch not compared
+#    (the first launch on a fresh cache's AOT artifacts spent 18-19 s more in warmup than later
+#    ones: docs/gpu-runs/2026-12-05-fast-start-h100.md), the zygotes started (untimed), then
+#    REPEAT rounds of each of LAUNCHERS (plain, preload, fork, preload_fork) on that cache,
+#    interleaved: ready time and phases per launcher, each as a ratio to plain's (REPEAT=1: 6
+#    launches, about 8 minutes at 50-155 s a launch).
 # 2. vLLM's defaults' chat SLO capacity (its own SLO, from 256 in flight, 800 requests, incumbent
 #    probe off), one tuner invocation per server, arms plain and fast (both levers) interleaved
 #    P F P F while time is left; then the change with its interval and the verdict
@@ -29,7 +31,7 @@ case "${1:-run}" in
 esac
 mkdir -p "$W/fs" "$W/bench"
 timeout -s INT -k 30 $(( T - SECONDS - 60 )) python3 benchmarks/startup.py --engine "$ENGINE" \
-  --configs defaults --passes cold,launchers --launchers "${LAUNCHERS:-plain,preload,fork,preload_fork}" \
+  --configs defaults --passes cold,warm,launchers --launchers "${LAUNCHERS:-plain,preload,fork,preload_fork}" \
   --repeat "${REPEAT:-1}" --hold-s "${HOLD:-5}" --out "$W/bench/startup-launchers.json" \
   --logs "$W/bench/servers" > "$LOGS/bench.log" 2>&1
 echo "$(date -u +%T) bench: rc=$?"

@@ -39,7 +39,13 @@ def test_the_launchers_pass_compares_preloaded_launches_with_plain_ones(tmp_path
     )  # fmt: skip
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     whole = json.loads(out.read_text())
-    assert len(whole["zygote_import_s"]) == 2  # preload's, and preload_fork's own environment
+    # preload's and preload_fork's (its own environment), each started before the timed
+    # launches and the one they fork from: a launch on another key would have started a third
+    assert len(whole["zygote_import_s"]) == 2
+    for n in ("preload", "preload_fork"):
+        assert f"  {n}: zygote ready, its imports took" in p.stdout
+    timed = p.stdout[p.stdout.index("launchers pass") :]
+    assert timed.index("preload_fork: zygote ready") < timed.index("defaults   plain")
     data = whole["passes"]["launchers"]
     order = [(r["config"], r["launcher"]) for r in data["launches"]]
     assert order == [("defaults", n) for n in ("plain", "preload", "preload_fork")] * 2

@@ -41,6 +41,7 @@ __all__ = [
     "entry_of",
     "fork_server",
     "stop_all",
+    "zygote_for",
 ]
 
 log = logging.getLogger(__name__)
@@ -255,24 +256,21 @@ def _key(
     return (entry.python, entry.entry, tuple(modules), rest)
 
 
-def fork_server(
+def zygote_for(
     argv: Sequence[str],
     env: Mapping[str, str],
-    log_path: Path,
     *,
     modules: Sequence[str],
     zygote_log: Path,
     timeout_s: float,
     per_launch: Sequence[str] = (),
-    cpus: Sequence[int] | None = None,
-) -> ForkedProcess:
-    """Fork ``argv`` as a server from its zygote, starting the zygote on first use (blocks for
-    its imports: call it from a thread). One zygote serves every launch whose environment is
-    the same but for ``per_launch`` variables (the GPU lease, the trial's lease marker: the
-    zygote starts without them, nothing reads them at import). ``cpus``: the server's cores
-    (``engine.cpu_pinning``), set in the child before it runs. Raises :class:`PreloadError`
-    with the reason when ``argv`` cannot run in one or the zygote fails; the caller starts a
-    process instead."""
+) -> Zygote:
+    """The zygote that forks ``argv`` under ``env`` (one per environment but for
+    ``per_launch``: the GPU lease, the trial's lease marker; the zygote starts without them,
+    nothing reads them at import), started on first use and ready: blocks for its imports (call
+    it from a thread). Raises :class:`PreloadError` with the reason when ``argv`` cannot run in
+    one or the zygote fails. ``benchmarks/startup.py`` calls it before its timed launches, so
+    none of them waits for the imports."""
     entry = entry_of(argv)
     if isinstance(entry, str):
         raise PreloadError(entry)
@@ -295,10 +293,38 @@ def fork_server(
         _ZYGOTES.pop(key, None)
         zygote.stop()
         raise
+    return zygote
+
+
+def fork_server(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    modules: Sequence[str],
+    zygote_log: Path,
+    timeout_s: float,
+    per_launch: Sequence[str] = (),
+    cpus: Sequence[int] | None = None,
+) -> ForkedProcess:
+    """Fork ``argv`` as a server from its zygote (:func:`zygote_for`: the first launch waits for
+    its imports). ``cpus``: the server's cores (``engine.cpu_pinning``), set in the child before
+    it runs. Raises :class:`PreloadError` with the reason when ``argv`` cannot run in one or the
+    zygote fails; the caller starts a process instead."""
+    zygote = zygote_for(
+        argv,
+        env,
+        modules=modules,
+        zygote_log=zygote_log,
+        timeout_s=timeout_s,
+        per_launch=per_launch,
+    )
+    entry = entry_of(argv)
+    assert not isinstance(entry, str)  # zygote_for raised for one that cannot run in a zygote
     try:
         pid = zygote.fork(entry.argv, env, os.getcwd(), log_path, cpus)
     except PreloadError as exc:  # no new launch waits on it; servers it forked run on
-        _FAILED[key] = str(exc)
+        _FAILED[_key(entry, modules, env, per_launch)] = str(exc)
         raise
     return ForkedProcess(zygote, pid)
 
