@@ -27,7 +27,9 @@ incumbent below it (a quick start's fp8 trial, stopped so, measured 84-90 req/s 
 incumbent's 70.3 on 3 fresh servers). So there (``closed``) the step at the incumbent's load is
 pruned only once lost and bound (Little's law) to serve no more requests/s than the incumbent's
 capacity, and a loss ends the search only so or where it served no more in full (below that load
-it serves less); one that served more walks down by narrow steps and is measured. A hold there
+it serves less); one that served more walks down by narrow steps, each step below pruned alike,
+until one holds (measured) or one loses serving no more than the incumbent (capped: the crossing
+lies below that step's rate). A hold there
 climbs from it, jumping by the margin's extrapolation ``1 / (1 − margin)`` (between
 ×(1 + 0.9 ``rel_width``) and :data:`MAX_JUMP`) instead of doubling: wide margins jump further, and
 a narrow one, near its own edge, a little. Before the study has a capacity, a ``study.warm_start``
@@ -97,24 +99,12 @@ class Step:
         """A step back from its :meth:`row` (``capacity.json``'s ``steps``)."""
         known = {"factor", "rps", "margin", "held", "pruned"}
         metrics = {k: float(v) for k, v in row.items() if k not in known and v is not None}
-        return cls(
-            float(row["factor"]),
-            float(row["rps"]),
-            float(row["margin"]),
-            bool(row["held"]),
-            metrics,
-            row.get("pruned"),
-        )
+        factor, rps, margin = (float(row[k]) for k in ("factor", "rps", "margin"))
+        return cls(factor, rps, margin, bool(row["held"]), metrics, row.get("pruned"))
 
     def row(self) -> dict[str, Any]:
-        return {
-            "factor": self.factor,
-            "rps": self.rps,
-            "margin": self.margin,
-            "held": self.held,
-            "pruned": self.pruned,
-            **dict(self.metrics),
-        }
+        head = {"factor": self.factor, "rps": self.rps, "margin": self.margin, "held": self.held}
+        return {**head, "pruned": self.pruned, **dict(self.metrics)}
 
 
 class Start(NamedTuple):
@@ -260,10 +250,10 @@ async def search(
     ends when no load is left strictly inside the bracket. ``start``: the load to try next (the
     incumbent's capacity); ``stop_on_loss``: a loss at or below it ends the search, censored
     above and never above the incumbent's requests/s (only with a ``start`` that is binding).
-    ``closed``: the load is requests in flight (module docstring): a loss there ends the search
-    only where the step served (or was bound to serve) no more requests/s than the incumbent's
-    capacity; else the crossing lies below, at a rate that may beat it, and the search walks
-    down by narrow steps (as from a ``near`` start)."""
+    ``closed``: the load is requests in flight (module docstring): a loss there, or at any load
+    below, ends the search only where the step served (or was bound to serve) no more
+    requests/s than the incumbent's capacity; else the crossing lies below, at a rate that may
+    beat it, and the search walks down by narrow steps (as from a ``near`` start)."""
     real = loads or (lambda f: f)
     stop_on_loss = stop_on_loss and start is not None and start.binding
     steps: list[Step] = []
@@ -281,6 +271,12 @@ async def search(
     ceiling = start.rps if start is not None and start.binding else None
     at_start: Step | None = None
     near = start is not None and start.near
+    top = real(start_factor(start, settings)) if stop_on_loss and start else 0.0
+
+    def cannot_beat(s: Step) -> bool:  # lost at or below the incumbent's load, serving no more
+        more = closed and _served_more(s, ceiling)
+        return stop_on_loss and not s.held and s.factor <= top and not more
+
     if start is not None and start.factor > 0:
         f = start_factor(start, settings)
         if hi is not None and real(f) >= hi.factor:  # lost below the incumbent's load already
@@ -291,7 +287,7 @@ async def search(
             if s.held:
                 lo = s if lo is None or s.factor > lo.factor else lo
             else:
-                if stop_on_loss and not (closed and _served_more(s, ceiling)):
+                if cannot_beat(s):
                     return _capped(lo, s, steps, ceiling)
                 near = near or stop_on_loss  # lost, yet served more: the crossing is near
                 hi = s if hi is None or s.factor < hi.factor else hi
@@ -320,10 +316,9 @@ async def search(
                 if real(f) >= hi.factor:
                     continue
             s = await at(f)
-            if s.held:
-                lo = s
-            else:
-                hi = s
+            if cannot_beat(s):
+                return _capped(lo, s, steps, ceiling)
+            lo, hi = _took(s, lo, hi)
             if s.held != up:
                 break
     # 1. bracket: double while it holds (further on a wide margin from a start), halve while
@@ -343,10 +338,9 @@ async def search(
             s = await at(f)
         else:
             break
-        if s.held:
-            lo = s
-        else:
-            hi = s
+        if cannot_beat(s):
+            return _capped(lo, s, steps, ceiling)
+        lo, hi = _took(s, lo, hi)
     # 2. narrow: the margin line's zero, kept inside the bracket's middle 60 % (so a curved
     # margin cannot hold one end still while the other creeps)
     while lo is not None and hi is not None and len(steps) < settings.max_steps:
@@ -358,11 +352,15 @@ async def search(
             if not lo.factor < real(f) < hi.factor:
                 break  # no load left between the two
         s = await at(f)
-        if s.held:
-            lo = s
-        else:
-            hi = s
+        if cannot_beat(s):
+            return _capped(lo, s, steps, ceiling)
+        lo, hi = _took(s, lo, hi)
     return _answer(lo, hi, steps)
+
+
+def _took(s: Step, lo: Step | None, hi: Step | None) -> tuple[Step | None, Step | None]:
+    """The bracket with ``s`` in it: the load that held, or the one that failed."""
+    return (s, hi) if s.held else (lo, s)
 
 
 def start_factor(start: Start, settings: CapacityConfig) -> float:

@@ -109,16 +109,17 @@ async def probe_capacity(
     ``stop_on_loss``: a loss there ends the search, censored above
     (:func:`tuner.capacity.search`)."""
     # each step judged on every SLO (whatever objective.slo_constraints says), pruned when lost;
-    # a closed loop's step at the incumbent's load replayed until its served rate, which decides
-    # whether a loss there ends the search (capacity.search's ``closed``), is known to be at most
-    # the incumbent's or the step ends
+    # a closed loop's step at or below the incumbent's load replayed until its served rate, which
+    # decides whether a loss there ends the search (capacity.search's ``closed``), is known to be
+    # at most the incumbent's or the step ends
     judged = replace(objective, slo_constraints=True, prune=True)
     closed = _closed(base)
-    incumbent_at = (  # the factor of the step whose served rate decides a loss there
+    incumbent_at = (  # the incumbent's load: a loss at or below it decides by its served rate
         start_factor(start, objective.capacity)
         if closed and stop_on_loss and start is not None and start.binding
         else None
     )
+    bound = functools.partial(served_at_most, incumbent_at, start)
     at_incumbent: list[Step] = []  # the step(s) at the incumbent's load (a stall repeats one)
     numbers = itertools.count(1)  # the capacity_K folders; step 0 is the workload's own replay
     repeated: list[dict[str, Any]] = []  # steps a stall of the measuring side voided
@@ -162,7 +163,7 @@ async def probe_capacity(
         )
         step_dir = folder.replay(rp.subdir).path
         decides = factor == incumbent_at  # never, without a binding start
-        m = await measure(step_dir, rp, judged, start.rps if decides and start else None)
+        m = await measure(step_dir, rp, judged, bound(factor))
         await check()  # the engine died: its exception ends the search
         write_requests(step_dir, m.records)
         step = step_of(_factor(base, rp, factor), rp, m, judged)
@@ -212,6 +213,23 @@ async def probe_capacity(
         len(cap.steps),
     )
     return cap
+
+
+def served_at_most(incumbent_at: float | None, start: Start | None, factor: float) -> float | None:
+    """The rate a closed loop's step at ``factor`` is replayed until it may serve no more than,
+    if lost (:func:`tuner.measure.measure`'s ``served_at_most``): the incumbent's capacity at or
+    below its load ``incumbent_at`` (where a loss ends the search only if it served no more:
+    :func:`tuner.capacity.search`'s ``closed``); None above it or without an incumbent to lose
+    to (pruned as soon as lost).
+
+    >>> [served_at_most(4.0, Start(4.0, 70.0), f) for f in (3.5, 4.0, 4.5)]
+    [70.0, 70.0, None]
+    >>> served_at_most(None, Start(4.0, 70.0), 3.5) is None
+    True
+    """
+    if incumbent_at is None or start is None or factor > incumbent_at:
+        return None
+    return start.rps
 
 
 def stall_of(metrics: Mapping[str, float]) -> tuple[float, str]:

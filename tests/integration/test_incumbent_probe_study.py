@@ -1,6 +1,7 @@
 """The incumbent probe in a study on the simulator (in process): the second trial's first capacity
 step after its own load is the first trial's capacity, replayed until it may serve no more than the
-first; each trial's capacity is bracketed or, if it lost there serving no more, censored above."""
+first; each trial's capacity is bracketed or, if it lost there or below serving no more, censored
+above."""
 
 from __future__ import annotations
 
@@ -57,9 +58,15 @@ def test_the_second_trial_probes_the_first_trials_capacity(
         # at most the bound, itself at most the incumbent's rate
         assert len(factors) == 2 and m1["capacity_censored"] == -1.0
         assert m1["capacity_rps"] <= m1["capacity_rps_high"] <= m0["capacity_rps"] + 1e-9
-    elif not probe["held"]:  # lost there yet served more: measured below it (the same config
-        # as the incumbent, at a concurrency rounded up past its crossing, can)
-        assert len(factors) > 2 and m1["capacity_censored"] == 0.0
-        assert m1["capacity_rps"] <= probe["rps"]
+    elif not probe["held"]:  # lost there yet served more (the same config as the incumbent, at
+        # a concurrency rounded up past its crossing, can): walked down, each step below pruned
+        # alike, until one held (measured) or one lost serving no more (censored above)
+        below = steps["steps"][2:]
+        assert below and all("serves at most" in s["pruned"] for s in below if s["pruned"])
+        if m1["capacity_censored"] == -1.0:
+            assert not below[-1]["held"]
+            assert below[-1]["pruned"] or below[-1]["rps"] <= m0["capacity_rps"]
+        else:
+            assert m1["capacity_censored"] == 0.0 and m1["capacity_rps"] <= probe["rps"]
     else:
         assert m1["capacity_censored"] >= 0.0
