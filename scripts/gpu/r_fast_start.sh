@@ -4,8 +4,9 @@
 # VLLM_WORKER_MULTIPROC_METHOD=fork (vLLM forks its EngineCore instead of the CLI's spawn, which
 # imports vLLM and torch again), and does a server started so serve the same capacity?
 # 1. benchmarks/startup.py on vLLM's defaults: a cold launch, one warm plain launch not compared
-#    (the first launch on a fresh cache's AOT artifacts spent 18-19 s more in warmup than later
-#    ones: docs/gpu-runs/2026-12-05-fast-start-h100.md), the zygotes started (untimed), then
+#    (the first warm launch on a cache spent 18-19 s in warmup against 1 s later, on the H200 on
+#    2026-12-02 and most likely on the H100: docs/gpu-runs/2026-12-05-fast-start-h100.md), the
+#    zygotes started (untimed), then
 #    REPEAT rounds of each of LAUNCHERS (plain, preload, fork, preload_fork) on that cache,
 #    interleaved: ready time and phases per launcher, each as a ratio to plain's (REPEAT=1: 6
 #    launches, about 8 minutes at 50-155 s a launch).
