@@ -119,7 +119,6 @@ async def probe_capacity(
         if closed and stop_on_loss and start is not None and start.binding
         else None
     )
-    bound = functools.partial(served_at_most, incumbent_at, start)
     at_incumbent: list[Step] = []  # the step(s) at the incumbent's load (a stall repeats one)
     numbers = itertools.count(1)  # the capacity_K folders; step 0 is the workload's own replay
     repeated: list[dict[str, Any]] = []  # steps a stall of the measuring side voided
@@ -163,7 +162,7 @@ async def probe_capacity(
         )
         step_dir = folder.replay(rp.subdir).path
         decides = factor == incumbent_at  # never, without a binding start
-        m = await measure(step_dir, rp, judged, bound(factor))
+        m = await measure(step_dir, rp, judged, served_at_most(incumbent_at, start, factor))
         await check()  # the engine died: its exception ends the search
         write_requests(step_dir, m.records)
         step = step_of(_factor(base, rp, factor), rp, m, judged)

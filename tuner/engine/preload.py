@@ -271,10 +271,30 @@ def zygote_for(
     it from a thread). Raises :class:`PreloadError` with the reason when ``argv`` cannot run in
     one or the zygote fails. ``benchmarks/startup.py`` calls it before its timed launches, so
     none of them waits for the imports."""
+    entry = _entry(argv)
+    key = _key(entry, modules, env, per_launch)
+    return _ready(entry, key, env, modules, zygote_log, timeout_s, per_launch)
+
+
+def _entry(argv: Sequence[str]) -> Entry:
+    """:func:`entry_of`, or :class:`PreloadError` with why ``argv`` cannot run in a zygote."""
     entry = entry_of(argv)
     if isinstance(entry, str):
         raise PreloadError(entry)
-    key = _key(entry, modules, env, per_launch)
+    return entry
+
+
+def _ready(
+    entry: Entry,
+    key: tuple[Any, ...],
+    env: Mapping[str, str],
+    modules: Sequence[str],
+    zygote_log: Path,
+    timeout_s: float,
+    per_launch: Sequence[str],
+) -> Zygote:
+    """The zygote of ``key`` (:func:`_key`), started if there is none alive, once its imports
+    are done; a zygote that failed is not tried again."""
     with _STARTING:
         if key in _FAILED:
             raise PreloadError(_FAILED[key])
@@ -311,20 +331,13 @@ def fork_server(
     its imports). ``cpus``: the server's cores (``engine.cpu_pinning``), set in the child before
     it runs. Raises :class:`PreloadError` with the reason when ``argv`` cannot run in one or the
     zygote fails; the caller starts a process instead."""
-    zygote = zygote_for(
-        argv,
-        env,
-        modules=modules,
-        zygote_log=zygote_log,
-        timeout_s=timeout_s,
-        per_launch=per_launch,
-    )
-    entry = entry_of(argv)
-    assert not isinstance(entry, str)  # zygote_for raised for one that cannot run in a zygote
+    entry = _entry(argv)
+    key = _key(entry, modules, env, per_launch)
+    zygote = _ready(entry, key, env, modules, zygote_log, timeout_s, per_launch)
     try:
         pid = zygote.fork(entry.argv, env, os.getcwd(), log_path, cpus)
     except PreloadError as exc:  # no new launch waits on it; servers it forked run on
-        _FAILED[_key(entry, modules, env, per_launch)] = str(exc)
+        _FAILED[key] = str(exc)
         raise
     return ForkedProcess(zygote, pid)
 
