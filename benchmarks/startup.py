@@ -24,11 +24,13 @@ change) through the tuner's own launcher (``trial_argv``, ``build_env``,
   over the launches left, as the tuner orders its queue);
 * ``launchers``: on the cold pass's cache (run ``cold`` first, so every launch is a hit), each
   config ``--repeat`` times under each of ``--launchers`` (:data:`LAUNCHERS`), interleaved:
-  ``plain`` (a new process, as by default), ``preload`` (``engine.preload``: forked from one
-  zygote, :mod:`tuner.engine.preload`, started before the pass: no timed launch waits for its
-  imports, which are reported apart),
+  ``plain`` (a new process with the CLI's spawn, as ``vllm serve`` starts: the tuner's
+  ``engine.preload=false`` without ``engine.env.VLLM_WORKER_MULTIPROC_METHOD``), ``preload``
+  (``engine.preload``: forked from one zygote, :mod:`tuner.engine.preload`, started before the
+  pass: no timed launch waits for its imports, which are reported apart),
   ``fork`` (``VLLM_WORKER_MULTIPROC_METHOD=fork``: vLLM forks its EngineCore instead of the CLI's
-  spawn, which imports everything again; the simulator ignores it), ``preload_fork`` (both).
+  spawn, which imports everything again; the simulator ignores it), ``preload_fork`` (both:
+  the tuner's default for ``engine=vllm``). The other passes launch ``plain``.
   Each launcher's summary, and its median ready time and phases as a ratio to ``plain``'s.
 
 Each server stays up ``--hold-s`` after it is ready (a stand-in for the replay: 20 s on vLLM, a
@@ -142,9 +144,11 @@ async def launch(
 
 
 def launch_env(cfg: TunerConfig, root: Path, launcher: str) -> dict[str, str]:
-    """A launch's environment: the engine's, on the compile cache ``root``, and ``fork``'s
-    variable."""
+    """A launch's environment: the engine's, on the compile cache ``root``, with ``fork``'s
+    variable for the launchers that name it and without it for the others (the engine's
+    config sets it by default)."""
     env = build_env(cfg.engine, cache_root=root)
+    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
     if "fork" in launcher.split("_"):
         env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
     return env

@@ -2,7 +2,9 @@
 # Device work (nvidia-h200), issue #29 item 7's start-up: does a launch get cheaper with
 # engine.preload (each server forked from one interpreter that imported vLLM's CLI) and
 # VLLM_WORKER_MULTIPROC_METHOD=fork (vLLM forks its EngineCore instead of the CLI's spawn, which
-# imports vLLM and torch again), and does a server started so serve the same capacity?
+# imports vLLM and torch again), and does a server started so serve the same capacity? Both are
+# the engine's defaults since the capacity study of docs/gpu-runs/2026-12-05-capacity-study-fork.md;
+# what that left is step 2: plain and forked capacity on one machine.
 # 1. benchmarks/startup.py on vLLM's defaults: a cold launch, one warm plain launch not compared
 #    (the first warm launch on a cache spent 18-19 s in warmup against 1 s later, on the H200 on
 #    2026-12-02 and most likely on the H100: docs/gpu-runs/2026-12-05-fast-start-h100.md), the
@@ -11,7 +13,8 @@
 #    interleaved: ready time and phases per launcher, each as a ratio to plain's (REPEAT=1: 6
 #    launches, about 8 minutes at 50-155 s a launch).
 # 2. vLLM's defaults' chat SLO capacity (its own SLO, from 256 in flight, 800 requests, incumbent
-#    probe off), one tuner invocation per server, arms plain and fast (both levers) interleaved
+#    probe off), one tuner invocation per server, arms plain (neither lever) and fast (both, the
+#    engine's defaults) interleaved
 #    P F P F while time is left; then the change with its interval and the verdict
 #    (scripts/gpu/capacity_verdict.py). Each invocation starts its own zygote, so these servers'
 #    ready times include its imports: step 1 measures the saving, step 2 the capacity.
@@ -48,7 +51,10 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   for arm in plain fast; do
     [ $(( T - SECONDS )) -lt $(( PER + 60 )) ] && { echo "no time left for round $r $arm"; break 2; }
     extra=()
-    [ "$arm" = fast ] && extra=(engine.preload=true +engine.env.VLLM_WORKER_MULTIPROC_METHOD=fork)
+    # fast: the engine's defaults (both levers on); plain: as `vllm serve` starts
+    [ "$arm" = plain ] && extra=(engine.preload=false)
+    [ "$arm" = plain ] && [ "$ENGINE" = vllm ] && extra+=('~engine.env.VLLM_WORKER_MULTIPROC_METHOD')
+    [ "$arm" = fast ] && [ "$ENGINE" = sim ] && extra=(engine.preload=true)
     timeout -s INT -k 30 $(( T - SECONDS - 40 )) python3 -m tuner "${ARGS[@]}" \
       "study.name=fs-$arm" "${extra[@]}" > "$LOGS/fs-$arm-$r.log" 2>&1
     echo "$(date -u +%T) round $r $arm: rc=$? $(grep -o 'ready in [0-9.]* s' "$LOGS/fs-$arm-$r.log" | head -1); $(grep -o 'SLO capacity [^(]*' "$LOGS/fs-$arm-$r.log" | tail -1)"

@@ -78,3 +78,30 @@ def test_the_dry_run_says_what_the_zygote_runs_or_why_it_cannot(make_cfg, tmp_pa
     wrapper = _script(tmp_path / "serve", '#!/bin/sh\nexec vllm serve "$@"\n')
     out = plan("engine=vllm", "engine.preload=true", f"engine.command=[{wrapper}]")
     assert f"engine.preload: {wrapper} is not a Python console script; each server will" in out
+
+
+def test_vllm_forks_by_default_and_the_startup_benchmarks_plain_launch_does_not(
+    make_cfg, tmp_path: Path
+) -> None:
+    """engine=vllm forks each server from the zygote and vLLM forks its EngineCore (measured on
+    the H200, docs/gpu-runs/2026-12-05-capacity-study-fork.md); the simulator and a plain
+    `vllm serve` launch do neither, and benchmarks/startup.py's ``plain`` stays that launch."""
+    from helpers.benchmarks import load_benchmark
+
+    vllm = make_cfg("+workload=chat", "engine=vllm")
+    assert vllm.engine.preload and vllm.engine.env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    sim = make_cfg("+workload=chat")
+    assert not sim.engine.preload and "VLLM_WORKER_MULTIPROC_METHOD" not in sim.engine.env
+    off = make_cfg(
+        "+workload=chat",
+        "engine=vllm",
+        "engine.preload=false",
+        "~engine.env.VLLM_WORKER_MULTIPROC_METHOD",
+    )
+    assert not off.engine.preload and "VLLM_WORKER_MULTIPROC_METHOD" not in off.engine.env
+    bench = load_benchmark("startup")
+    env = {n: bench.launch_env(vllm, tmp_path, n) for n in bench.LAUNCHERS}
+    assert {n for n, e in env.items() if "VLLM_WORKER_MULTIPROC_METHOD" in e} == {
+        "fork",
+        "preload_fork",
+    }
