@@ -294,3 +294,29 @@ def test_a_zygote_that_cannot_start_says_why_once(tmp_path: Path) -> None:
                 timeout_s=5,
             )
     assert not preload._ZYGOTES and len(preload._FAILED) == 1
+
+
+@pytest.mark.fast
+async def test_a_forked_server_that_hangs_silent_is_started_as_a_process_and_forking_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    forked = Preload(("helpers.fork_marker",), tmp_path / "zygote.log", silent_s=1.0)
+    servers = []
+    for name in ("first", "second"):
+        server = sim_server(tmp_path / f"{name}.log", env=_env(), preload=forked)
+        server.argv[2] = "helpers.hang_when_forked"  # python -m <this> serve ...
+        servers.append(server)
+    first, second = servers
+    async with first as info:
+        assert isinstance(first.proc, subprocess.Popen) and info.preloaded is None
+        assert info.facts.kv_cache_tokens  # the simulator, started as a process
+        assert info.startup_s > 1.0  # the second lost to the silent fork is counted
+    hung = [pid for z in preload._ZYGOTES.values() for pid in z.exits]
+    assert len(hung) == 1 and _wait_gone(hung[0])  # the fork was stopped, its group gone
+    assert caplog.text.count("a forked server wrote nothing in 1 s") == 1
+    async with second as info:  # no fork tried: no second lost, nothing said again
+        assert isinstance(second.proc, subprocess.Popen) and info.preloaded is None
+    assert [pid for z in preload._ZYGOTES.values() for pid in z.exits] == hung
+    assert caplog.text.count("a forked server wrote nothing") == 1
+    preload.stop_all()  # a new run forks again
+    assert not preload._OFF

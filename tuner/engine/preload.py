@@ -331,6 +331,8 @@ def fork_server(
     its imports). ``cpus``: the server's cores (``engine.cpu_pinning``), set in the child before
     it runs. Raises :class:`PreloadError` with the reason when ``argv`` cannot run in one or the
     zygote fails; the caller starts a process instead."""
+    if _OFF:
+        raise PreloadError(_OFF[0])
     entry = _entry(argv)
     key = _key(entry, modules, env, per_launch)
     zygote = _ready(entry, key, env, modules, zygote_log, timeout_s, per_launch)
@@ -342,12 +344,24 @@ def fork_server(
     return ForkedProcess(zygote, pid)
 
 
+_OFF: list[str] = []
+"""Why no more servers are forked in this run (:func:`turn_off`), or empty."""
+
+
+def turn_off(reason: str) -> None:
+    """Fork no more servers until :func:`stop_all`: :func:`fork_server` raises
+    :class:`PreloadError` with ``reason``, so each launch starts a process."""
+    if not _OFF:
+        _OFF.append(reason)
+
+
 def stop_all() -> None:
-    """End every zygote (at exit, and when a run ends)."""
+    """End every zygote (at exit, and when a run ends); the next launch may fork again."""
     for zygote in list(_ZYGOTES.values()):
         zygote.stop()
     _ZYGOTES.clear()
     _FAILED.clear()
+    _OFF.clear()
 
 
 atexit.register(stop_all)

@@ -30,7 +30,7 @@ import aiohttp
 
 from tuner.config import EngineConfig
 from tuner.engine.logparse import classify, is_fatal, parse_facts, strip_prefix
-from tuner.engine.preload import ForkedProcess, PreloadError, fork_server, stop_all
+from tuner.engine.preload import ForkedProcess, PreloadError, fork_server, stop_all, turn_off
 from tuner.engine.startup_log import startup_facts
 from tuner.errors import EngineError, FailureReason, LaunchFailed, ReplayFailed
 from tuner.records import LaunchInfo
@@ -102,6 +102,12 @@ class Preload:
     modules: tuple[str, ...]
     zygote_log: Path
     per_launch: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)
+    silent_s: float = 60.0
+    """A forked server that writes nothing to its log for this long is taken as hung (a fork
+    of a multi-threaded interpreter can deadlock in the child): it is stopped and started as a
+    process, and no more servers are forked in this run. A forked vLLM 0.24.0 server logged
+    its first line within a second on the H200; `vllm serve` started as a process took 15-28 s
+    to its first line, imports included."""
 
     @classmethod
     def of(cls, engine: EngineConfig, zygote_log: Path, *per_launch: str) -> Preload:
@@ -194,32 +200,15 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = self._t_start = time.monotonic()
         launched_at = time.time()  # wall clock: the log's stamps are wall times
-        self.proc = await self._forked() if self.preload else None
-        if self.proc is None:
-            with self.log_path.open("wb") as logf:
-                try:
-                    self.proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
-                        self.argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=logf,
-                        stderr=subprocess.STDOUT,
-                        env=self.env,
-                        start_new_session=True,
-                    )
-                except OSError as exc:
-                    raise EngineError(f"cannot start {self.argv[0]!r}: {exc.strerror}") from exc
-        self.pgid = self.proc.pid  # start_new_session: the child leads its own group
-        _LIVE_GROUPS.add(self.pgid)
-        if self.cpus:  # before the server forks its workers (vLLM imports for seconds first)
-            try:
-                os.sched_setaffinity(self.proc.pid, self.cpus)
-            except OSError as exc:
-                log.warning("could not pin pid %s to CPUs %s: %s", self.proc.pid, self.cpus, exc)
-        log.debug("started pid %s: %s", self.proc.pid, " ".join(self.argv))
+        forked = await self._forked() if self.preload else None
+        proc = self._started(forked)
+        t_proc = time.monotonic()
         timeout = aiohttp.ClientTimeout(total=2.0)
         next_note = t0 + PROGRESS_EVERY_S
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
+                if self._hung(t_proc):
+                    proc = await self._restarted()
                 if time.monotonic() >= next_note:  # long real starts: say what vLLM is doing
                     next_note += PROGRESS_EVERY_S
                     last = next((strip_prefix(x) for x in reversed(self._lines) if x.strip()), "")
@@ -229,7 +218,7 @@ class Server:
                     # let the traceback finish (pydantic prints the details under the line)
                     await asyncio.sleep(0.5)
                     raise self._failed()
-                if self.proc.poll() is not None:
+                if proc.poll() is not None:
                     raise self._failed()
                 elapsed = time.monotonic() - t0
                 if elapsed > self.startup_timeout_s:
@@ -248,12 +237,68 @@ class Server:
         facts = parse_facts(lines)
         return LaunchInfo(
             port=self.port,
-            pid=self.proc.pid,
+            pid=proc.pid,
             startup_s=round(startup_s, 3),
             facts=dataclasses.replace(facts, engine_version=version or facts.engine_version),
             startup=startup_facts(lines, launched_at, ready_at),
-            preloaded=True if isinstance(self.proc, ForkedProcess) else None,
+            preloaded=True if isinstance(proc, ForkedProcess) else None,
         )
+
+    def _started(self, forked: ForkedProcess | None) -> subprocess.Popen[bytes] | ForkedProcess:
+        """The server's process: ``forked``, else a new one in its own session, logging to
+        ``log_path``; pinned to ``cpus``."""
+        proc: subprocess.Popen[bytes] | ForkedProcess
+        if forked is not None:
+            proc = forked
+        else:
+            with self.log_path.open("wb") as logf:
+                try:
+                    proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once
+                        self.argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=logf,
+                        stderr=subprocess.STDOUT,
+                        env=self.env,
+                        start_new_session=True,
+                    )
+                except OSError as exc:
+                    raise EngineError(f"cannot start {self.argv[0]!r}: {exc.strerror}") from exc
+        self.proc = proc
+        self.pgid = proc.pid  # start_new_session: the child leads its own group
+        _LIVE_GROUPS.add(self.pgid)
+        if self.cpus:  # before the server forks its workers (vLLM imports for seconds first)
+            try:
+                os.sched_setaffinity(proc.pid, self.cpus)
+            except OSError as exc:
+                log.warning("could not pin pid %s to CPUs %s: %s", proc.pid, self.cpus, exc)
+        log.debug("started pid %s: %s", proc.pid, " ".join(self.argv))
+        return proc
+
+    def _hung(self, t_proc: float) -> bool:
+        """A forked server that has written nothing since ``t_proc``, for ``silent_s``."""
+        return (
+            isinstance(self.proc, ForkedProcess)
+            and self.preload is not None
+            and not self._lines
+            and not self._partial
+            and time.monotonic() - t_proc > self.preload.silent_s
+        )
+
+    async def _restarted(self) -> subprocess.Popen[bytes] | ForkedProcess:
+        """Stop a hung forked server, fork no more in this run, and start it as a process; its
+        start-up time keeps the seconds lost."""
+        assert self.preload is not None
+        why = (
+            f"a forked server wrote nothing in {self.preload.silent_s:.0f} s (a fork of a "
+            "multi-threaded interpreter can deadlock)"
+        )
+        log.warning("engine.preload: %s; starting it and every later server as a process", why)
+        _FELL_BACK.add(why)  # said here; the later launches fall back without saying it again
+        turn_off(why)
+        await self.stop()
+        self._t_end = self.stop_s = None
+        self.survivors = []
+        return self._started(None)
 
     async def _forked(self) -> ForkedProcess | None:
         """The server forked from its zygote (the first launch waits for the zygote's imports,
