@@ -75,7 +75,9 @@ class EngineConfig:
     """Fork each server from one interpreter that imported ``command``'s entry point and
     ``preload_modules`` once (:mod:`tuner.engine.preload`), instead of starting a new one: a
     launch skips the interpreter's start and those imports. Where ``command`` is no console script
-    or ``python -m``, or the zygote fails, servers start as processes (the reason logged once)."""
+    or ``python -m``, or the zygote fails, servers start as processes (the reason logged once);
+    a forked server silent for ``Preload.silent_s`` is started again as one. On in
+    ``conf/engine/vllm.yaml`` (measured on the H200), off in ``conf/engine/sim.yaml``."""
     preload_modules: list[str] = field(default_factory=list)
     """Imported by the zygote besides the entry point's module (one that fails is logged and
     left to the server)."""
