@@ -160,9 +160,9 @@ def start_zygotes(cfg: TunerConfig, root: Path, log_dir: Path, launchers: list[s
     waited for them would not show what every later one costs. Their import times are in the
     JSON apart (``zygote_import_s``). A zygote that cannot start is said; its launches then
     start processes, as the tuner's would."""
+    argv = trial_argv(cfg, CONFIGS["defaults"], port=0, baseline=False)
+    p = Preload.of(cfg.engine, log_dir / "zygote.log")
     for launcher in (n for n in launchers if "preload" in n):
-        argv = trial_argv(cfg, CONFIGS["defaults"], port=0, baseline=False)
-        p = Preload.of(cfg.engine, log_dir / "zygote.log")
         try:
             z = preload.zygote_for(
                 argv,
