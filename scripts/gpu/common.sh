@@ -53,7 +53,10 @@ pack_study() {  # pack_study NAME: the study's storage into $OUT, then pack NAME
 }
 pack() {  # pack NAME DIR...: folders under $W (study outputs, MLflow store, logs) -> $OUT/NAME.tgz.part-aa, -ab, ...
   # (the device returns at most 8 files of 16 MiB); here: cat NAME.tgz.part-* | tar xzf -
+  # An earlier pack's parts go first: a smaller archive would leave its tail behind, and cat would
+  # append it (2026-12-05: a study's own pack, then pack_study's, left 3 stale parts of 5)
   local name=$1; shift
+  rm -f "$OUT/$name.tgz.part-"*
   tar czf - -C "$W" --exclude='vllm_cache' "$@" 2>/dev/null | split -b 15m - "$OUT/$name.tgz.part-"
   ls -la "$OUT"
 }
