@@ -586,11 +586,9 @@ def test_write_figures(study: optuna.Study, trial_dirs: dict[int, Path], tmp_pat
         "importances.html",
         "latency_cdf.html",
         "latency_cdf.csv",
-        "timeline_0.html",
+        "timeline.html",
         "timeline_0.csv",
-        "timeline_3.html",
         "timeline_3.csv",
-        "timeline_4.html",
         "timeline_4.csv",
     }
     assert set(written) == expected
@@ -604,13 +602,18 @@ def test_write_figures(study: optuna.Study, trial_dirs: dict[int, Path], tmp_pat
             assert text.count('src="plotly.min.js"') == 1, name
             assert len(text) < 500_000, name  # plotly.js not inlined in each page
     assert (out / "parallel_coordinates.html").read_text().count("Plotly.newPlot") == 2
+    # the trials' timelines share one page (one plotly.js where MLflow gets the page alone), in order
+    page = (out / "timeline.html").read_text()
+    assert page.count("Plotly.newPlot") == 3
+    titles = [page.index(f"Trial {n}") for n in (0, 3)] + [page.index("Trial 4 (infeasible")]
+    assert titles == sorted(titles)
     pts = pd.read_csv(out / "pareto.csv")
     assert dict(zip(pts["number"], pts["status"], strict=True)) == EXPECTED
     cdf = pd.read_csv(out / "latency_cdf.csv")
     assert set(cdf["trial"]) == {0, 1, 2, 4}
     # the infeasible trial says so in the legend (dashed) and in its timeline's title
     assert '"name":"trial 4 (infeasible: slo_ttft)"' in (out / "latency_cdf.html").read_text()
-    assert "Trial 4 (infeasible: slo_ttft): telemetry" in (out / "timeline_4.html").read_text()
+    assert "Trial 4 (infeasible: slo_ttft): telemetry" in page
     timeline = pd.read_csv(out / "timeline_0.csv")
     assert "KV cache usage (%)" in set(timeline["series"])
 
@@ -635,11 +638,11 @@ def test_write_figures_survives_a_failing_figure(
     assert not (out / "pareto.html").exists()
     for name in ("parallel_coordinates.html", "importances.html", "latency_cdf.html"):
         assert (out / name).is_file(), name
-    assert "timeline_42.html" not in written  # no dir for trial 42: skipped, logged
+    assert "timeline.html" not in written  # no dir for trial 42: skipped, logged, no empty page
     records = [r for r in caplog.records if r.name == "tuner"]
     assert any("pareto" in r.getMessage() and "drawing failed" in r.getMessage() for r in records)
     # a trial folder that is not on this machine (a resumed study) is not an error
-    (absent,) = [r for r in records if "timeline_42" in r.getMessage()]
+    (absent,) = [r for r in records if "trial 42's timeline" in r.getMessage()]
     assert absent.levelno == logging.INFO
     assert "not on this machine" in absent.getMessage()
 
@@ -697,7 +700,7 @@ def test_figures_draw_in_a_browser_without_network(
     _write_telemetry(trial_dirs[0])
     out = tmp_path / "figures"
     written = plots.write_figures(
-        study, out, trial_dirs, OBJECTIVES, timeline_trials=[0], card=CARD
+        study, out, trial_dirs, OBJECTIVES, timeline_trials=[0, 1], card=CARD
     )
     pages = sorted(p for p in written.values() if p.suffix == ".html")
     assert {p.name for p in pages} == {
@@ -705,7 +708,7 @@ def test_figures_draw_in_a_browser_without_network(
         "parallel_coordinates.html",
         "importances.html",
         "latency_cdf.html",
-        "timeline_0.html",
+        "timeline.html",
         "capacity_card.html",
     }
     alone = tmp_path / "alone"
@@ -721,6 +724,7 @@ def test_figures_draw_in_a_browser_without_network(
         assert not SCRIPT_URL.findall(page.read_text()), page.name
     seen = chromium.drawn([*pages, mlflow_copy, cdn])
     for page in [*pages, mlflow_copy]:
-        n = 2 if page.name == "parallel_coordinates.html" else 1  # a plot per objective
+        # a plot per objective; a timeline per trial shown
+        n = 2 if page.name in ("parallel_coordinates.html", "timeline.html") else 1
         assert seen[page] == chromium.Drawn(figures=n, drawn=n, plotly=True), page
     assert seen[cdn] == chromium.Drawn(figures=1, drawn=0, plotly=False)  # offline: blank

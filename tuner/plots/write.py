@@ -84,8 +84,10 @@ def write_figures(
     ``pareto.html`` + ``pareto.csv`` (:func:`trial_points`), ``parallel_coordinates.html`` (a
     plot per objective, one page), ``importances.html``, ``latency_cdf.html`` +
     ``latency_cdf.csv`` (every trial of ``trial_dirs``; the Pareto-front trials and the
-    baseline are shown, the others start hidden in the legend) and ``timeline_<n>.html`` +
-    ``timeline_<n>.csv`` for each of ``timeline_trials`` (its dir from ``trial_dirs``), and with
+    baseline are shown, the others start hidden in the legend), ``timeline.html`` (one figure per
+    trial of ``timeline_trials`` whose dir ``trial_dirs`` has, in that order, on one page: one
+    copy of plotly.js, not one per trial, where a page goes to MLflow alone) with
+    ``timeline_<n>.csv`` for each, and with
     ``card`` (``capacity_card.json``'s content) ``capacity_card.html`` + ``capacity_card.csv``,
     and with ``screen`` (a lever screen's rows, :meth:`tuner.screen.LeverRow.as_dict`)
     ``screen.html`` + ``screen.csv``.
@@ -144,23 +146,24 @@ def write_figures(
             ),
         )
 
-    def timeline(number: int) -> Callable[[], None]:
-        def job() -> None:
+    def timelines() -> None:
+        labels = trial_labels(trial_points(study))
+        figures = []
+        for number in timeline_trials:
             if number not in trial_dirs:  # e.g. a study resumed on another machine
                 log.info(
-                    "figure timeline_%d not drawn: trial %d's folder is not on this machine "
+                    "trial %d's timeline not drawn: its folder is not on this machine "
                     "(python -m tuner report fetches it from MLflow)",
                     number,
-                    number,
                 )
-                return
+                continue
             frame = timeline_data(trial_dirs[number])
             csv(f"timeline_{number}.csv", frame)
-            name = trial_labels(trial_points(study)).get(number, f"trial {number}")
+            name = labels.get(number, f"trial {number}")
             title = f"{name[0].upper()}{name[1:]}: telemetry"  # "Trial 3 (infeasible: ...)"
-            html(f"timeline_{number}.html", timeline_figure(frame, title))
-
-        return job
+            figures.append(timeline_figure(frame, title))
+        if figures:
+            html("timeline.html", *figures)
 
     def capacity_card() -> None:
         assert card is not None
@@ -184,7 +187,7 @@ def write_figures(
         ("parallel_coordinates", parallel),
         ("importances", importances),
         ("latency_cdf", latency),
-        *((f"timeline_{n}", timeline(n)) for n in timeline_trials),
+        *([("timeline", timelines)] if timeline_trials else []),
         *([("capacity_card", capacity_card)] if card is not None else []),
         *([("screen", lever_screen)] if screen is not None else []),
     ]
