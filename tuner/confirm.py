@@ -31,7 +31,7 @@ from tuner.quality_guard import note
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.score import KEY_METRICS, capacity_metric
 from tuner.stored_study import ConfirmRecord, baseline_trial
-from tuner.verdict import Arm, Verdict, decide
+from tuner.verdict import Arm, Gain, Verdict, decide, gain
 
 __all__ = [
     "SEARCH_ONLY",
@@ -44,6 +44,7 @@ __all__ = [
     "pick",
     "recommended",
     "round_values",
+    "settled_below",
     "stressed",
     "verdict",
 ]
@@ -308,6 +309,31 @@ def round_values(result: ConfirmResult, metric: str, higher: bool) -> tuple[floa
         else:
             out.append(min(values) if higher else max(values))  # type: ignore[type-var]
     return tuple(out)
+
+
+def settled_below(
+    candidate: Candidate,
+    runs: Sequence[tuple[int, int, TrialResult]],
+    defaults: Candidate,
+    defaults_runs: Sequence[tuple[int, int, TrialResult]],
+    objective: ObjectiveConfig,
+) -> Gain | None:
+    """``candidate``'s gain over vLLM's defaults on the study's first objective, from the runs
+    ``(round, seed, result)`` of each so far, when its 95 % interval lies wholly below 0: measured
+    worse beyond the spread between rounds (``confirm.stop_losers``). None otherwise, and with
+    fewer than 2 rounds measured on a side (no interval)."""
+    first = objective.objectives[0]
+    higher = first.direction == "maximize"
+
+    def measured(c: Candidate, rs: Sequence[tuple[int, int, TrialResult]]) -> list[float]:
+        values = round_values(judge(c, rs, objective), first.metric, higher)
+        return [v for v in values if v is not None]
+
+    mine, base = measured(candidate, runs), measured(defaults, defaults_runs)
+    if len(mine) < 2 or len(base) < 2:
+        return None
+    g = gain(mine, base, higher)
+    return g if g.high is not None and g.high < 0 else None
 
 
 def verdict(

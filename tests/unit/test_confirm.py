@@ -322,3 +322,33 @@ def test_the_stored_verdict_stands_until_trials_come_after_it(make_cfg: Any) -> 
     now = current_verdict(fresh, cfg)
     assert now.record is None and now.verdict is None and not now.results
     assert [c.trial for c in now.candidates] == [c.trial for c in cands]
+
+
+def _rounds_of(values: list[float]) -> list[tuple[int, int, TrialResult]]:
+    return [(i + 1, 1, _result({"output_throughput": v}, {})) for i, v in enumerate(values)]
+
+
+def test_a_pick_settles_below_the_defaults_only_when_its_interval_is_wholly_below() -> None:
+    from tuner.confirm import settled_below
+
+    pick_ = Candidate(6, ("latency",), {}, False, (), {})
+    base = Candidate(0, ("baseline",), {}, True, (), {})
+    defaults = _rounds_of([1000.0, 1012.0])
+    # 15 % worse on 2 + 2 rounds with a 1 % spread: below beyond the interval
+    g = settled_below(pick_, _rounds_of([850.0, 858.0]), base, defaults, OBJ)
+    assert g is not None and g.high is not None and g.high < 0 and (g.n_pick, g.n_base) == (2, 2)
+    # 3 % worse with a spread as large: the interval holds 0, so it runs its last round
+    assert settled_below(pick_, _rounds_of([930.0, 1010.0]), base, defaults, OBJ) is None
+    # better, or a single round on a side (no interval): never settled
+    assert settled_below(pick_, _rounds_of([1100.0, 1111.0]), base, defaults, OBJ) is None
+    assert settled_below(pick_, _rounds_of([500.0]), base, defaults, OBJ) is None
+    assert settled_below(pick_, _rounds_of([500.0, 505.0]), base, defaults[:1], OBJ) is None
+    # a failed round has no value: 1 measured round left, no interval
+    failed = [*_rounds_of([850.0]), (2, 1, _result({}, {}, failure="server_died"))]
+    assert settled_below(pick_, failed, base, defaults, OBJ) is None
+    # a minimised first objective: higher is worse
+    lat = ObjectiveConfig(objectives=[ObjectiveSpec("ttft_p95_ms", "minimize")])
+    slow = [(i + 1, 1, _result({"ttft_p95_ms": v}, {})) for i, v in enumerate([900.0, 910.0])]
+    fast = [(i + 1, 1, _result({"ttft_p95_ms": v}, {})) for i, v in enumerate([500.0, 505.0])]
+    assert settled_below(pick_, slow, base, fast, lat) is not None
+    assert settled_below(pick_, fast, base, slow, lat) is None

@@ -240,6 +240,12 @@ class ConfirmConfig:
     min_effect: float = 0.03
     """The smallest gain over vLLM's defaults (a fraction of the study's first objective) worth
     recommending a config for, even when its interval is above 0."""
+    stop_losers: bool = True
+    """From the third round on, a pick whose 95 % interval against vLLM's defaults (on the study's
+    first objective, over the rounds run so far: 2 or more on each side) lies wholly below 0 runs
+    no more rounds (:func:`tuner.confirm.settled_below`). Its verdict stays "measured worse"; a
+    further round would have to undo a loss beyond that interval. It saves a server per skipped
+    round; the defaults and every other pick run all ``rounds``."""
     load_factor: float = 2.0
     """Concurrency, rate (and a trace's speed) × this."""
     duration_factor: float = 2.0

@@ -1,0 +1,77 @@
+"""``confirm.stop_losers``: from the third round on, a pick measured below vLLM's defaults beyond
+the spread between rounds runs no more rounds; the defaults and every other pick run them all.
+The confirm loop of :mod:`tuner.study` with three candidates and ``run_server`` replaced by one
+that returns the verdict's metric per server: one pick reads half the defaults' value, the other
+about the same (1 % apart by round)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+import tuner.study as study_mod
+from tuner.config import TunerConfig
+from tuner.memory import ModelShape
+from tuner.records import Candidate, TrialResult
+from tuner.trial import TrialContext
+
+LOSER, TIE, BASE = 4, 7, 0
+CANDIDATES = [
+    Candidate(LOSER, ("throughput",), {"max_num_seqs": 16}, False, (), {}),
+    Candidate(TIE, ("latency",), {"max_num_seqs": 512}, False, (), {}),
+    Candidate(BASE, ("baseline",), {}, True, (), {}),
+]
+
+
+def _confirm(
+    cfg: TunerConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[int], list[Any]]:
+    metric = cfg.objective.objectives[0].metric
+    started: list[int] = []
+
+    async def fake_run_server(ctx: Any, trial: int, *args: Any, **kwargs: Any) -> list[Any]:
+        started.append(trial)
+        value = 1000.0 + 10.0 * started.count(trial)
+        value = value / 2 if trial == LOSER else value
+        return [TrialResult(trial, {}, (), (value,), {}, {metric: value}, launched=True)]
+
+    monkeypatch.setattr(study_mod, "run_server", fake_run_server)
+    monkeypatch.setattr(study_mod, "build_requests", lambda w, files: [])
+    ctx = TrialContext(cfg, ModelShape.from_dir(cfg.model.files), [], [], tmp_path / "run", None)
+    study = optuna.create_study(directions=["maximize"])
+    out = asyncio.run(study_mod._confirm(study, ctx, CANDIDATES))
+    return started, out
+
+
+@pytest.mark.parametrize("stop", [True, False])
+def test_a_pick_below_the_defaults_after_two_rounds_runs_no_third(
+    stop: bool,
+    make_cfg: Callable[..., TunerConfig],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = make_cfg(
+        "+workload=chat",
+        "objective=throughput",
+        "confirm.rounds=3",
+        f"confirm.stop_losers={str(stop).lower()}",
+    )
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        started, results = _confirm(cfg, tmp_path, monkeypatch)
+    assert started.count(LOSER) == (2 if stop else 3)
+    assert started.count(TIE) == 3 and started.count(BASE) == 3
+    rounds = {r.trial: sorted({row["round"] for row in r.runs}) for r in results}
+    assert rounds == {LOSER: [1, 2] if stop else [1, 2, 3], TIE: [1, 2, 3], BASE: [1, 2, 3]}
+    skipped = [r.getMessage() for r in caplog.records if "not run, nor its" in r.getMessage()]
+    assert len(skipped) == (1 if stop else 0)
+    if stop:
+        assert f"round 3, trial {LOSER} (throughput)" in skipped[0]
+        assert "after 2 and 2 rounds" in skipped[0] and "−50." in skipped[0]
+    assert all(r.passed for r in results)  # a pick stopped as a loser is not demoted for it
