@@ -44,8 +44,8 @@ from tuner.capacity_probe import step_of, step_replay, whole_load
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, TrialFailed
 from tuner.measure import Measured, Replay
-from tuner.memory import GPU_PROFILES, ModelShape
-from tuner.precheck import passed_params, precheck
+from tuner.memory import GPU_PROFILES, GpuProfile, ModelShape
+from tuner.precheck import gpu_of, passed_params, precheck
 from tuner.records import RequestSpec
 from tuner.score import (
     KEY_METRICS,
@@ -147,6 +147,19 @@ def _key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, round(v, 2) if isinstance(v, float) else v) for k, v in params.items()))
 
 
+def landscape_gpu(cfg: TunerConfig) -> tuple[GpuProfile | None, str]:
+    """The GPU the simulator's landscape models for ``cfg``, and what this machine's is: the
+    leased GPU's profile (NVML, with ``engine.kind: vllm``; else ``engine.gpu``) where its speed
+    model was calibrated on that GPU (:data:`tuner.memory.GPU_PROFILES`), else None. On another
+    GPU (an H100: 2026-12-05, chat's defaults served 56-62 req/s where the H200's model says
+    69) its times are an H200's, not this GPU's."""
+    leased = gpu_of(cfg)
+    profile = leased.profile
+    if profile is not None and profile.name in GPU_PROFILES:
+        return profile, leased.source
+    return None, leased.source
+
+
 def prescreen(
     cfg: TunerConfig, shape: ModelShape, requests: Sequence[RequestSpec]
 ) -> tuple[list[Pick], dict[str, Any]]:
@@ -154,7 +167,14 @@ def prescreen(
     check(cfg)
     p = cfg.study.prescreen
     w = cfg.workload
-    gpu = GPU_PROFILES[cfg.engine.gpu]
+    gpu, source = landscape_gpu(cfg)
+    if gpu is None:
+        log.warning(
+            "study.prescreen ranks configs on the simulator's model of %s; this machine's GPU is "
+            "%s, which it was not calibrated on: its picks are an %s's",
+            ", ".join(GPU_PROFILES), source, cfg.engine.gpu.upper(),
+        )  # fmt: skip
+        gpu = GPU_PROFILES[cfg.engine.gpu]
     space = cfg.space
     dists = distributions(space)
     objective = cfg.objective
@@ -305,21 +325,29 @@ async def predict_start(
     (:func:`tuner.sim.landscape.records`) instead of on the server. A prediction (``binding``
     False): a loss there narrows the bracket below it and caps nothing. On the simulator it is
     the simulated server's own model, so the live search needs about 3 replays instead of 8; on
-    a GPU it is the calibrated model's guess (chat's defaults: ~470 in flight on the simulator,
-    285-430 in the H200 records docs/gpu-runs/2026-12-02-capacity-probe.md and
-    2026-12-03-capacity-study.md; not yet run on a GPU). None where the
-    landscape cannot say: no capacity objective, an open loop, no GPU profile, a config it
-    refuses, or nothing held. ``requests``: the workload's own stream (the first step)."""
+    a GPU it is the calibrated model's guess (chat's defaults from 64 in flight: 68.41 req/s
+    predicted, 65.38-66.04 measured on an H200 on 2026-12-05, docs/gpu-runs/
+    2026-12-05-capacity-study-fork.md). None where the landscape cannot say: no capacity
+    objective, an open loop, a GPU its speed model was not calibrated on (:func:`landscape_gpu`:
+    on an H100 it said 69.11 req/s for chat's defaults from 256 in flight, which measured
+    56.19-62.00), a config it refuses, or nothing held. ``requests``: the workload's own stream
+    (the first step)."""
     w = cfg.workload
     if not (
         needs_capacity(cfg.objective)
         and cfg.objective.capacity.predict_start
         and w.arrival.kind == "concurrency"
         and w.trace is None
-        and cfg.engine.gpu in GPU_PROFILES
     ):
         return None
-    gpu = GPU_PROFILES[cfg.engine.gpu]
+    gpu, source = landscape_gpu(cfg)
+    if gpu is None:
+        log.info(
+            "  no capacity prediction: the simulator's speed model was calibrated on %s, not on "
+            "this machine's GPU (%s); the first search starts from the workload's load",
+            ", ".join(GPU_PROFILES), source,
+        )  # fmt: skip
+        return None
     passed = passed_params(cfg.space, params)
     judged = replace(cfg.objective, slo_constraints=True)  # as the real steps are judged
 

@@ -130,3 +130,43 @@ def test_a_space_with_nothing_that_starts_enqueues_nothing(
     )
     picks, summary = _run(cfg)
     assert picks == [] and summary["feasible"] == 0 and summary["enqueued"] == 0
+
+
+def test_no_capacity_prediction_on_a_gpu_the_speed_model_was_not_calibrated_on(
+    make_cfg: Callable[..., TunerConfig],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the landscape's times are an H200's: on an H100 (NVML's name, no profile) it would predict
+    # an H200's capacity (2026-12-05: 69.11 req/s said, 56.19-62.00 measured), so it says none
+    import asyncio
+    import logging
+
+    import tuner.prescreen as prescreen_mod
+    from tuner.memory import GpuProfile
+    from tuner.precheck import LeasedGpu
+    from tuner.prescreen import landscape_gpu, predict_start
+
+    cfg = make_cfg("+workload=chat", *SMALL[2:])  # objective=capacity, the default
+    shape = ModelShape.from_dir(cfg.model.path)
+    requests = build_requests(cfg.workload, Path(cfg.model.path))
+    params = defaults(cfg.space)
+    gpu, _ = landscape_gpu(cfg)
+    assert gpu is not None and gpu.name == "h200"  # the simulator's own GPU
+    assert asyncio.run(predict_start(cfg, shape, requests, params)) is not None
+
+    h100 = "GPU 0: NVIDIA H100 80GB HBM3, 79.2 GiB (NVML)"
+    leased = LeasedGpu(GpuProfile("NVIDIA H100 80GB HBM3", 79.2), False, h100)
+    monkeypatch.setattr(prescreen_mod, "gpu_of", lambda cfg: leased)
+    assert landscape_gpu(cfg) == (None, h100)
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        assert asyncio.run(predict_start(cfg, shape, requests, params)) is None
+    (said,) = [r.getMessage() for r in caplog.records if "no capacity prediction" in r.getMessage()]
+    assert "calibrated on h200" in said and "NVIDIA H100 80GB HBM3" in said
+    # study.prescreen, asked for by name, still ranks on the H200's model and says so
+    caplog.clear()
+    ranked = make_cfg(*SMALL, "study.prescreen.trials=3")
+    with caplog.at_level(logging.WARNING, logger="tuner"):
+        _run(ranked)
+    (warned,) = [r.getMessage() for r in caplog.records if "ranks configs" in r.getMessage()]
+    assert "not calibrated on" in warned and "are an H200's" in warned
