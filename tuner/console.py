@@ -298,7 +298,7 @@ def print_confirm(
                 fmt_metric("output_throughput", w.get("output_throughput")),
                 fmt_metric("ttft_p95_ms", w.get("ttft_p95_ms")),
                 fmt_metric("tpot_p95_ms", w.get("tpot_p95_ms")),
-                r.reason or "",
+                r.reason or _stopped(n_rounds, decided),
             )
         console.print(t)
     if decided is not None and results:  # not markup: rich would swallow its [notes]
@@ -311,6 +311,14 @@ def print_confirm(
         f"Recommended: trial {best.trial} ({', '.join(best.picks)}): "
         f"vllm serve --config {out_dir / recommended_file(best.picks, picks)}"
     )
+
+
+def _stopped(n_rounds: int, decided: Verdict | None) -> str:
+    """Why a candidate ran fewer rounds than the stage: it was measured below the defaults
+    (``confirm.stop_losers``, :func:`tuner.confirm.settled_below`)."""
+    if decided is None or n_rounds >= decided.rounds:
+        return ""
+    return f"below the defaults after {n_rounds} rounds: no more (confirm.stop_losers)"
 
 
 def _fmt_value(name: str, v: float) -> str:

@@ -75,3 +75,16 @@ def test_a_pick_below_the_defaults_after_two_rounds_runs_no_third(
         assert f"round 3, trial {LOSER} (throughput)" in skipped[0]
         assert "after 2 and 2 rounds" in skipped[0] and "−50." in skipped[0]
     assert all(r.passed for r in results)  # a pick stopped as a loser is not demoted for it
+    # the confirm table says why it has fewer rounds
+    from rich.console import Console
+
+    from tuner.confirm import verdict
+    from tuner.console import print_confirm
+
+    decided = verdict(results, CANDIDATES, cfg.objective, cfg.confirm.min_effect, 3)
+    console = Console(record=True, width=300)
+    print_confirm(results, CANDIDATES, None, tmp_path, console, ["throughput"], decided)
+    table = console.export_text()
+    assert ("below the defaults after 2 rounds: no more (confirm.stop_losers)" in table) is stop
+    loser_row = next(line for line in table.splitlines() if line.startswith(f"│ {LOSER} "))
+    assert ("2/2" if stop else "3/3") in loser_row
