@@ -407,7 +407,7 @@ def _below(
     """Candidate ``c``'s gain before its round ``rnd`` when ``confirm.stop_losers`` ends its
     rounds there (:func:`tuner.confirm.settled_below`); None to run it. A server an earlier run of
     the stage stored is taken, not skipped."""
-    if not cfg.confirm.stop_losers or base is None or c is base or rnd < 3:
+    if not cfg.confirm.stop_losers or base is None or c.trial == base.trial or rnd < 3:
         return None
     if stored.get(c.trial, rnd) is not None:
         return None
