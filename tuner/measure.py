@@ -185,9 +185,9 @@ async def measure(
     write_jsonl(folder.metrics, prom.samples)
     write_jsonl(folder.gpu, gpu.samples)
     own = {**client.summary(), "client_processes": float(choice.processes)}
-    warn_client_lag(own, choice, w.client_loop)
+    warn_client_lag(own, choice, w.client_loop, clock.speedup)
     server = prom.summary()
-    warn_sim_lag(server)
+    warn_sim_lag(server, clock.speedup)
     stalls = stalls_while_counted(records, skip, started, clock, client, prom)
     return Measured(records, {**server, **gpu.summary(), **own, **stalls}, pruned)
 
@@ -259,7 +259,17 @@ def note_client_cores(
         )
 
 
-def warn_client_lag(own: dict[str, float], choice: ClientChoice, client_loop: str) -> None:
+def _modelled(lag_ms: float, speedup: float) -> str:
+    """How much a wall-clock delay weighs in the latencies measured: on the simulator they are
+    the modelled GPU's, ``speedup`` times the wall's (:mod:`tuner.engine.clock`)."""
+    if speedup == 1.0:
+        return "that much"
+    return f"{lag_ms * speedup:.0f} ms in the modelled GPU's time (×{speedup:g})"
+
+
+def warn_client_lag(
+    own: dict[str, float], choice: ClientChoice, client_loop: str, speedup: float = 1.0
+) -> None:
     """Warn when the replay client's event loop ran late enough to show in TTFT/ITL."""
     lag = own.get("client_lag_p99_ms")
     if lag is None or lag <= replay_mod.CLIENT_LAG_WARN_MS:  # read at call time: tests lower it
@@ -269,27 +279,30 @@ def warn_client_lag(own: dict[str, float], choice: ClientChoice, client_loop: st
         hint += " or try workload.client_loop=uvloop"
     log.warning(
         "  the replay client was busy: its event loop ran %.1f ms late at p99 (max %.1f ms, "
-        "busiest client process at %.0f%% CPU), so TTFT/ITL include up to that much of the "
-        "client's own delay; %s",
+        "busiest client process at %.0f%% CPU), so TTFT/ITL include up to %s of the client's "
+        "own delay; %s",
         lag,
         own.get("client_lag_max_ms", lag),
         100 * own.get("client_cpu_max", 0.0),
+        _modelled(lag, speedup),
         hint,
     )
 
 
-def warn_sim_lag(server: dict[str, float]) -> None:
+def warn_sim_lag(server: dict[str, float], speedup: float = 1.0) -> None:
     """Warn when the simulated engine's stream chunks left later than its model said (its
     ``tuner_sim:stream_lag_seconds``): the host's CPU, not the modelled GPU, then shows in the
-    latencies measured. The threshold is the client's (:data:`tuner.replay.CLIENT_LAG_WARN_MS`)."""
+    latencies measured, ``speedup`` times over. The threshold is the client's
+    (:data:`tuner.replay.CLIENT_LAG_WARN_MS`)."""
     lag = server.get("sim_lag_mean_ms")
     if lag is None or lag <= replay_mod.CLIENT_LAG_WARN_MS:
         return
     log.warning(
         "  the simulated engine fell behind its model: its tokens left %.1f ms late on average "
-        "(its server.log has the p99), so the latencies measured include that much of the host's "
+        "(its server.log has the p99), so the latencies measured include %s of the host's "
         "CPU; lower engine.env.TUNER_SIM_SPEEDUP or give it a core",
         lag,
+        _modelled(lag, speedup),
     )
 
 

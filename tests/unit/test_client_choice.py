@@ -284,3 +284,26 @@ def test_the_study_warns_when_the_reserve_holds_auto(make_cfg, caplog, cores) ->
         "processes (at most 16 streams each) but engine.cpu_reserve=2 holds it to 2: raise "
         "engine.cpu_reserve to 16 or more"
     )
+
+
+def test_lag_warnings_say_what_the_lag_weighs_in_the_simulators_modelled_time(
+    caplog: pytest.LogCaptureFixture, cores
+) -> None:
+    # the simulator's latencies are its modelled GPU's, speed-up times the wall's: 11.2 ms of
+    # wall lag at speed-up 6 is 67 ms of modelled TTFT (a quick start on 2 cores, 2026-12-05)
+    from tuner.measure import warn_sim_lag
+
+    caplog.set_level(logging.WARNING, logger="tuner")
+    w = WorkloadConfig(name="chat", arrival=ArrivalConfig(concurrency=256))
+    late = {"client_lag_p99_ms": 9.0, "client_lag_max_ms": 20.0, "client_cpu_max": 0.5}
+    cores(2)
+    warn_client_lag(late, choose_client(w, EngineConfig(), specs(300)), "uvloop", 6.0)
+    warn_client_lag(late, choose_client(w, EngineConfig(), specs(300)), "uvloop")
+    warn_sim_lag({"sim_lag_mean_ms": 11.2}, 6.0)
+    warn_sim_lag({"sim_lag_mean_ms": 11.2})
+    warn_sim_lag({"sim_lag_mean_ms": 1.0}, 6.0)  # below the threshold: nothing
+    client_sim, client_gpu, sim, sim_1 = (r.getMessage() for r in caplog.records)
+    assert "include up to 54 ms in the modelled GPU's time (×6) of the client's" in client_sim
+    assert "include up to that much of the client's own delay" in client_gpu
+    assert "include 67 ms in the modelled GPU's time (×6) of the host's CPU" in sim
+    assert "include that much of the host's CPU" in sim_1
