@@ -243,6 +243,7 @@ async def search(
     start: Start | None = None,
     stop_on_loss: bool = False,
     closed: bool = False,
+    on_start: Callable[[float], None] | None = None,
 ) -> Capacity:
     """Bracket and narrow the load at which the SLOs stop holding (module docstring).
     ``first``: the workload's own replay at factor 1, if it ran already. ``loads``: the factor a
@@ -253,7 +254,9 @@ async def search(
     ``closed``: the load is requests in flight (module docstring): a loss there, or at any load
     below, ends the search only where the step served (or was bound to serve) no more
     requests/s than the incumbent's capacity; else the crossing lies below, at a rate that may
-    beat it, and the search walks down by narrow steps (as from a ``near`` start)."""
+    beat it, and the search walks down by narrow steps (as from a ``near`` start).
+    ``on_start``: told the start's load right before it is replayed (not when ``first``
+    already decided it: a loss below it, a hold above it)."""
     real = loads or (lambda f: f)
     stop_on_loss = stop_on_loss and start is not None and start.binding
     steps: list[Step] = []
@@ -283,6 +286,8 @@ async def search(
             if stop_on_loss:
                 return _capped(lo, hi, steps, ceiling)
         elif not (lo is not None and real(f) <= lo.factor) and len(steps) < settings.max_steps:
+            if on_start is not None:
+                on_start(f)
             s = at_start = await at(f)
             if s.held:
                 lo = s if lo is None or s.factor > lo.factor else lo

@@ -173,13 +173,16 @@ async def probe_capacity(
     first_step = step_of(1.0, base, first, judged)
     if voided(first_step, base.subdir):  # the workload's own replay, at its own load
         first_step, _ = await replay_at(1.0)
-    if start is not None:
+
+    def said(_: float) -> None:  # only where the start is replayed: not past a loss below it
+        assert start is not None
         log.info(
             "trial %d: capacity probe at %.3gx the workload's load first%s",
             number,
             start.factor,
             "" if start.binding else " (a prediction: a loss there caps nothing)",
         )
+
     cap = await search(
         probe,
         objective.capacity,
@@ -188,6 +191,7 @@ async def probe_capacity(
         start=start,
         stop_on_loss=stop_on_loss,
         closed=closed,
+        on_start=said,
     )
     if at_incumbent and not at_incumbent[-1].held and not cap.capped and start is not None:
         log.info(

@@ -389,3 +389,19 @@ async def test_a_saturated_closed_loop_stops_once_the_rates_are_within_the_width
     held = max(s.factor for s in cap.steps if s.held)
     failed = min(s.factor for s in cap.steps if not s.held)
     assert len(tried) > 4 and (failed - held) / held <= 0.05 and held <= 4.6 <= failed
+
+
+async def test_the_start_is_announced_only_when_it_is_replayed() -> None:
+    # a prediction above the workload's own load, which already lost: the start is not tried
+    # (the bracket lies below), so nothing may say "capacity probe at 1.8x" (the H100 screen of
+    # 2026-12-05 said it, then replayed 0.5x)
+    told: list[float] = []
+    probe, tried = probe_of(lambda f: 1 - f / 0.8)  # holds below 0.8
+    first = await probe(1.0)
+    await search(probe, CapacityConfig(), first=first, start=Start(1.8, None), on_start=told.append)
+    assert told == [] and 1.8 not in tried
+    # the workload's load held: the start is replayed, and told right before it
+    probe, tried = probe_of(lambda f: 1 - f / 3.0)
+    first = await probe(1.0)
+    await search(probe, CapacityConfig(), first=first, start=Start(1.8, None), on_start=told.append)
+    assert told == [1.8] and tried[1] == 1.8
