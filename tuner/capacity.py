@@ -29,13 +29,12 @@ pruned only once lost and bound (Little's law) to serve no more requests/s than 
 capacity, and a loss ends the search only so or where it served no more in full (below that load
 it serves less); one that served more walks down by narrow steps, each step below pruned alike,
 until one holds (measured) or one loses serving no more than the incumbent (capped: the crossing
-lies below that step's rate). A hold there
-climbs from it, jumping by the margin's extrapolation ``1 / (1 − margin)`` (between
-×(1 + 0.9 ``rel_width``) and :data:`MAX_JUMP`) instead of doubling: wide margins jump further, and
-a narrow one, near its own edge, a little. Before the study has a capacity, a ``study.warm_start``
-study's best capacity is the start as a prediction (``Start.binding`` False,
-:func:`tuner.storage.search_start`): a loss there narrows the bracket below it instead of ending
-the trial. Without ``start`` the search is as above.
+lies below that step's rate). A hold there climbs from it, jumping by the margin's extrapolation
+``1 / (1 − margin)`` (between ×(1 + 0.9 ``rel_width``) and :data:`MAX_JUMP`) instead of
+doubling: wide margins jump further, and a narrow one, near its own edge, a little. Before the
+study has a capacity, a ``study.warm_start`` study's best capacity is the start as a prediction
+(``Start.binding`` False, :func:`tuner.storage.search_start`): a loss there narrows the bracket
+below it instead of ending the trial. Without ``start`` the search is as above.
 
 The load is a factor on the workload's load: its request rate (open loop), its concurrency
 (closed loop, rounded up) or a trace's speed (``time_scale`` divided by the factor). A step
@@ -243,20 +242,19 @@ async def search(
     start: Start | None = None,
     stop_on_loss: bool = False,
     closed: bool = False,
-    on_start: Callable[[float], None] | None = None,
+    on_start: Callable[[float], None] = lambda _: None,
 ) -> Capacity:
-    """Bracket and narrow the load at which the SLOs stop holding (module docstring).
-    ``first``: the workload's own replay at factor 1, if it ran already. ``loads``: the factor a
-    replay asked for at ``f`` really runs at (a closed loop's concurrency is whole); the search
-    ends when no load is left strictly inside the bracket. ``start``: the load to try next (the
-    incumbent's capacity); ``stop_on_loss``: a loss at or below it ends the search, censored
-    above and never above the incumbent's requests/s (only with a ``start`` that is binding).
-    ``closed``: the load is requests in flight (module docstring): a loss there, or at any load
-    below, ends the search only where the step served (or was bound to serve) no more
-    requests/s than the incumbent's capacity; else the crossing lies below, at a rate that may
-    beat it, and the search walks down by narrow steps (as from a ``near`` start).
-    ``on_start``: told the start's load right before it is replayed (not when ``first``
-    already decided it: a loss below it, a hold above it)."""
+    """Bracket and narrow the load at which the SLOs stop holding (module docstring). ``first``: the
+    workload's own replay at factor 1, if it ran already. ``loads``: the factor a replay asked for
+    at ``f`` really runs at (a closed loop's concurrency is whole); the search ends when no load is
+    left strictly inside the bracket. ``start``: the load to try next (the incumbent's capacity;
+    ``on_start`` is told it as it is replayed; not where ``first`` decided it, below a loss or above
+    a hold); ``stop_on_loss``: a loss at or below it ends the search, censored above and never above
+    the incumbent's requests/s (only with a ``start`` that is binding). ``closed``: the load is
+    requests in flight (module docstring): a loss there, or at any load below, ends the search only
+    where the step served (or was bound to serve) no more requests/s than the incumbent's capacity;
+    else the crossing lies below, at a rate that may beat it, and the search walks down by narrow
+    steps (as from a ``near`` start)."""
     real = loads or (lambda f: f)
     stop_on_loss = stop_on_loss and start is not None and start.binding
     steps: list[Step] = []
@@ -286,8 +284,7 @@ async def search(
             if stop_on_loss:
                 return _capped(lo, hi, steps, ceiling)
         elif not (lo is not None and real(f) <= lo.factor) and len(steps) < settings.max_steps:
-            if on_start is not None:
-                on_start(f)
+            on_start(f)
             s = at_start = await at(f)
             if s.held:
                 lo = s if lo is None or s.factor > lo.factor else lo
