@@ -17,9 +17,10 @@ reads it back as the study stands now, and :func:`recommended` names the config 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -30,11 +31,12 @@ from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, TunerCon
 from tuner.quality_guard import note
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.score import KEY_METRICS, capacity_metric
-from tuner.stored_study import ConfirmRecord, baseline_trial
-from tuner.verdict import Arm, Gain, Verdict, decide, gain
+from tuner.stored_study import ConfirmRecord, ConfirmRuns, baseline_trial
+from tuner.verdict import Arm, Gain, Verdict, decide, gain, gain_text
 
 __all__ = [
     "SEARCH_ONLY",
+    "Losers",
     "PICKS",
     "Standing",
     "capacity_start",
@@ -48,6 +50,8 @@ __all__ = [
     "stressed",
     "verdict",
 ]
+
+log = logging.getLogger("tuner")
 
 PICKS = CONFIRM_PICKS
 
@@ -334,6 +338,50 @@ def settled_below(
         return None
     g = gain(mine, base, higher)
     return g if g.high is not None and g.high < 0 else None
+
+
+@dataclass
+class Losers:
+    """``confirm.stop_losers`` over one confirm stage: the picks :func:`settled_below` ended
+    (by trial: the rounds each ran), and the line that says so."""
+
+    cfg: TunerConfig
+    defaults: Candidate | None
+    stored: ConfirmRuns
+    """Servers an earlier run of the stage stored: taken, not skipped."""
+    stopped: dict[int, int] = field(default_factory=dict)
+
+    def skip(
+        self,
+        c: Candidate,
+        rnd: int,
+        runs: Mapping[int, Sequence[tuple[int, int, TrialResult]]],
+        step: str,
+    ) -> bool:
+        """Whether candidate ``c`` runs no round ``rnd`` (``step``: "confirm 8/9" for the log):
+        stopped before, or from the third round on below the defaults beyond the spread."""
+        if c.trial in self.stopped:
+            return True
+        base = self.defaults
+        if not self.cfg.confirm.stop_losers or base is None or c.trial == base.trial or rnd < 3:
+            return False
+        if self.stored.get(c.trial, rnd) is not None:
+            return False
+        below = settled_below(c, runs[c.trial], base, runs[base.trial], self.cfg.objective)
+        if below is None:
+            return False
+        self.stopped[c.trial] = rnd - 1
+        log.info(
+            "%s: round %d, trial %d (%s) not run, nor its later rounds: after %d and %d rounds "
+            "it is below vLLM's defaults beyond the spread between rounds, %s "
+            "(confirm.stop_losers)", step, rnd, c.trial, ", ".join(c.picks), below.n_pick,
+            below.n_base, gain_text(below, self.cfg.objective.objectives[0].metric),
+        )  # fmt: skip
+        return True
+
+    def rounds(self, c: Candidate) -> int:
+        """The rounds candidate ``c`` ran."""
+        return self.stopped.get(c.trial, self.cfg.confirm.rounds)
 
 
 def verdict(

@@ -25,7 +25,7 @@ from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.space import changed_params
 from tuner.startup import run_summary, summary_line
 from tuner.stored_study import pareto_rows
-from tuner.verdict import CONFIDENCE, Gain, Verdict, line, pct
+from tuner.verdict import Verdict, gain_text, line
 
 __all__ = [
     "fmt_metric",
@@ -223,16 +223,6 @@ def print_pareto(study: optuna.Study, cfg: TunerConfig, console: Console) -> Non
         console.print(b)
     else:
         console.print("No feasible trial yet: every trial failed or violated a constraint.")
-
-
-def gain_text(g: Gain | None, metric: str = "") -> str:
-    """``+8.1 % goodput (95 % CI +4.2 … +12.3 %)`` for a :class:`~tuner.verdict.Gain`."""
-    if g is None or g.value is None:
-        return ""
-    ci = ""
-    if g.low is not None and g.high is not None:
-        ci = f" ({CONFIDENCE * 100:.0f} % CI {pct(g.low)} … {pct(g.high)} %)"
-    return f"{pct(g.value)} %{' ' + metric if metric else ''}{ci}"
 
 
 def _rounds_held(r: ConfirmResult) -> tuple[int, int]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -33,15 +32,8 @@ from tuner import __version__, aio, screen, stored_trial
 from tuner.artifacts import trial_dir
 from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
-from tuner.confirm import capacity_start, conclude, judge, pick, settled_below, stressed
-from tuner.console import (
-    gain_text,
-    hms,
-    live_best,
-    parent_summary,
-    print_summary,
-    progress_line,
-)
+from tuner.confirm import Losers, capacity_start, conclude, judge, pick, stressed
+from tuner.console import hms, live_best, parent_summary, print_summary, progress_line
 from tuner.engine.argv import cache_root, check_command, fixed_note, mask, params_key, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, on_cores
 from tuner.grid import grid_left
@@ -75,7 +67,6 @@ from tuner.stores import check_tracking, hide_url, quick_tracking_retries
 from tuner.study_lock import prepare_lock
 from tuner.tracking import WORKER, NullTracker, Tracker, open_tracker
 from tuner.trial import TrialContext, run_server, run_trial
-from tuner.verdict import Gain
 from tuner.workload import build_requests
 
 __all__ = ["StudyOutcome", "run"]
@@ -350,22 +341,11 @@ async def _confirm(
     if (intro := guard.intro()) is not None:
         log.info(intro)
     step = 0
-    base = next((c for c in candidates if c.baseline), None)
-    stopped: dict[int, int] = {}  # a pick measured below the defaults: the rounds it ran
+    losers = Losers(cfg, next((c for c in candidates if c.baseline), None), stored)
     for rnd in range(1, cc.rounds + 1):  # within a round the order is free: warm keys first
         for c in warm_first(candidates, lambda c: params_key(cfg, c.params, c.baseline), root):
             step += 1
-            if c.trial in stopped:
-                continue
-            if (below := _below(c, base, runs, cfg, rnd, stored)) is not None:
-                stopped[c.trial] = rnd - 1
-                log.info(
-                    "confirm %d/%d: round %d, trial %d (%s) not run, nor its later rounds: after "
-                    "%d and %d rounds it is below vLLM's defaults beyond the spread between "
-                    "rounds, %s (confirm.stop_losers)", step, len(candidates) * cc.rounds, rnd,
-                    c.trial, ", ".join(c.picks), below.n_pick, below.n_base,
-                    gain_text(below, cfg.objective.objectives[0].metric),
-                )  # fmt: skip
+            if losers.skip(c, rnd, runs, f"confirm {step}/{len(candidates) * cc.rounds}"):
                 continue
             after = guard.hook(c, rnd)  # the eval replay, if this pick is judged on quality
             kept = None if after is not None else stored.get(c.trial, rnd)
@@ -388,30 +368,11 @@ async def _confirm(
                 log.info("confirm: trial %d failed in round %d: %s", c.trial, rnd, failed)
     out = []
     for c in candidates:
-        ran = stopped.get(c.trial, cc.rounds)
-        judged = guard.judge(judge(c, runs[c.trial], cfg.objective), c, ran)
+        judged = guard.judge(judge(c, runs[c.trial], cfg.objective), c, losers.rounds(c))
         held = "holds" if judged.passed else f"DEMOTED: {judged.reason}"
         log.info("confirm: trial %d %s", c.trial, held)
         out.append(judged)
     return out
-
-
-def _below(
-    c: Candidate,
-    base: Candidate | None,
-    runs: Mapping[int, list[tuple[int, int, TrialResult]]],
-    cfg: TunerConfig,
-    rnd: int,
-    stored: ConfirmRuns,
-) -> Gain | None:
-    """Candidate ``c``'s gain before its round ``rnd`` when ``confirm.stop_losers`` ends its
-    rounds there (:func:`tuner.confirm.settled_below`); None to run it. A server an earlier run of
-    the stage stored is taken, not skipped."""
-    if not cfg.confirm.stop_losers or base is None or c.trial == base.trial or rnd < 3:
-        return None
-    if stored.get(c.trial, rnd) is not None:
-        return None
-    return settled_below(c, runs[c.trial], base, runs[base.trial], cfg.objective)
 
 
 def _after_search(

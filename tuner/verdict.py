@@ -43,6 +43,7 @@ __all__ = [
     "decide",
     "gain",
     "gain_of_one",
+    "gain_text",
     "line",
     "pct",
 ]
@@ -287,6 +288,14 @@ def _interval(g: Gain) -> str:
     if g.low is None or g.high is None:
         return ""
     return f"{CONFIDENCE * 100:.0f} % CI {pct(g.low)} … {pct(g.high)} %"
+
+
+def gain_text(g: Gain | None, metric: str = "") -> str:
+    """``+8.1 % goodput (95 % CI +4.2 … +12.3 %)`` for a :class:`Gain`."""
+    if g is None or g.value is None:
+        return ""
+    ci = _interval(g)
+    return f"{pct(g.value)} %{' ' + metric if metric else ''}{f' ({ci})' if ci else ''}"
 
 
 def _rounds(g: Gain) -> str:
