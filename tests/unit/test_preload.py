@@ -72,8 +72,8 @@ def test_the_dry_run_says_what_the_zygote_runs_or_why_it_cannot(make_cfg, tmp_pa
         print_plan(make_cfg("+workload=chat", *overrides), Console(file=buf, width=400))
         return buf.getvalue()
 
-    assert "engine.preload" not in plan()
-    sim = plan("engine.preload=true")
+    assert "engine.preload" not in plan("engine.preload=false")
+    sim = plan()  # the simulator forks by default, as engine=vllm does
     assert f"each server forked from one {sys.executable} that imported -m tuner.sim" in sim
     wrapper = _script(tmp_path / "serve", '#!/bin/sh\nexec vllm serve "$@"\n')
     out = plan("engine=vllm", "engine.preload=true", f"engine.command=[{wrapper}]")
@@ -84,14 +84,15 @@ def test_vllm_forks_by_default_and_the_startup_benchmarks_plain_launch_does_not(
     make_cfg, tmp_path: Path
 ) -> None:
     """engine=vllm forks each server from the zygote and vLLM forks its EngineCore (measured on
-    the H200, docs/gpu-runs/2026-12-05-capacity-study-fork.md); the simulator and a plain
-    `vllm serve` launch do neither, and benchmarks/startup.py's ``plain`` stays that launch."""
+    the H200, docs/gpu-runs/2026-12-05-capacity-study-fork.md), and so does the simulator's
+    launch (no EngineCore of its own); a plain `vllm serve` launch does neither, and
+    benchmarks/startup.py's ``plain`` stays that launch."""
     from helpers.benchmarks import load_benchmark
 
     vllm = make_cfg("+workload=chat", "engine=vllm")
     assert vllm.engine.preload and vllm.engine.env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
     sim = make_cfg("+workload=chat")
-    assert not sim.engine.preload and "VLLM_WORKER_MULTIPROC_METHOD" not in sim.engine.env
+    assert sim.engine.preload and "VLLM_WORKER_MULTIPROC_METHOD" not in sim.engine.env
     off = make_cfg(
         "+workload=chat",
         "engine=vllm",
