@@ -30,6 +30,7 @@ CHILD = [sys.executable, "-m", "helpers.zygote_child"]
 
 @pytest.fixture(autouse=True)
 def _no_zygote_left() -> object:
+    preload.stop_all()  # an in-process study of another module forked the simulator (its default)
     yield
     preload.stop_all()
 

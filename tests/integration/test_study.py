@@ -609,9 +609,11 @@ def test_kill_9_then_the_same_command_recovers(tmp_path: Path) -> None:
     stops the server it left, marks the trial failed in Optuna and MLflow, and goes on."""
     mark = f"TUNER_TEST_MARK={uuid.uuid4().hex}"
     env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
-    # FAST's objective (throughput) for both runs: the same command, the same study
+    # FAST's objective (throughput) for both runs: the same command, the same study; servers
+    # started as processes, which outlive the tuner (a forked one does not:
+    # test_preload.py's test_kill_9_of_a_preloading_tuner_leaves_no_server_and_the_next_run_recovers)
     args = ["+workload=chat", "study.n_trials=1", "engine.env.TUNER_SIM_SPEEDUP=1"]
-    args += ["objective=throughput"]
+    args += ["objective=throughput", "engine.preload=false"]
     kill_9_once_serving(tmp_path, [*args, "workload.num_requests=400"], env)
     time.sleep(0.3)
     left = marked_pids(mark)
