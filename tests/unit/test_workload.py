@@ -17,6 +17,7 @@ from PIL import Image
 from tuner.config import ArrivalConfig, DistConfig, ImageConfig, WorkloadConfig
 from tuner.errors import ConfigError
 from tuner.workload import (
+    TokenCorpus,
     arrival_gaps,
     arrival_times,
     build_requests,
@@ -135,6 +136,51 @@ def test_token_corpus_windows_exact() -> None:
         text = corpus.text(n, rng)
         assert abs(count(text) - n) <= n // 100
     assert corpus.text(0, rng) == ""
+
+
+def test_token_corpus_fits_a_batch_as_one_window_at_a_time() -> None:
+    """``texts`` fits all its windows in batches (one encode per round for all of them); each
+    window is the one ``text`` cuts from the same offset, token-exact, and a fit is cached."""
+    corpus = token_corpus(MODEL, CORPUS)
+    rng = np.random.default_rng(11)
+    slots = [(corpus.offset(rng), int(n)) for n in rng.integers(1, 900, size=60)] + [(5, 0)]
+    batch = corpus.texts(slots)
+    assert batch[-1] == ""
+    with gzip.open(CORPUS, "rt", encoding="utf-8") as f:
+        alone = TokenCorpus(corpus.tokenizer, f.read())
+    for (offset, n), text in zip(slots[:-1], batch, strict=False):
+        assert abs(count(text) - n) <= n // 100
+        assert alone.texts([(offset, n)]) == [text]  # no cache: fitted by itself
+    assert all(count(t) == n for (_, n), t in zip(slots, batch, strict=True))
+    # at one offset each, the length correction makes more windows exact (224 and 277 of 300
+    # with 1 and 8 attempts when written)
+    exact = [
+        sum(count(corpus.texts([(o, n)], attempts=k, offsets=1)[0]) == n for o, n in slots[:-1])
+        for k in (1, 8)
+    ]
+    assert exact[1] > exact[0]
+
+
+def test_segment_counts_match_encoding_each_text_alone() -> None:
+    """The batched prompt counts of build_requests equal encoding each prompt by itself, pieces
+    cached or not (a chat prompt split at the template's specials)."""
+    from tuner.workload.prompts import SegmentEncoder
+
+    tok = load_tokenizer(MODEL)
+    corpus = token_corpus(MODEL, CORPUS)
+    rng = np.random.default_rng(3)
+    parts = corpus.texts([(corpus.offset(rng), 50) for _ in range(6)])
+    prompts = [
+        f"<|im_start|>system\n{parts[0]}<|im_end|>\n<|im_start|>user\n{p}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+        for p in parts[1:]
+    ] + ["no specials at all", ""]
+    want = [len(tok.encode(p, add_special_tokens=False).ids) for p in prompts]
+    seg = SegmentEncoder(tok, max_entries=4)  # smaller than the pieces: the cache is cleared
+    assert seg.split is not None
+    assert seg.counts(prompts) == want
+    assert seg.counts(prompts[::-1]) == want[::-1]  # cached pieces count the same
+    assert [len(seg.encode(p)) for p in prompts] == want
 
 
 def test_chat_system_prompt_shared() -> None:

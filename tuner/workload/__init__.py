@@ -167,6 +167,20 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
         around = overhead(template, tokenizer, system)
         in_lens = [max(1, n - around) for n in in_lens]
 
+    def last_in_conv(i: int) -> bool:
+        warm = i < n_warm
+        turn = (i if warm else i - n_warm) % turns  # as request_mix numbers them
+        return turn == turns - 1 or i == total - 1 or (warm and i == n_warm - 1)
+
+    # every text's window first (one offset drawn each, in stream order: a request's text, then
+    # the reply its next turn carries), then all of them cut from the corpus in batches
+    slots: list[tuple[int, int]] = []
+    for i in range(total):
+        slots.append((corpus.offset(r_text), in_lens[i]))
+        if not last_in_conv(i):
+            slots.append((corpus.offset(r_text), out_lens[i]))
+    texts = iter(corpus.texts(slots))
+
     specs: list[RequestSpec] = []
     to_count: list[str] = []  # per spec: the text the server tokenises
     history: list[tuple[Any, str, int, str]] = []  # (user content, user text, image tokens, reply)
@@ -175,7 +189,7 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
         turn = (i if warm else i - n_warm) % turns  # as request_mix numbers them
         if turn == 0:
             history = []
-        user_text = corpus.text(in_lens[i], r_text)
+        user_text = next(texts)
         content: Any = user_text
         n_images = img_tokens = 0
         if w.images is not None:
@@ -241,16 +255,14 @@ def build_requests(w: WorkloadConfig, model_dir: Path) -> list[RequestSpec]:
                 images=images_in_body,
             )
         )
-        last_in_conv = turn == turns - 1 or i == total - 1 or (warm and i == n_warm - 1)
-        if not last_in_conv:
-            history.append((content, user_text, img_tokens, corpus.text(max_tokens, r_text)))
+        if not last_in_conv(i):
+            history.append((content, user_text, img_tokens, next(texts)))
 
     # count the server's tokens: a chat prompt (its template adds its own specials) piece by
     # piece between the specials, each piece once (turns repeat the system prompt and earlier
     # turns); completions prompts in one parallel batch
     if template is not None:
-        seg = segment_encoder(tokenizer)
-        counts = [len(seg.encode(text)) for text in to_count]
+        counts = segment_encoder(tokenizer).counts(to_count)
     else:
         encoded = tokenizer.encode_batch(to_count, add_special_tokens=True)
         counts = [len(e.ids) for e in encoded]
