@@ -301,28 +301,43 @@ async def test_a_near_start_that_fails_steps_down_not_far_below() -> None:
     assert tried[2] == pytest.approx(2.205) and len(tried) >= 6  # the middle of 1 and 3.41
 
 
+async def test_a_crossing_two_narrow_steps_away_closes_without_a_bisection() -> None:
+    # confirm servers of the quick start 2026-12-05 whose crossing lay 4.5-9 % from their start:
+    # 3.69 and 3.86 held, 4.22 (x1.092) and 4.05 failed, 5 replays; a second narrow step, 4.03,
+    # closes the bracket at its failure: 4
+    tried, cap = await _near(4.0, 3.69)
+    assert tried == pytest.approx([1.0, 3.69, 3.69 * 1.045, 3.69 * 1.045**2])
+    assert (cap.high - cap.low) / cap.low <= 0.05 and cap.low <= 40.0 <= cap.high
+    # and down: 3.91 and 3.75 failed, 3.43 and 3.59 held; now 3.91, 3.75, 3.59
+    tried, cap = await _near(3.6, 3.91)
+    assert tried == pytest.approx([1.0, 3.91, 3.91 / 1.045, 3.91 / 1.045**2])
+    assert (cap.high - cap.low) / cap.low <= 0.05
+
+
 async def test_a_near_start_widens_its_steps_then_narrows() -> None:
     # the quick start's pick whose search capacity read 12 % high (76.2 req/s, 67.8 on its
     # confirm server): 3.98 failed, 3.81 and 3.65 too, then the narrowing from the stressed load
-    # (2.32, 2.99, 3.32, 3.48): 8 replays. Each step twice the last: 3.98 / 1.045 / 1.092 = 3.49
-    # holds, and one bisection closes it
+    # (2.32, 2.99, 3.32, 3.48): 8 replays. Two narrow steps, then each twice the last:
+    # 3.98 / 1.045 / 1.045 / 1.092 = 3.34 holds, and one bisection closes it
     tried, cap = await _near(3.5, 3.98)
-    assert tried[:4] == pytest.approx([1.0, 3.98, 3.98 / 1.045, 3.98 / 1.045**3])
-    assert len(tried) <= 5
+    assert tried[:5] == pytest.approx([1.0, 3.98, 3.98 / 1.045, 3.98 / 1.045**2, 3.98 / 1.045**4])
+    assert len(tried) <= 6
     assert (cap.high - cap.low) / cap.low <= 0.05 and cap.low <= 35.0 <= cap.high
 
 
 async def test_a_capacity_far_from_a_near_start_is_bracketed_as_usual() -> None:
-    # 3 steps down still fail (x1.36 below: a pick whose search capacity was an estimate): from
+    # 4 steps down still fail (x1.42 below: a pick whose search capacity was an estimate): from
     # there it narrows between the stressed load and the last failure, to the same width
     tried, cap = await _near(2.0, 3.0)
-    assert tried[:5] == pytest.approx([1.0, 3.0, 3.0 / 1.045, 3.0 / 1.045**3, 3.0 / 1.045**7])
+    want = [1.0, 3.0, 3.0 / 1.045, 3.0 / 1.045**2, 3.0 / 1.045**4, 3.0 / 1.045**8]
+    assert tried[:6] == pytest.approx(want)
     held = max(s.factor for s in cap.steps if s.held)
     failed = min(s.factor for s in cap.steps if not s.held)
     assert (failed - held) / held <= 0.05 and held <= 2.0 <= failed
-    # and up: 3 climbs that hold, then the margin's jump
+    # and up: 4 climbs that hold, then the margin's jump
     tried, cap = await _near(5.0, 3.0)
-    assert tried[:5] == pytest.approx([1.0, 3.0, 3.0 * 1.045, 3.0 * 1.045**3, 3.0 * 1.045**7])
+    want = [1.0, 3.0, 3.0 * 1.045, 3.0 * 1.045**2, 3.0 * 1.045**4, 3.0 * 1.045**8]
+    assert tried[:6] == pytest.approx(want)
     assert cap.low <= 50.0 <= cap.high
 
 
