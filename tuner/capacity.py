@@ -253,7 +253,8 @@ async def search(
     requests in flight (module docstring): a loss there, or at any load below, ends the search only
     where the step served (or was bound to serve) no more requests/s than the incumbent's capacity;
     else the crossing lies below, at a rate that may beat it, and the search walks down by narrow
-    steps (as from a ``near`` start)."""
+    steps (as from a ``near`` start); one that holds there walks up so (its margin does not say
+    how far: docs/design.md)."""
     real = loads or (lambda f: f)
     stop_on_loss = stop_on_loss and start is not None and start.binding
     steps: list[Step] = []
@@ -285,12 +286,12 @@ async def search(
         elif not (lo is not None and real(f) <= lo.factor) and len(steps) < settings.max_steps:
             on_start(f)
             s = at_start = await at(f)
+            near = near or (stop_on_loss and closed)  # a closed loop's crossing: near (docs)
             if s.held:
                 lo = s if lo is None or s.factor > lo.factor else lo
             else:
                 if cannot_beat(s):
                     return _capped(lo, s, steps, ceiling)
-                near = near or stop_on_loss  # lost, yet served more: the crossing is near
                 hi = s if hi is None or s.factor < hi.factor else hi
                 if lo is not None and lo.factor > s.factor:
                     lo = None

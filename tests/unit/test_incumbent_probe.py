@@ -179,6 +179,27 @@ async def test_a_hold_at_the_incumbent_climbs_from_there() -> None:
     assert not cap.capped and cap.rps == pytest.approx(90.0, rel=0.02)
 
 
+async def test_a_closed_loop_that_holds_at_the_incumbent_climbs_by_narrow_steps() -> None:
+    # quick starts of 2026-12-05: a trial held at the incumbent's 7.20x with a margin of 0.13 (its
+    # TTFT well under the SLO: a closed loop's margin is flat until it saturates), jumped by it
+    # to 8.32x, failed, and narrowed through 7.77x and 7.50x: 5 replays for a crossing 4 % up.
+    # By narrow steps: 7.20x held, 7.52x failed, closed: 3
+    def margin(f: float) -> float:
+        return 0.134 if f <= 7.45 else -0.2
+
+    probe, tried = probe_of(margin)
+    first = Step(1.0, 10.0, 0.8, True)
+    cap = await search(
+        probe, SETTINGS, first, start=Start(7.20, 70.6), stop_on_loss=True, closed=True
+    )
+    assert tried == pytest.approx([7.20, 7.20 * narrow_climb(SETTINGS.rel_width)])
+    assert not cap.capped and 7.20 <= cap.low / 10.0 <= 7.45 <= cap.high / 10.0
+    # an open loop's margin still says how far: the same hold jumps by it (x1.15)
+    probe, tried = probe_of(margin)
+    await search(probe, SETTINGS, first, start=Start(7.20, 70.6), stop_on_loss=True)
+    assert tried[1] == pytest.approx(7.20 / (1 - 0.134))
+
+
 async def test_a_wide_margin_jumps_further_than_doubling() -> None:
     def margin(f: float) -> float:
         return 1 - f / 40.0  # at the incumbent's load 2: margin 0.95
