@@ -304,11 +304,11 @@ def print_confirm(
 
 
 def _stopped(n_rounds: int, decided: Verdict | None) -> str:
-    """Why a candidate ran fewer rounds than the stage: it was measured below the defaults
-    (``confirm.stop_losers``, :func:`tuner.confirm.settled_below`)."""
+    """Why a candidate ran fewer rounds than the stage: its gain settled below
+    ``confirm.min_effect``, or every pick had (the defaults) (:class:`tuner.confirm.Losers`)."""
     if decided is None or n_rounds >= decided.rounds:
         return ""
-    return f"below the defaults after {n_rounds} rounds: no more (confirm.stop_losers)"
+    return f"settled after {n_rounds} rounds: no more (confirm.stop_losers)"
 
 
 def _fmt_value(name: str, v: float) -> str:

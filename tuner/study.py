@@ -321,8 +321,8 @@ async def _confirm(
     after an interruption runs only the servers not stored (those with an eval replay again). A
     candidate that changes numerics, and the defaults, replay the eval set on each server after
     its stress replays (:mod:`tuner.quality_guard`), and are judged on it too. With
-    ``confirm.stop_losers``, from the third round on a pick measured below the defaults beyond
-    the spread between rounds (:func:`tuner.confirm.settled_below`) runs no more rounds."""
+    ``confirm.stop_losers``, from the third round on a pick settled below ``confirm.min_effect``
+    (:class:`tuner.confirm.Losers`) runs no more rounds, nor the defaults once every pick has."""
     cfg, root = ctx.cfg, ctx.cache_root
     cc = cfg.confirm
     replays = []
@@ -341,7 +341,7 @@ async def _confirm(
     if (intro := guard.intro()) is not None:
         log.info(intro)
     step = 0
-    losers = Losers(cfg, next((c for c in candidates if c.baseline), None), stored)
+    losers = Losers(cfg, candidates, stored)
     for rnd in range(1, cc.rounds + 1):  # within a round the order is free: warm keys first
         for c in warm_first(candidates, lambda c: params_key(cfg, c.params, c.baseline), root):
             step += 1

@@ -1,8 +1,9 @@
-"""``confirm.stop_losers``: from the third round on, a pick measured below vLLM's defaults beyond
-the spread between rounds runs no more rounds; the defaults and every other pick run them all.
-The confirm loop of :mod:`tuner.study` with three candidates and ``run_server`` replaced by one
-that returns the verdict's metric per server: one pick reads half the defaults' value, the other
-about the same (1 % apart by round)."""
+"""``confirm.stop_losers``: from the third round on, a pick whose gain over vLLM's defaults
+settled below ``confirm.min_effect`` (beyond the spread between rounds) runs no more rounds; the
+defaults run them all unless every pick stopped. The confirm loop of :mod:`tuner.study` with
+three candidates and ``run_server`` replaced by one that returns the verdict's metric per
+server: one pick reads half the defaults' value, the other +6 % then -4 % (an interval that
+still reaches +3 %), or the same as the defaults (one that does not)."""
 
 from __future__ import annotations
 
@@ -30,15 +31,19 @@ CANDIDATES = [
 
 
 def _confirm(
-    cfg: TunerConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cfg: TunerConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tie: bool = False
 ) -> tuple[list[int], list[Any]]:
     metric = cfg.objective.objectives[0].metric
     started: list[int] = []
 
     async def fake_run_server(ctx: Any, trial: int, *args: Any, **kwargs: Any) -> list[Any]:
         started.append(trial)
-        value = 1000.0 + 10.0 * started.count(trial)
-        value = value / 2 if trial == LOSER else value
+        k = started.count(trial)
+        value = 1000.0 + (1.0 if tie else 10.0) * k
+        if trial == LOSER:
+            value /= 2
+        elif trial == TIE and not tie:  # +6 % then -4 %: its interval still reaches +3 %
+            value *= {1: 1.06, 2: 0.96}.get(k, 1.0)
         return [TrialResult(trial, {}, (), (value,), {}, {metric: value}, launched=True)]
 
     monkeypatch.setattr(study_mod, "run_server", fake_run_server)
@@ -85,6 +90,30 @@ def test_a_pick_below_the_defaults_after_two_rounds_runs_no_third(
     console = Console(record=True, width=300)
     print_confirm(results, CANDIDATES, None, tmp_path, console, ["throughput"], decided)
     table = console.export_text()
-    assert ("below the defaults after 2 rounds: no more (confirm.stop_losers)" in table) is stop
+    assert ("settled after 2 rounds: no more (confirm.stop_losers)" in table) is stop
     loser_row = next(line for line in table.splitlines() if line.startswith(f"│ {LOSER} "))
     assert ("2/2" if stop else "3/3") in loser_row
+
+
+def test_a_tie_stops_too_and_then_the_defaults(
+    make_cfg: Callable[..., TunerConfig],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pick level with the defaults round for round (0.1 % apart by round: an interval of
+    ±0.3 %) cannot reach confirm.min_effect (+3 %): after 2 rounds it stops as the loser does,
+    and with no pick left the defaults stop too."""
+    cfg = make_cfg("+workload=chat", "objective=throughput", "confirm.rounds=3")
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        started, results = _confirm(cfg, tmp_path, monkeypatch, tie=True)
+    assert started.count(LOSER) == started.count(TIE) == started.count(BASE) == 2
+    lines = [r.getMessage() for r in caplog.records if "not run, nor its" in r.getMessage()]
+    assert any(
+        f"trial {TIE} (latency)" in m and "short of confirm.min_effect (+3%)" in m for m in lines
+    )
+    assert any(f"trial {BASE} (baseline)" in m and "every pick has stopped" in m for m in lines)
+    from tuner.confirm import verdict
+
+    decided = verdict(results, CANDIDATES, cfg.objective, cfg.confirm.min_effect, 3)
+    assert decided.recommended == BASE  # no gain claimed: keep the defaults
