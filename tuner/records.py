@@ -189,6 +189,10 @@ class TrialResult:
     """The GPUs the trial leased (``CUDA_VISIBLE_DEVICES``); empty if it was not launched."""
     started_at: float = 0.0
     """Wall-clock (epoch) seconds when the trial started; ``duration_s`` later it ended."""
+    machine: str | None = None
+    """The leased GPUs' NVML UUIDs, comma-joined: which cards measured it (the lever screen
+    compares servers of one machine, :func:`tuner.verdict.gain_in_blocks`); None without NVML
+    (the simulator)."""
 
     @property
     def ok(self) -> bool:

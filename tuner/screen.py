@@ -16,6 +16,10 @@ shows it, and the same command runs it again with what was not run yet.
 
 :func:`rows` reads the stored trials back as one :class:`LeverRow` per lever: its capacity change
 against the defaults with a 95 % interval (:func:`change`) and a verdict word (:func:`word`).
+A screen continued on another machine (``screen.servers`` raised, or a study carried from one
+GPU machine to the next) compares each lever server with the defaults of its own machine: two
+H100s read vLLM's defaults 56-62 and 66-68 req/s, and pooled, two levers measured on the faster
+one read +8 and +9 % where they were -1.6 and -0.8 % beside its own defaults.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from tuner.quality_guard import screen_quality
 from tuner.score import needs_capacity
 from tuner.space import defaults, disable_real_weights
 from tuner.stored_study import screen_levers, store_screen
-from tuner.verdict import Gain, gain, gain_of_one
+from tuner.verdict import Gain, gain, gain_in_blocks, gain_of_one
 from tuner.vllm_rules import numerics_changes
 
 __all__ = [
@@ -174,6 +178,10 @@ class LeverRow:
     """Its point change is at least ``screen.follow_up``, measured on fewer than
     :data:`FOLLOW_UP_SERVERS` servers (or ``screen.servers`` where more are asked): worth the
     follow-up."""
+    machines: int = 1
+    """How many machines the screen's measured servers ran on (:func:`tuner.stored_trial.machine`;
+    trials without a record count as one): on more than one, each lever server is compared with
+    the defaults of its own machine (:func:`change`)."""
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -181,14 +189,31 @@ class LeverRow:
         return out
 
 
-def change(values: Sequence[float], base: Sequence[float], floor: float) -> Gain:
-    """The lever's capacity change over the defaults: with 2 servers or more on each side,
-    :func:`tuner.verdict.gain` (Welch's t on the log values, the confirm stage's rule); with one
-    lever server, :func:`tuner.verdict.gain_of_one` (the interval from the defaults' spread, at
-    least ``floor``)."""
-    if len(values) == 1:
-        return gain_of_one(values[0], base, higher=True, floor=floor)
-    return gain(values, base, higher=True)
+Measured = Sequence[tuple[str | None, float]]
+"""Capacities, each with the machine that measured it (:func:`tuner.stored_trial.machine`)."""
+
+
+def change(
+    values: Sequence[float] | Measured, base: Sequence[float] | Measured, floor: float
+) -> Gain:
+    """The lever's capacity change over the defaults. Where the lever's and the defaults'
+    servers ran on more than one machine (values given as ``(machine, capacity)``), each lever
+    server against the defaults of its machine (:func:`tuner.verdict.gain_in_blocks`). On one
+    machine: with 2 servers or more on each side, :func:`tuner.verdict.gain` (Welch's t on the
+    log values, the confirm stage's rule); with one lever server,
+    :func:`tuner.verdict.gain_of_one` (the interval from the defaults' spread, at least
+    ``floor``)."""
+    pick, ref = _measured(values), _measured(base)
+    if len({m for m, _ in [*pick, *ref]}) > 1:
+        return gain_in_blocks(pick, ref, higher=True, floor=floor)
+    caps, base_caps = [c for _, c in pick], [c for _, c in ref]
+    if len(caps) == 1:
+        return gain_of_one(caps[0], base_caps, higher=True, floor=floor)
+    return gain(caps, base_caps, higher=True)
+
+
+def _measured(values: Sequence[float] | Measured) -> list[tuple[str | None, float]]:
+    return [v if isinstance(v, tuple) else (None, float(v)) for v in values]
 
 
 def word(g: Gain, failed: bool = False, zero: bool = False) -> str:
@@ -231,20 +256,32 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
         arm = stored_trial.screen_arm(t)
         if arm is not None and t.state != optuna.trial.TrialState.WAITING:
             by_arm.setdefault(arm, []).append(t)
-    base = tuple(c for t in by_arm.get(DEFAULTS, []) if (c := _capacity(t)) is not None)
+    measured = [
+        (stored_trial.machine(t), c)
+        for t in by_arm.get(DEFAULTS, [])
+        if (c := _capacity(t)) is not None
+    ]
+    base = tuple(c for _, c in measured)
+    machines = {
+        stored_trial.machine(t)
+        for trials in by_arm.values()
+        for t in trials
+        if _capacity(t) is not None
+    }
     floor = math.log1p(cfg.objective.capacity.rel_width) / math.sqrt(12)
     out = []
     for name in order:
         d = described[name]
         trials = by_arm.get(name, [])
-        caps = tuple(c for t in trials if (c := _capacity(t)) is not None)
+        mine = [(stored_trial.machine(t), c) for t in trials if (c := _capacity(t)) is not None]
+        caps = tuple(c for _, c in mine)
         failures = tuple(
             stored_trial.failure_reason(t) or t.state.name.lower()
             for t in trials
             if _capacity(t) is None
         )
         g = (
-            change(caps, base, floor)
+            change(mine, measured, floor)
             if caps
             else Gain(None, n_base=len(base), why="no server measured it")
         )
@@ -281,6 +318,7 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
                 g.value is not None
                 and g.value >= cfg.screen.follow_up
                 and len(caps) < max(FOLLOW_UP_SERVERS, cfg.screen.servers),
+                len(machines) or 1,
             )
         )
     return out

@@ -55,9 +55,12 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     """One line per lever: flag, capacity change, its interval, servers, verdict word."""
     base = rows[0].base if rows else ()
     shown = ", ".join(f"{c:.3g}" for c in base) or "none measured"
+    machines = rows[0].machines if rows else 1
     table = Table(
         title=f"Lever screen: SLO capacity vs vLLM's defaults ({shown} req/s on "
-        f"{len(base)} server{'s' if len(base) != 1 else ''})"
+        f"{len(base)} server{'s' if len(base) != 1 else ''}"
+        + (f", {machines} machines" if machines > 1 else "")
+        + ")"
     )
     for col in ("lever", "flag", "capacity req/s", "change", f"{CONFIDENCE:.0%} interval"):
         table.add_column(col)
@@ -72,14 +75,22 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
             caps or "-",
             "-" if r.change.value is None else f"{pct(r.change.value)} %",
             _interval(r),
-            f"{len(r.capacities)}/{len(r.base)}",
+            f"{len(r.capacities)}/{r.change.n_base}",
             verdict,
         )
     console.print(table)
     console.print(
         "* changes numerics (fp8 weights or KV, speculative decoding). servers: the lever's / "
-        "the defaults'. With one lever server the interval assumes the defaults' spread between "
-        "servers (tuner.verdict.gain_of_one); with more, Welch's t on both (tuner.verdict.gain)."
+        "the defaults' it is compared with. With one lever server the interval assumes the "
+        "defaults' spread between servers (tuner.verdict.gain_of_one); with more, Welch's t on "
+        "both (tuner.verdict.gain)."
+        + (
+            f" The servers ran on {machines} machines: each lever server is compared with the "
+            "defaults of its own machine, the spread taken within machines "
+            "(tuner.verdict.gain_in_blocks)."
+            if machines > 1
+            else ""
+        )
     )
 
 

@@ -24,7 +24,8 @@ What a told trial holds:
 - **user attributes**: ``constraint_names``, ``metrics`` (every metric of :mod:`tuner.score`
   and telemetry), ``failure_reason`` / ``failure_detail``, ``predicted_kv_tokens``, ``launched``,
   ``server_s``, ``pruned``, ``gpus``, ``argv`` (masked), ``serve_args`` (argv after the engine
-  command), ``trial_dir``, and after a launch ``kv_cache_tokens``, ``startup_s``,
+  command), ``trial_dir``, ``machine`` (the leased GPUs' NVML UUIDs; absent without NVML), and
+  after a launch ``kv_cache_tokens``, ``startup_s``,
   ``engine_version``, and ``changes_numerics`` (the searched params that can change the model's
   numerics, :func:`tuner.space.numerics_params`, as ``name=value``; absent when none); set
   when it was asked or enqueued: ``worker`` (``host:pid``), ``baseline`` (vLLM's defaults),
@@ -62,6 +63,7 @@ __all__ = [
     "feasible",
     "gpu_count",
     "is_baseline",
+    "machine",
     "mark_interrupted",
     "mark_tuner_error",
     "mark_worker",
@@ -103,6 +105,7 @@ Stored = optuna.trial.FrozenTrial | optuna.Trial
 
 
 _NUMERICS = "changes_numerics"
+_MACHINE = "machine"
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -129,6 +132,8 @@ def tell(
         "serve_args": list(result.argv[len(command_prefix(cfg.engine)) :]),
         "trial_dir": str(tdir.resolve()),
     }
+    if result.machine is not None:
+        attrs[_MACHINE] = result.machine
     numerics = numerics_of(cfg, result)
     if numerics:
         attrs[_NUMERICS] = numerics
@@ -295,6 +300,13 @@ def gpu_count(t: Stored) -> int | None:
 
 def worker(t: Stored) -> str:
     return str(t.user_attrs.get("worker", ""))
+
+
+def machine(t: Stored) -> str | None:
+    """Which GPUs measured the trial (their NVML UUIDs), or None where it was not recorded (the
+    simulator, a trial stored before 2026-12-06): such trials count as one machine."""
+    m = t.user_attrs.get(_MACHINE)
+    return None if m is None else str(m)
 
 
 def numerics_of(cfg: TunerConfig, result: TrialResult) -> list[str]:

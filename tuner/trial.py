@@ -56,7 +56,7 @@ from tuner.recovery import LEASE_ENV, Lease, lease_dir
 from tuner.score import constraints, mean_result, needs_capacity, objective_values, summarize
 from tuner.space import changed_params, resolved
 from tuner.startup import ready_note
-from tuner.telemetry.gpu import GpuMemory
+from tuner.telemetry.gpu import GpuMemory, machine_of
 
 __all__ = [
     "LAUNCH_ATTEMPTS",
@@ -208,6 +208,7 @@ class ServerRun:
             pruned=pruned,
             gpus=tuple(self.gpus),
             started_at=self.started_at,
+            machine=machine_of(self.gpu_before),
             duration_s=(
                 duration_s if duration_s is not None else round(time.monotonic() - self.t0, 3)
             ),

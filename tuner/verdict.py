@@ -42,6 +42,7 @@ __all__ = [
     "Verdict",
     "decide",
     "gain",
+    "gain_in_blocks",
     "gain_of_one",
     "gain_text",
     "line",
@@ -157,6 +158,70 @@ def gain_of_one(
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd * math.sqrt(1 + 1 / n)
     d = sign * (lv[0] - mean)
     return Gain(point, math.exp(d - half) - 1.0, math.exp(d + half) - 1.0, 1, n)
+
+
+def gain_in_blocks(
+    pick: Sequence[tuple[str | None, float]],
+    base: Sequence[tuple[str | None, float]],
+    higher: bool,
+    floor: float = 0.0,
+    confidence: float = CONFIDENCE,
+) -> Gain:
+    """The gain of ``pick`` over ``base`` when their servers ran on several machines (each value
+    with its machine, a block): every pick server is compared with the defaults of its own
+    machine, so a machine that reads higher for every config (two H100s read vLLM's defaults
+    56-62 and 66-68 req/s, docs/gpu-runs/2026-12-05-levers-chat-h100-2.md) moves neither side.
+
+    The additive model of a randomised block design on the log values, ``log y = arm + machine +
+    e``: the point is the mean over the pick's servers of ``log pick - mean(log defaults on its
+    machine)``; ``s`` pools the spread within each machine of the defaults and of the pick (at
+    least ``floor``), with ``sum(n_m - 1) + sum(k_m - 1)`` degrees of freedom; the interval is
+    ``t · s · sqrt(1/k + sum_m (k_m/k)^2 / n_m)`` (``k_m`` pick and ``n_m`` defaults' servers on
+    machine ``m``). On one machine with one pick server it is :func:`gain_of_one`. A pick server
+    on a machine where no defaults ran is left out (``why`` says so)."""
+    n_all = len(base)
+    by_m: dict[str | None, list[float]] = {}
+    for m, v in base:
+        by_m.setdefault(m, []).append(v)
+    used = [(m, v) for m, v in pick if m in by_m]
+    left = len(pick) - len(used)
+    note = (
+        f"{left} server{'s' if left != 1 else ''} on a machine without the defaults left out"
+        if left
+        else None
+    )
+    if not used:
+        why = note if pick else "no round measured the pick"
+        return Gain(None, n_pick=0, n_base=n_all, why=why)
+    lb = {m: _logs(vs) for m, vs in by_m.items()}
+    lp = _logs([v for _, v in used])
+    if lp is None or any(x is None for x in lb.values()):
+        return Gain(None, n_pick=len(used), n_base=n_all, why="a round measured 0 (no ratio)")
+    logs_b = {m: x for m, x in lb.items() if x is not None}
+    mean_b = {m: sum(x) / len(x) for m, x in logs_b.items()}
+    k = len(used)
+    sign = 1.0 if higher else -1.0
+    d = sum(x - mean_b[m] for (m, _), x in zip(used, lp, strict=True)) / k
+    point = math.exp(sign * d) - 1.0
+    n_base = sum(len(logs_b[m]) for m in {m for m, _ in used})
+    by_pick: dict[str | None, list[float]] = {}
+    for (m, _), x in zip(used, lp, strict=True):
+        by_pick.setdefault(m, []).append(x)
+    groups = [*logs_b.values(), *by_pick.values()]
+    ss = sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in groups)
+    df = sum(len(g) - 1 for g in groups)
+    if df < 1:
+        why = "no machine ran 2 servers of one arm: no spread within a machine, no interval"
+        return Gain(point, n_pick=k, n_base=n_base, why=why)
+    sd = max(math.sqrt(ss / df), floor)
+    if sd <= 0:
+        return Gain(point, n_pick=k, n_base=n_base, why="no spread between rounds: no interval")
+    from scipy import stats
+
+    share = sum((len(xs) / k) ** 2 / len(logs_b[m]) for m, xs in by_pick.items())
+    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * sd * math.sqrt(1 / k + share)
+    lo, hi = sorted((math.exp(sign * d - half) - 1.0, math.exp(sign * d + half) - 1.0))
+    return Gain(point, lo, hi, k, n_base, why=note)
 
 
 @dataclass(frozen=True)

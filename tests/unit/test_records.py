@@ -80,7 +80,8 @@ RESULT_JSON = """\
       "gpus": [
         0
       ],
-      "started_at": 1764470000.5
+      "started_at": 1764470000.5,
+      "machine": "GPU-5f3c0e2a"
     }
 """
 
@@ -100,6 +101,7 @@ def test_result_json_text_is_stable() -> None:
         gpus=(0,),
         started_at=1764470000.5,
         duration_s=95.0,
+        machine="GPU-5f3c0e2a",
     )
     assert to_json(r, indent=2) + "\n" == textwrap.dedent(RESULT_JSON)
 

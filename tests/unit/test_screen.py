@@ -21,8 +21,8 @@ from tuner.plots import screen_data, screen_figure
 from tuner.publish import publish
 from tuner.records import TrialResult
 from tuner.space import distributions
-from tuner.stored_trial import changes_numerics, mark_interrupted, screen_arm, tell
-from tuner.verdict import gain, gain_of_one
+from tuner.stored_trial import changes_numerics, machine, mark_interrupted, screen_arm, tell
+from tuner.verdict import gain, gain_in_blocks, gain_of_one
 from tuner.vllm_rules import numerics_changes
 
 D = screen.DEFAULTS
@@ -87,6 +87,86 @@ def test_several_servers_use_the_confirm_stages_rule() -> None:
     assert got == gain([12.0, 12.5], [10.0, 10.4, 9.9], higher=True)
 
 
+# The H100 screen of 2026-12-05 (docs/gpu-runs/2026-12-05-levers-chat-h100-2.md): vLLM's defaults
+# on machine A, then on machine B, which read them 12 % higher
+H100_A = [58.43, 62.00, 56.19]
+H100_B = [65.76, 67.57]
+
+
+def test_on_two_machines_each_server_is_compared_with_its_own_machines_defaults() -> None:
+    base = [("A", c) for c in H100_A] + [("B", c) for c in H100_B]
+    pooled = gain_of_one(66.14, H100_A + H100_B, higher=True, floor=0.014)
+    blocked = screen.change([("B", 66.14)], base, floor=0.014)
+    assert pooled.value == pytest.approx(0.0695, abs=1e-3)  # what the table said before
+    assert blocked.value == pytest.approx(66.14 / math.sqrt(65.76 * 67.57) - 1)  # -0.8 %
+    assert blocked.low is not None and blocked.high is not None
+    assert blocked.low < 0 < blocked.high and (blocked.n_pick, blocked.n_base) == (1, 2)
+    # the spread within each machine, pooled (df 2 + 1), replaces the spread across both
+    la, lb = [math.log(c) for c in H100_A], [math.log(c) for c in H100_B]
+    ss = sum((x - sum(g) / len(g)) ** 2 for g in (la, lb) for x in g)
+    half = stats.t.ppf(0.975, 3) * math.sqrt(ss / 3) * math.sqrt(1 + 1 / 2)
+    d = math.log(66.14) - sum(lb) / 2
+    assert blocked.low == pytest.approx(math.exp(d - half) - 1)
+    assert blocked.high == pytest.approx(math.exp(d + half) - 1)
+    # a lever measured on machine A against A's three defaults: the same point as alone on A
+    on_a = screen.change([("A", 60.87)], base, floor=0.014)
+    assert on_a.value == pytest.approx(gain_of_one(60.87, H100_A, higher=True).value)
+
+
+def test_blocks_reduce_to_one_machine_and_leave_out_a_machine_without_defaults() -> None:
+    one = gain_in_blocks([("A", 12.0)], [("A", b) for b in (10.0, 10.6, 9.7)], higher=True)
+    assert one == gain_of_one(12.0, [10.0, 10.6, 9.7], higher=True)
+    # two servers of the pick, one per machine: each against its machine's mean
+    base = [("A", 10.0), ("A", 10.4), ("B", 11.0), ("B", 11.5)]
+    two = gain_in_blocks([("A", 11.0), ("B", 12.1)], base, higher=True)
+    d = (math.log(11.0 / math.sqrt(10.0 * 10.4)) + math.log(12.1 / math.sqrt(11.0 * 11.5))) / 2
+    assert two.value == pytest.approx(math.exp(d) - 1)
+    assert (two.n_pick, two.n_base) == (2, 4) and two.low is not None and two.low < two.value
+    lost = gain_in_blocks([("A", 11.0), ("C", 30.0)], base, higher=True)
+    assert lost.n_pick == 1 and lost.why and "without the defaults" in lost.why
+    assert lost.value == pytest.approx(11.0 / math.sqrt(10.0 * 10.4) - 1)
+    none = gain_in_blocks([("C", 30.0)], base, higher=True)
+    assert none.value is None and none.why and "without the defaults" in none.why
+    # one server of each arm per machine: no spread within a machine, no interval
+    flat = gain_in_blocks([("B", 12.0)], [("A", 10.0), ("B", 11.0)], higher=True)
+    assert flat.value == pytest.approx(12.0 / 11.0 - 1) and flat.low is None and flat.why
+
+
+def test_rows_compare_within_machines_once_the_servers_ran_on_two(
+    screened: tuple[optuna.Study, TunerConfig],
+) -> None:
+    """As on the H100s: the defaults and kv_fp8 on machine A; mns_256, block_32 and the last
+    defaults on machine B, which reads 12 % higher."""
+    study, cfg = screened
+    _told(study, cfg, 58.43, on="A")  # defaults
+    _told(study, cfg, 60.87, on="A")  # kv_fp8
+    _told(study, cfg, 66.14, on="B")  # mns_256
+    _told(study, cfg, 65.58, on="B")  # block_32
+    _told(study, cfg, 65.76, on="B")  # defaults
+    assert [machine(t) for t in study.trials] == ["A", "A", "B", "B", "B"]
+    rows = {r.lever: r for r in screen.rows(study, cfg)}
+    assert rows["mns_256"].change.value == pytest.approx(66.14 / 65.76 - 1)
+    assert rows["kv_fp8"].change.value == pytest.approx(60.87 / 58.43 - 1)
+    assert all(r.machines == 2 for r in rows.values())
+    # pooled, mns_256 read +6 % and was marked for the follow-up; beside its own defaults not
+    assert not rows["mns_256"].follow_up
+    console = Console(width=220, record=True)
+    screen_report.print_table(list(rows.values()), console)
+    text = console.export_text()
+    assert "2 machines" in text and "its own machine" in text
+    frame = screen_data([r.as_dict() for r in rows.values()]).set_index("lever")
+    assert frame.loc["mns_256", "default_servers"] == 1  # machine B's one defaults server
+    assert frame.loc["kv_fp8", "default_servers"] == 1
+    # trials stored without a machine (before it was recorded) count as one
+    study2 = optuna.create_study(directions=["maximize", "minimize"])
+    cfg2 = screen.prepare(study2, cfg)
+    for c in (58.43, 60.87, 66.14, 65.58, 65.76):
+        _told(study2, cfg2, c)
+    rows2 = {r.lever: r for r in screen.rows(study2, cfg2)}
+    assert rows2["mns_256"].machines == 1
+    assert rows2["mns_256"].change.value == pytest.approx(66.14 / math.sqrt(58.43 * 65.76) - 1)
+
+
 @pytest.mark.parametrize(
     ("low", "high", "word"),
     [(0.02, 0.1, "gain"), (-0.1, -0.01, "loss"), (-0.05, 0.05, "no significant change")],
@@ -106,7 +186,11 @@ def test_the_verdict_word_follows_the_interval(low: float, high: float, word: st
 
 
 def _told(
-    study: optuna.Study, cfg: TunerConfig, capacity: float | None, failure: str | None = None
+    study: optuna.Study,
+    cfg: TunerConfig,
+    capacity: float | None,
+    failure: str | None = None,
+    on: str | None = None,
 ) -> None:
     trial = study.ask(distributions(cfg.space))
     metrics = {} if capacity is None else {"capacity_rps": capacity, "ttft_p95_ms": 100.0}
@@ -119,6 +203,7 @@ def _told(
         {} if capacity is None else {"error_rate": -0.05},
         metrics,
         failure_reason=failure,
+        machine=on,
     )
     tell(study, trial, result, cfg, Path("."))
 

@@ -305,6 +305,7 @@ def fake_pynvml(free_after: int = 0, fail_index: int | None = None) -> Any:
         nvmlDeviceGetHandleByIndex=handle,
         nvmlDeviceGetMemoryInfo=mem,
         nvmlDeviceGetName=lambda h: "NVIDIA A100-SXM4-80GB",
+        nvmlDeviceGetUUID=lambda h: f"GPU-0000000{h}-feed",
         nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50 + 10 * h),
         nvmlDeviceGetPowerUsage=lambda h: 300_000,
     )
@@ -318,6 +319,9 @@ def test_fake_nvml_memory_and_wait(monkeypatch: pytest.MonkeyPatch, fresh_nvml: 
     # before launch on an idle H200 where nvidia-smi said 0 MiB)
     assert (m.index, m.used_gib, m.free_gib, m.total_gib) == (0, 70.0, 9.5, 80.0)
     assert m.name == "NVIDIA A100-SXM4-80GB"
+    assert m.uuid == "GPU-00000000-feed"  # which card: the lever screen's machine
+    assert gpu.machine_of(gpu.gpu_memory([1, 0])) == "GPU-00000001-feed,GPU-00000000-feed"
+    assert gpu.machine_of([gpu.GpuMemory(0, 0.0, 1.0, 1.0)]) is None  # no UUID: not known
     ok, mem = gpu.wait_for_free_memory([0], need_gib=40.0, timeout_s=30.0, poll_s=0.001)
     assert ok
     assert mem[0].free_gib == 69.5

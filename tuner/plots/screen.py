@@ -71,7 +71,7 @@ def screen_data(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                 "high_pct": _pct(g.get("high")),
                 "word": r["word"],
                 "servers": len(r["capacities"]),
-                "default_servers": len(r["base"]),
+                "default_servers": g.get("n_base", len(r["base"])),  # on its machines
                 "failures": ", ".join(r["failures"]),
                 "censored": bool(r["censored"]),
                 "follow_up": bool(r["follow_up"]),

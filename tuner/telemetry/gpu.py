@@ -28,6 +28,7 @@ __all__ = [
     "GpuMemory",
     "GpuSampler",
     "gpu_memory",
+    "machine_of",
     "memory_info",
     "nvml_available",
     "wait_for_free_memory",
@@ -52,6 +53,9 @@ class GpuMemory:
     total_gib: float
     name: str = ""
     """NVML's device name, e.g. ``NVIDIA H200``."""
+    uuid: str = ""
+    """NVML's UUID of the card (``GPU-5f3c...``): which physical GPU, whatever the machine's
+    name (every lent device machine is called ``vm``)."""
 
 
 def nvml_available() -> bool:
@@ -102,7 +106,18 @@ def _memory(index: int) -> GpuMemory:
     except Exception:  # NVMLError: the name is only shown
         name = ""
     name = name.decode() if isinstance(name, bytes) else str(name)
-    return GpuMemory(index, mem.used / GIB, mem.free / GIB, mem.total / GIB, name)
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+    except Exception:  # NVMLError: the UUID only tells machines apart
+        uuid = ""
+    uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    return GpuMemory(index, mem.used / GIB, mem.free / GIB, mem.total / GIB, name, uuid)
+
+
+def machine_of(readings: Sequence[GpuMemory]) -> str | None:
+    """The cards of ``readings`` as one key (their UUIDs, comma-joined): the same key means the
+    same GPUs, whichever process or run measured them; None without UUIDs (no NVML)."""
+    return ",".join(m.uuid for m in readings if m.uuid) or None
 
 
 def gpu_memory(indices: Sequence[int]) -> list[GpuMemory]:
