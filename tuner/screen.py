@@ -24,6 +24,7 @@ one read +8 and +9 % where they were -1.6 and -0.8 % beside its own defaults.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -35,11 +36,12 @@ import optuna
 from tuner import stored_trial
 from tuner.config import TunerConfig, chosen_levers
 from tuner.engine.argv import flag_args
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, EngineError
 from tuner.quality_guard import screen_quality
 from tuner.score import needs_capacity
 from tuner.space import defaults, disable_real_weights
 from tuner.stored_study import screen_levers, store_screen
+from tuner.telemetry.gpu import gpu_memory, machine_of, nvml_available
 from tuner.verdict import Gain, gain, gain_in_blocks, gain_of_one
 from tuner.vllm_rules import numerics_changes
 
@@ -57,6 +59,8 @@ __all__ = [
     "rows",
     "word",
 ]
+
+log = logging.getLogger("tuner")
 
 DEFAULTS = "defaults"
 """The arm of vLLM's defaults (no flag passed)."""
@@ -138,9 +142,69 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
             params[levers[arm].param] = levers[arm].value
         study.enqueue_trial(params, user_attrs=stored_trial.screen_attrs(arm, arm == DEFAULTS))
     store_screen(study, {n: _described(lever) for n, lever in levers.items()})
+    moved = defaults_first(study, base, here(cfg))
+    if moved:
+        log.info(
+            "  vLLM's defaults have not run on this machine's GPUs yet: they run first, before "
+            "the %d waiting lever server(s), so that each is compared with the defaults of its "
+            "own machine",
+            moved,
+        )
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
     n = sum(stored_trial.screen_arm(t) is not None for t in waiting)
     return replace(cfg, study=replace(cfg.study, n_trials=n, max_rejected=0))
+
+
+def here(cfg: TunerConfig) -> str | None:
+    """This run's GPUs as a trial records its machine (:func:`tuner.telemetry.gpu.machine_of`);
+    None for the simulator or without NVML."""
+    if cfg.engine.kind != "vllm" or not nvml_available():
+        return None
+    try:
+        return machine_of(gpu_memory(cfg.engine.gpus))
+    except EngineError:
+        return None
+
+
+def defaults_first(study: optuna.Study, params: dict[str, Any], machine: str | None) -> int:
+    """A screen continued on a machine (``machine``: its GPUs' UUIDs) where none of its
+    defaults' servers was measured, whose next waiting server is a lever: the waiting servers
+    move one place down and vLLM's defaults (``params``) take the first (one server more). A
+    lever run there is then compared with defaults run there even if the machine goes before
+    the queue's later defaults (:func:`change`); on 2026-12-05 a continued screen ran three
+    levers on a new H100 before its first defaults' server. Returns how many waiting lever
+    servers now follow the defaults (0: nothing moved)."""
+    waiting = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        if stored_trial.screen_arm(t) is not None
+    ]
+    if machine is None or not waiting or stored_trial.screen_arm(waiting[0]) == DEFAULTS:
+        return 0
+    cards = set(machine.split(","))
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        ran = stored_trial.machine(t)
+        if (
+            stored_trial.screen_arm(t) == DEFAULTS
+            and _capacity(t) is not None
+            and ran
+            and cards & set(ran.split(","))
+        ):
+            return 0
+    queue = [
+        (
+            stored_trial.screen_arm(t) or DEFAULTS,
+            stored_trial.is_baseline(t),
+            dict(t.system_attrs["fixed_params"]),
+        )
+        for t in waiting
+    ]
+    arm, baseline, last = queue[-1]
+    study.enqueue_trial(last, user_attrs=stored_trial.screen_attrs(arm, baseline))
+    for t, (arm, baseline, fixed) in zip(waiting[1:], queue[:-1], strict=True):
+        stored_trial.requeue_screen(study, t, arm, baseline, fixed)
+    stored_trial.requeue_screen(study, waiting[0], DEFAULTS, True, dict(params))
+    return sum(a != DEFAULTS for a, _, _ in queue)
 
 
 def _described(lever: Any) -> dict[str, Any]:

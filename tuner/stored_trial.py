@@ -74,6 +74,7 @@ __all__ = [
     "metrics",
     "prescreen_attrs",
     "rejected_before_launch",
+    "requeue_screen",
     "serve_args",
     "server_s",
     "tell",
@@ -164,6 +165,23 @@ def constraint_attrs(values: Mapping[str, float]) -> tuple[dict[str, Any], dict[
     (:data:`CONSTRAINTS`, :data:`CONSTRAINT_NAMES`)."""
     names = list(values)
     return {CONSTRAINTS: [float(values[n]) for n in names]}, {CONSTRAINT_NAMES: names}
+
+
+def requeue_screen(
+    study: optuna.Study,
+    t: optuna.trial.FrozenTrial,
+    arm: str,
+    baseline: bool,
+    params: dict[str, Any],
+) -> None:
+    """Give the WAITING screen trial ``t`` another arm: its fixed params (Optuna's
+    ``fixed_params``, what :meth:`optuna.Study.enqueue_trial` stored), :data:`_SCREEN_ARM` and
+    ``baseline``. Optuna runs waiting trials in their order, so this is how a queue is
+    reordered (:func:`tuner.screen.prepare`)."""
+    storage = study._storage  # noqa: SLF001  # Optuna has no public setter for a system attribute
+    storage.set_trial_system_attr(t._trial_id, "fixed_params", params)  # noqa: SLF001
+    storage.set_trial_user_attr(t._trial_id, _SCREEN_ARM, arm)  # noqa: SLF001
+    storage.set_trial_user_attr(t._trial_id, "baseline", baseline)  # noqa: SLF001
 
 
 def mark_worker(trial: optuna.Trial, worker_id: str) -> None:

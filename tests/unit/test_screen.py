@@ -20,8 +20,16 @@ from tuner.errors import ConfigError
 from tuner.plots import screen_data, screen_figure
 from tuner.publish import publish
 from tuner.records import TrialResult
-from tuner.space import distributions
-from tuner.stored_trial import changes_numerics, machine, mark_interrupted, screen_arm, tell
+from tuner.space import defaults, distributions
+from tuner.stored_trial import (
+    changes_numerics,
+    is_baseline,
+    machine,
+    mark_interrupted,
+    screen_arm,
+    tell,
+)
+from tuner.telemetry.gpu import GpuMemory
 from tuner.verdict import gain, gain_in_blocks, gain_of_one
 from tuner.vllm_rules import numerics_changes
 
@@ -165,6 +173,46 @@ def test_rows_compare_within_machines_once_the_servers_ran_on_two(
     rows2 = {r.lever: r for r in screen.rows(study2, cfg2)}
     assert rows2["mns_256"].machines == 1
     assert rows2["mns_256"].change.value == pytest.approx(66.14 / math.sqrt(58.43 * 65.76) - 1)
+
+
+def test_a_screen_continued_on_another_machine_runs_the_defaults_there_first(
+    screened: tuple[optuna.Study, TunerConfig],
+) -> None:
+    """2026-12-05: the continued screen ran three levers on a new H100 before its first
+    defaults' server there; now the defaults go first (one server more)."""
+    study, cfg = screened
+    _told(study, cfg, 58.43, on="GPU-a")  # defaults
+    _told(study, cfg, 60.87, on="GPU-a")  # kv_fp8; mns_256, block_32 and the defaults wait
+    params = defaults(cfg.space)
+    assert screen.defaults_first(study, params, "GPU-a") == 0  # the same machine: as queued
+    assert screen.defaults_first(study, params, None) == 0  # the simulator: no machine known
+    assert screen.defaults_first(study, params, "GPU-b") == 2
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [screen_arm(t) for t in waiting] == [D, "mns_256", "block_32", D]
+    assert [is_baseline(t) for t in waiting] == [True, False, False, True]
+    fixed = [
+        {k: v for k, v in t.system_attrs["fixed_params"].items() if v != params[k]} for t in waiting
+    ]
+    assert fixed == [{}, {"max_num_seqs": 256}, {"block_size": 32}, {}]
+    assert screen.defaults_first(study, params, "GPU-b") == 0  # the defaults are first now
+    first = study.ask(distributions(cfg.space))  # Optuna runs the waiting trials in order
+    assert screen_arm(first) == D and first.params == waiting[0].system_attrs["fixed_params"]
+
+
+def test_this_machine_is_its_gpus_uuids_on_real_vllm_only(
+    make_cfg: Callable[..., TunerConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cards = {0: "GPU-a0", 1: "GPU-a1"}
+    monkeypatch.setattr(screen, "nvml_available", lambda: True)
+    monkeypatch.setattr(
+        screen,
+        "gpu_memory",
+        lambda ix: [GpuMemory(i, 0.0, 80.0, 80.0, "NVIDIA H100", cards[i]) for i in ix],
+    )
+    assert screen.here(make_cfg("+workload=chat", "engine=vllm", "engine.gpus=[1,0]")) == (
+        "GPU-a1,GPU-a0"
+    )
+    assert screen.here(make_cfg("+workload=chat", "engine=sim")) is None
 
 
 @pytest.mark.parametrize(
