@@ -11,7 +11,9 @@
 #   finally bash scripts/gpu/o_screen.sh pack: $OUT/scr.tgz.part-*. SERVERS=1 EVERY=3
 #   LEVERS=a,b,... screens several levers at one server each (D L L L D L L L D ...)
 #   (copy the log out on every wait: a machine lost mid-job takes the job's files with it,
-#   docs/gpu-runs/2026-12-02-screen-fp8.md)
+#   docs/gpu-runs/2026-12-02-screen-fp8.md; `keep` without OUT= writes to the call's own $OUT, and
+#   waits of ~230 s lose at most one call's servers: on 2026-12-05 a machine taken back during a
+#   480 s wait returned nothing, docs/gpu-runs/2026-12-05-levers-chat-h100-2.md)
 # WL=long_docs screens that profile (5-6 min a server on the H200: SERVERS=1 EVERY=2 and 1-2
 # levers fit one hold, e.g. LEVERS=kv_fp8,mnbt_2048 T=1500 PER=360).
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
