@@ -389,11 +389,14 @@ def baseline_trial(
 
 
 def pareto_rows(study: optuna.Study, cfg: TunerConfig) -> list[dict[str, Any]]:
-    """Each Pareto-best trial with its values and its gain in % over the feasible baseline."""
+    """Each Pareto-best trial with its values and its gain in % over the feasible baseline: the
+    first of its own machine (:func:`tuner.stored_trial.machine`), else the first."""
     objs = list(study.metric_names or [o.metric for o in cfg.objective.objectives])
-    base = baseline_trial(study, which="feasible")
+    bases = baseline_trials(study, which="feasible")
     rows = []
     for tr in sorted(study.best_trials, key=lambda x: x.number):
+        here = [b for b in bases if stored_trial.machine(b) == stored_trial.machine(tr)]
+        base = next(iter(here or bases), None)
         row: dict[str, Any] = {"trial": tr.number, "params": dict(tr.params)}
         censored = stored_trial.metric(tr, "capacity_censored")
         if censored:  # the capacity is a bound: -1 below it ("< X"), 1 at least it (">= X")

@@ -21,6 +21,7 @@ from tuner.plots import screen_data, screen_figure
 from tuner.publish import publish
 from tuner.records import TrialResult
 from tuner.space import defaults, distributions
+from tuner.stored_study import pareto_rows
 from tuner.stored_trial import (
     changes_numerics,
     is_baseline,
@@ -162,6 +163,8 @@ def test_rows_compare_within_machines_once_the_servers_ran_on_two(
     screen_report.print_table(list(rows.values()), console)
     text = console.export_text()
     assert "2 machines" in text and "its own machine" in text
+    (best,) = pareto_rows(study, cfg)  # the Pareto table's "vs baseline": its machine's too
+    assert best["capacity_rps_vs_baseline_pct"] == pytest.approx((66.14 / 65.76 - 1) * 100)
     frame = screen_data([r.as_dict() for r in rows.values()]).set_index("lever")
     assert frame.loc["mns_256", "default_servers"] == 1  # machine B's one defaults server
     assert frame.loc["kv_fp8", "default_servers"] == 1
