@@ -168,7 +168,8 @@ def here(cfg: TunerConfig) -> str | None:
 
 def defaults_first(study: optuna.Study, params: dict[str, Any], machine: str | None) -> int:
     """A screen continued on a machine (``machine``: its GPUs' UUIDs) where none of its
-    defaults' servers was measured, whose next waiting server is a lever: the waiting servers
+    defaults' servers was measured (one stored without its machine counts as another
+    machine's), whose next waiting server is a lever: the waiting servers
     move one place down and vLLM's defaults (``params``) take the first (one server more). A
     lever run there is then compared with defaults run there even if the machine goes before
     the queue's later defaults (:func:`change`); on 2026-12-05 a continued screen ran three
