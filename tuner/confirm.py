@@ -32,7 +32,7 @@ from tuner.quality_guard import note
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.score import KEY_METRICS, capacity_metric
 from tuner.stored_study import ConfirmRecord, ConfirmRuns, baseline_trial
-from tuner.verdict import Arm, Gain, Verdict, decide, gain, gain_text
+from tuner.verdict import Arm, Gain, Verdict, decide, gain_by_machine, gain_text
 
 __all__ = [
     "SEARCH_ONLY",
@@ -270,6 +270,7 @@ def judge(
             "ok": r.ok and not bad,
             "failure_reason": r.failure_reason,
             "violated": sorted(bad),
+            "machine": r.machine,
             **{m: r.metrics[m] for m in metrics if m in r.metrics},
         }
         rows.append(row)
@@ -315,6 +316,15 @@ def round_values(result: ConfirmResult, metric: str, higher: bool) -> tuple[floa
     return tuple(out)
 
 
+def round_machines(result: ConfirmResult) -> tuple[str | None, ...]:
+    """The machine of each round's server (its runs' first), in round order as
+    :func:`round_values`; None where not recorded."""
+    first: dict[int, str | None] = {}
+    for row in result.runs:
+        first.setdefault(int(row.get("round", 1)), row.get("machine"))
+    return tuple(first[rnd] for rnd in sorted(first))
+
+
 def settled_below(
     candidate: Candidate,
     runs: Sequence[tuple[int, int, TrialResult]],
@@ -331,14 +341,18 @@ def settled_below(
     first = objective.objectives[0]
     higher = first.direction == "maximize"
 
-    def measured(c: Candidate, rs: Sequence[tuple[int, int, TrialResult]]) -> list[float]:
-        values = round_values(judge(c, rs, objective), first.metric, higher)
-        return [v for v in values if v is not None]
+    def measured(
+        c: Candidate, rs: Sequence[tuple[int, int, TrialResult]]
+    ) -> list[tuple[str | None, float]]:
+        judged = judge(c, rs, objective)
+        values = round_values(judged, first.metric, higher)
+        pairs = zip(round_machines(judged), values, strict=True)
+        return [(m, v) for m, v in pairs if v is not None]
 
     mine, base = measured(candidate, runs), measured(defaults, defaults_runs)
     if len(mine) < 2 or len(base) < 2:
         return None
-    g = gain(mine, base, higher)
+    g = gain_by_machine(mine, base, higher)
     return g if g.high is not None and g.high < bound else None
 
 
@@ -427,6 +441,7 @@ def verdict(
             round_values(by_trial[c.trial], first.metric, higher),
             by_trial[c.trial].passed,
             baseline="baseline" in c.picks,
+            machines=round_machines(by_trial[c.trial]),
         )
         for c in candidates
         if c.trial in by_trial

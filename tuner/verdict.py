@@ -42,6 +42,7 @@ __all__ = [
     "Verdict",
     "decide",
     "gain",
+    "gain_by_machine",
     "gain_in_blocks",
     "gain_of_one",
     "gain_text",
@@ -224,6 +225,19 @@ def gain_in_blocks(
     return Gain(point, lo, hi, k, n_base, why=note)
 
 
+def gain_by_machine(
+    pick: Sequence[tuple[str | None, float]],
+    base: Sequence[tuple[str | None, float]],
+    higher: bool,
+) -> Gain:
+    """:func:`gain` where every value came from one machine; where they came from several (a
+    confirm stage continued on another GPU machine), :func:`gain_in_blocks`: each pick round
+    against the defaults' rounds on its own machine."""
+    if len({m for m, _ in [*pick, *base]}) > 1:
+        return gain_in_blocks(pick, base, higher)
+    return gain([v for _, v in pick], [v for _, v in base], higher)
+
+
 @dataclass(frozen=True)
 class Arm:
     """One confirm candidate as the rule sees it."""
@@ -234,10 +248,19 @@ class Arm:
     held: bool
     """No run failed or broke a constraint, in any round."""
     baseline: bool = False
+    machines: tuple[str | None, ...] = ()
+    """The machine of each round's server (:func:`tuner.stored_trial.machine`); empty or None:
+    not recorded (one machine)."""
 
     @property
     def measured(self) -> list[float]:
         return [v for v in self.values if v is not None]
+
+    @property
+    def measured_on(self) -> list[tuple[str | None, float]]:
+        """The measured rounds, each with its machine."""
+        machines = self.machines or (None,) * len(self.values)
+        return [(m, v) for m, v in zip(machines, self.values, strict=True) if v is not None]
 
 
 @dataclass(frozen=True)
@@ -297,7 +320,9 @@ def decide(
     base = next((a for a in arms if a.baseline), None)
     picks = [a for a in arms if not a.baseline]
     gains = (
-        {} if base is None else {a.trial: gain(a.measured, base.measured, higher) for a in picks}
+        {}
+        if base is None
+        else {a.trial: gain_by_machine(a.measured_on, base.measured_on, higher) for a in picks}
     )
     sign = 1.0 if higher else -1.0
 

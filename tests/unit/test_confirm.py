@@ -352,3 +352,40 @@ def test_a_pick_settles_below_the_defaults_only_when_its_interval_is_wholly_belo
     fast = [(i + 1, 1, _result({"ttft_p95_ms": v}, {})) for i, v in enumerate([500.0, 505.0])]
     assert settled_below(pick_, slow, base, fast, lat) is not None
     assert settled_below(pick_, fast, base, slow, lat) is None
+
+
+def test_rounds_on_two_machines_compare_within_each_machine() -> None:
+    """A confirm stage continued on another GPU machine, one that reads every config 12 %
+    higher (the two H100s of 2026-12-05, docs/gpu-runs/2026-12-05-levers-chat-h100-2.md): each
+    round's server records its machine, and the pick's rounds are compared with the defaults'
+    rounds of their own machine, so the machine's shift widens nothing."""
+    from tuner.confirm import round_machines, settled_below
+    from tuner.verdict import gain
+
+    def rounds(values: list[float], machines: list[str]) -> list[tuple[int, int, TrialResult]]:
+        return [
+            (i + 1, 1, replace(_result({"output_throughput": v}, {}), machine=m))
+            for i, (v, m) in enumerate(zip(values, machines, strict=True))
+        ]
+
+    pick_ = Candidate(6, ("latency",), {}, False, (), {})
+    base = Candidate(0, ("baseline",), {}, True, (), {})
+    on = ["GPU-a", "GPU-a", "GPU-b"]
+    mine = judge(pick_, rounds([105.0, 106.0, 118.0], on), OBJ)
+    theirs = judge(base, rounds([100.0, 101.0, 112.5], on), OBJ)
+    assert round_machines(mine) == ("GPU-a", "GPU-a", "GPU-b")
+    assert [r["machine"] for r in mine.runs] == on
+    got = verdict([mine, theirs], [pick_, base], OBJ, min_effect=0.03, rounds=3)
+    g = got.gains[6]
+    assert got.kind == "gain" and g.low is not None and g.low > 0
+    pooled = gain([105.0, 106.0, 118.0], [100.0, 101.0, 112.5], higher=True)
+    assert pooled.low is not None and pooled.low < 0  # the machines' 12 % in the spread
+    # stop_losers reads the rounds the same way: 15 % worse on each machine is settled
+    worse = rounds([85.0, 86.0, 95.6], on)
+    settled = settled_below(pick_, worse, base, rounds([100.0, 101.0, 112.5], on), OBJ)
+    assert settled is not None and settled.high is not None and settled.high < 0
+    # rows stored before machines were recorded: one machine, as before
+    old = replace(
+        mine, runs=tuple({k: v for k, v in r.items() if k != "machine"} for r in mine.runs)
+    )
+    assert round_machines(old) == (None, None, None)
