@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import optuna
@@ -31,12 +31,11 @@ from tuner.config import CONFIRM_PICKS, ConfirmConfig, ObjectiveConfig, TunerCon
 from tuner.quality_guard import note
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.score import KEY_METRICS, capacity_metric
-from tuner.stored_study import ConfirmRecord, ConfirmRuns, baseline_trial
-from tuner.verdict import Arm, Gain, Verdict, decide, gain_by_machine, gain_text
+from tuner.stored_study import ConfirmRecord, baseline_trial
+from tuner.verdict import Arm, Verdict, decide
 
 __all__ = [
     "SEARCH_ONLY",
-    "Losers",
     "PICKS",
     "Standing",
     "capacity_start",
@@ -45,8 +44,8 @@ __all__ = [
     "judge",
     "pick",
     "recommended",
+    "round_machines",
     "round_values",
-    "settled_below",
     "stressed",
     "verdict",
 ]
@@ -323,103 +322,6 @@ def round_machines(result: ConfirmResult) -> tuple[str | None, ...]:
     for row in result.runs:
         first.setdefault(int(row.get("round", 1)), row.get("machine"))
     return tuple(first[rnd] for rnd in sorted(first))
-
-
-def settled_below(
-    candidate: Candidate,
-    runs: Sequence[tuple[int, int, TrialResult]],
-    defaults: Candidate,
-    defaults_runs: Sequence[tuple[int, int, TrialResult]],
-    objective: ObjectiveConfig,
-    bound: float = 0.0,
-) -> Gain | None:
-    """``candidate``'s gain over vLLM's defaults on the study's first objective, from the runs
-    ``(round, seed, result)`` of each so far, when its 95 % interval lies wholly below ``bound``
-    (0: measured worse beyond the spread between rounds; ``confirm.min_effect``: it cannot reach
-    the gain the verdict asks for, ``confirm.stop_losers``). None otherwise, and with fewer than
-    2 rounds measured on a side (no interval)."""
-    first = objective.objectives[0]
-    higher = first.direction == "maximize"
-
-    def measured(
-        c: Candidate, rs: Sequence[tuple[int, int, TrialResult]]
-    ) -> list[tuple[str | None, float]]:
-        judged = judge(c, rs, objective)
-        values = round_values(judged, first.metric, higher)
-        pairs = zip(round_machines(judged), values, strict=True)
-        return [(m, v) for m, v in pairs if v is not None]
-
-    mine, base = measured(candidate, runs), measured(defaults, defaults_runs)
-    if len(mine) < 2 or len(base) < 2:
-        return None
-    g = gain_by_machine(mine, base, higher)
-    return g if g.high is not None and g.high < bound else None
-
-
-@dataclass
-class Losers:
-    """``confirm.stop_losers`` over one confirm stage: from the third round on, a pick settled
-    below ``confirm.min_effect`` (:func:`settled_below`: the verdict can no longer claim it) runs
-    no more rounds, nor the defaults once every pick has; the rounds each ran, the log line."""
-
-    cfg: TunerConfig
-    candidates: Sequence[Candidate]
-    stored: ConfirmRuns
-    """Servers an earlier run of the stage stored: taken, not skipped."""
-    stopped: dict[int, int] = field(default_factory=dict)
-
-    def skip(
-        self,
-        c: Candidate,
-        rnd: int,
-        runs: Mapping[int, Sequence[tuple[int, int, TrialResult]]],
-        step: str,
-    ) -> bool:
-        """Whether candidate ``c`` runs no round ``rnd`` (``step``: "confirm 8/9" for the log):
-        stopped before, or from the third round on settled below ``confirm.min_effect``."""
-        if c.trial in self.stopped:
-            return True
-        base = next((d for d in self.candidates if d.baseline), None)
-        if not self.cfg.confirm.stop_losers or base is None or rnd < 3:
-            return False
-        if self.stored.get(c.trial, rnd) is not None:
-            return False
-        effect, name = self.cfg.confirm.min_effect, self.cfg.objective.objectives[0].metric
-        why = f"round {rnd}, trial {c.trial} ({', '.join(c.picks)}) not run, nor its later rounds"
-
-        def settled(o: Candidate) -> Gain | None:
-            return settled_below(
-                o, runs[o.trial], base, runs[base.trial], self.cfg.objective, effect
-            )
-
-        if c.trial == base.trial:  # the defaults: once no pick runs this round (ran, or will)
-            others = [o for o in self.candidates if o.trial != base.trial]
-            if not others or not all(
-                o.trial in self.stopped
-                or (all(r != rnd for r, _, _ in runs[o.trial]) and settled(o) is not None)
-                for o in others
-            ):
-                return False
-            self.stopped[c.trial] = rnd - 1
-            log.info("%s: %s: every pick has stopped (confirm.stop_losers)", step, why)
-            return True
-        if (below := settled(c)) is None:
-            return False
-        self.stopped[c.trial] = rnd - 1
-        where = (
-            "below vLLM's defaults beyond the spread between rounds"
-            if below.high is not None and below.high < 0
-            else f"short of confirm.min_effect (+{effect:.0%}) beyond the spread between rounds"
-        )
-        log.info(
-            "%s: %s: after %d and %d rounds it is %s, %s (confirm.stop_losers)", step, why,
-            below.n_pick, below.n_base, where, gain_text(below, name),
-        )  # fmt: skip
-        return True
-
-    def rounds(self, c: Candidate) -> int:
-        """The rounds candidate ``c`` ran."""
-        return self.stopped.get(c.trial, self.cfg.confirm.rounds)
 
 
 def verdict(

@@ -305,7 +305,8 @@ def print_confirm(
 
 def _stopped(n_rounds: int, decided: Verdict | None) -> str:
     """Why a candidate ran fewer rounds than the stage: its gain settled below
-    ``confirm.min_effect``, or every pick had (the defaults) (:class:`tuner.confirm.Losers`)."""
+    ``confirm.min_effect``, or every pick had (the defaults)
+    (:class:`tuner.confirm_stop.Losers`)."""
     if decided is None or n_rounds >= decided.rounds:
         return ""
     return f"settled after {n_rounds} rounds: no more (confirm.stop_losers)"

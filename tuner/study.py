@@ -32,7 +32,8 @@ from tuner import __version__, aio, screen, stored_trial
 from tuner.artifacts import trial_dir
 from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
-from tuner.confirm import Losers, capacity_start, conclude, judge, pick, stressed
+from tuner.confirm import capacity_start, conclude, judge, pick, stressed
+from tuner.confirm_stop import Losers
 from tuner.console import hms, live_best, parent_summary, print_summary, progress_line
 from tuner.engine.argv import cache_root, check_command, fixed_note, mask, params_key, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, on_cores
@@ -322,7 +323,8 @@ async def _confirm(
     candidate that changes numerics, and the defaults, replay the eval set on each server after
     its stress replays (:mod:`tuner.quality_guard`), and are judged on it too. With
     ``confirm.stop_losers``, from the third round on a pick settled below ``confirm.min_effect``
-    (:class:`tuner.confirm.Losers`) runs no more rounds, nor the defaults once every pick has."""
+    (:class:`tuner.confirm_stop.Losers`) runs no more rounds, nor the defaults once every pick
+    has."""
     cfg, root = ctx.cfg, ctx.cache_root
     cc = cfg.confirm
     replays = []

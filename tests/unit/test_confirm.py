@@ -329,7 +329,7 @@ def _rounds_of(values: list[float]) -> list[tuple[int, int, TrialResult]]:
 
 
 def test_a_pick_settles_below_the_defaults_only_when_its_interval_is_wholly_below() -> None:
-    from tuner.confirm import settled_below
+    from tuner.confirm_stop import settled_below
 
     pick_ = Candidate(6, ("latency",), {}, False, (), {})
     base = Candidate(0, ("baseline",), {}, True, (), {})
@@ -359,7 +359,8 @@ def test_rounds_on_two_machines_compare_within_each_machine() -> None:
     higher (the two H100s of 2026-12-05, docs/gpu-runs/2026-12-05-levers-chat-h100-2.md): each
     round's server records its machine, and the pick's rounds are compared with the defaults'
     rounds of their own machine, so the machine's shift widens nothing."""
-    from tuner.confirm import round_machines, settled_below
+    from tuner.confirm import round_machines
+    from tuner.confirm_stop import settled_below
     from tuner.verdict import gain
 
     def rounds(values: list[float], machines: list[str]) -> list[tuple[int, int, TrialResult]]:

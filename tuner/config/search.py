@@ -243,9 +243,9 @@ class ConfirmConfig:
     stop_losers: bool = True
     """From the third round on, a pick whose 95 % interval against vLLM's defaults (on the study's
     first objective, over the rounds run so far: 2 or more on each side) lies wholly below
-    ``min_effect`` runs no more rounds (:class:`tuner.confirm.Losers`): the verdict claims a gain
-    only where the point gain reaches ``min_effect``, which a further round would have to carry
-    past that interval. Below 0 the verdict stays "measured worse". The defaults stop too once
+    ``min_effect`` runs no more rounds (:class:`tuner.confirm_stop.Losers`): the verdict claims a
+    gain only where the point gain reaches ``min_effect``, which a further round would have to
+    carry past that interval. Below 0 the verdict stays "measured worse". The defaults stop too once
     every pick has; otherwise they run all ``rounds``. It saves a server per skipped round."""
     load_factor: float = 2.0
     """Concurrency, rate (and a trace's speed) × this."""
