@@ -14,7 +14,7 @@ from tuner.config import ObjectiveConfig, TunerConfig
 from tuner.confirm import judge, round_machines, round_values
 from tuner.records import Candidate, TrialResult
 from tuner.stored_study import ConfirmRuns
-from tuner.verdict import Gain, gain_by_machine, gain_text
+from tuner.verdict import Gain, gain_in_blocks, gain_text
 
 __all__ = ["Losers", "settled_below"]
 
@@ -28,12 +28,23 @@ def settled_below(
     defaults_runs: Sequence[tuple[int, int, TrialResult]],
     objective: ObjectiveConfig,
     bound: float = 0.0,
+    others: Sequence[tuple[Candidate, Sequence[tuple[int, int, TrialResult]]]] = (),
 ) -> Gain | None:
     """``candidate``'s gain over vLLM's defaults on the study's first objective, from the runs
     ``(round, seed, result)`` of each so far, when its 95 % interval lies wholly below ``bound``
     (0: measured worse beyond the spread between rounds; ``confirm.min_effect``: it cannot reach
     the gain the verdict asks for, ``confirm.stop_losers``). None otherwise, and with fewer than
-    2 rounds measured on a side (no interval)."""
+    2 rounds measured on a side (no interval).
+
+    The interval is :func:`tuner.verdict.gain_in_blocks`'s: one spread between fresh servers for
+    every config, pooled over this pick's rounds, the defaults' and those of ``others`` (the
+    stage's other candidates, each with its runs), within each machine. After 2 rounds Welch's
+    interval of the verdict has 1-2 degrees of freedom (t 4.3-12.7); pooled over 4 configs it
+    has 4 (t 2.8). Over the confirm stages of 14 quick starts of 2026-12-05 (33 picks,
+    ``benchmarks/confirm_stop.py``) 12 picks settled short of ``min_effect`` after 2 rounds
+    pooled, 7 with Welch's, and no verdict changed. A stop only takes rounds away from a pick,
+    so the verdict can claim no gain it would not have claimed; its rounds so far are still
+    judged by :mod:`tuner.confirm` as every pick's are."""
     first = objective.objectives[0]
     higher = first.direction == "maximize"
 
@@ -48,7 +59,8 @@ def settled_below(
     mine, base = measured(candidate, runs), measured(defaults, defaults_runs)
     if len(mine) < 2 or len(base) < 2:
         return None
-    g = gain_by_machine(mine, base, higher)
+    rest = [measured(c, rs) for c, rs in others]
+    g = gain_in_blocks(mine, base, higher, spread=rest)
     return g if g.high is not None and g.high < bound else None
 
 
@@ -84,8 +96,11 @@ class Losers:
         why = f"round {rnd}, trial {c.trial} ({', '.join(c.picks)}) not run, nor its later rounds"
 
         def settled(o: Candidate) -> Gain | None:
+            rest = [
+                (x, runs[x.trial]) for x in self.candidates if x.trial not in (o.trial, base.trial)
+            ]
             return settled_below(
-                o, runs[o.trial], base, runs[base.trial], self.cfg.objective, effect
+                o, runs[o.trial], base, runs[base.trial], self.cfg.objective, effect, rest
             )
 
         if c.trial == base.trial:  # the defaults: once no pick runs this round (ran, or will)

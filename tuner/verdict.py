@@ -167,6 +167,7 @@ def gain_in_blocks(
     higher: bool,
     floor: float = 0.0,
     confidence: float = CONFIDENCE,
+    spread: Sequence[Sequence[tuple[str | None, float]]] = (),
 ) -> Gain:
     """The gain of ``pick`` over ``base`` when their servers ran on several machines (each value
     with its machine, a block): every pick server is compared with the defaults of its own
@@ -179,7 +180,10 @@ def gain_in_blocks(
     least ``floor``), with ``sum(n_m - 1) + sum(k_m - 1)`` degrees of freedom; the interval is
     ``t · s · sqrt(1/k + sum_m (k_m/k)^2 / n_m)`` (``k_m`` pick and ``n_m`` defaults' servers on
     machine ``m``). On one machine with one pick server it is :func:`gain_of_one`. A pick server
-    on a machine where no defaults ran is left out (``why`` says so)."""
+    on a machine where no defaults ran is left out (``why`` says so). ``spread``: other arms'
+    servers (each arm its values with their machines), whose spread within a machine joins ``s``
+    and its degrees of freedom and nothing else: the model's one ``e`` for every config (the
+    confirm stage's other picks, for :func:`tuner.confirm_stop.settled_below`)."""
     n_all = len(base)
     by_m: dict[str | None, list[float]] = {}
     for m, v in base:
@@ -208,7 +212,7 @@ def gain_in_blocks(
     by_pick: dict[str | None, list[float]] = {}
     for (m, _), x in zip(used, lp, strict=True):
         by_pick.setdefault(m, []).append(x)
-    groups = [*logs_b.values(), *by_pick.values()]
+    groups = [*logs_b.values(), *by_pick.values(), *_within_machines(spread)]
     ss = sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in groups)
     df = sum(len(g) - 1 for g in groups)
     if df < 1:
@@ -223,6 +227,18 @@ def gain_in_blocks(
     half = float(stats.t.ppf(0.5 + confidence / 2, df)) * sd * math.sqrt(1 / k + share)
     lo, hi = sorted((math.exp(sign * d - half) - 1.0, math.exp(sign * d + half) - 1.0))
     return Gain(point, lo, hi, k, n_base, why=note)
+
+
+def _within_machines(arms: Sequence[Sequence[tuple[str | None, float]]]) -> list[list[float]]:
+    """Each arm's log values grouped by machine (values a log cannot take left out)."""
+    out: list[list[float]] = []
+    for arm in arms:
+        by_m: dict[str | None, list[float]] = {}
+        for m, v in arm:
+            if v > 0 and math.isfinite(v):
+                by_m.setdefault(m, []).append(math.log(v))
+        out.extend(by_m.values())
+    return out
 
 
 def gain_by_machine(

@@ -354,6 +354,34 @@ def test_a_pick_settles_below_the_defaults_only_when_its_interval_is_wholly_belo
     assert settled_below(pick_, fast, base, slow, lat) is None
 
 
+def test_the_other_picks_rounds_join_the_spread_a_pick_settles_by() -> None:
+    """After 2 rounds a pick's own spread is one degree of freedom: a pick 3.3 % below the
+    defaults whose two servers read 4 % apart is not settled on its and the defaults' rounds
+    alone (pooled, t with 2 degrees of freedom: up to +5.8 %; Welch's: +23.8 %), and is once the
+    stage's two other picks, each 0.4-0.5 % apart, join the spread (4 degrees: up to +0.8 %,
+    short of confirm.min_effect's +3 %)."""
+    from tuner.confirm_stop import settled_below
+    from tuner.verdict import gain
+
+    pick_ = Candidate(6, ("latency",), {}, False, (), {})
+    base = Candidate(0, ("baseline",), {}, True, (), {})
+    others = [
+        (Candidate(3, ("capacity",), {}, False, (), {}), _rounds_of([102.0, 102.5])),
+        (Candidate(9, ("knee",), {}, False, (), {}), _rounds_of([99.0, 99.4])),
+    ]
+    mine, defaults = _rounds_of([95.0, 99.0]), _rounds_of([100.0, 100.5])
+    assert settled_below(pick_, mine, base, defaults, OBJ, bound=0.03) is None
+    g = settled_below(pick_, mine, base, defaults, OBJ, bound=0.03, others=others)
+    assert g is not None and g.low is not None and g.high is not None
+    assert g.value == pytest.approx(-0.0326, abs=1e-4)
+    assert (round(g.low, 4), round(g.high, 4)) == (-0.0717, 0.0081)
+    welch = gain([95.0, 99.0], [100.0, 100.5], higher=True)
+    assert welch.high is not None and welch.high > 0.2
+    # the same others cannot settle a pick that is level with the defaults
+    level = _rounds_of([100.2, 100.4])
+    assert settled_below(pick_, level, base, defaults, OBJ, bound=0.0, others=others) is None
+
+
 def test_rounds_on_two_machines_compare_within_each_machine() -> None:
     """A confirm stage continued on another GPU machine, one that reads every config 12 %
     higher (the two H100s of 2026-12-05, docs/gpu-runs/2026-12-05-levers-chat-h100-2.md): each

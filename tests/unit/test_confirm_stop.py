@@ -31,8 +31,14 @@ CANDIDATES = [
 
 
 def _confirm(
-    cfg: TunerConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tie: bool = False
+    cfg: TunerConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tie: bool = False,
+    values: dict[int, list[float]] | None = None,
 ) -> tuple[list[int], list[Any]]:
+    """The confirm loop over :data:`CANDIDATES`, or over ``values``' trials (each its value per
+    round, the defaults' trial :data:`BASE`)."""
     metric = cfg.objective.objectives[0].metric
     started: list[int] = []
 
@@ -40,7 +46,9 @@ def _confirm(
         started.append(trial)
         k = started.count(trial)
         value = 1000.0 + (1.0 if tie else 10.0) * k
-        if trial == LOSER:
+        if values is not None:
+            value = values[trial][k - 1]
+        elif trial == LOSER:
             value /= 2
         elif trial == TIE and not tie:  # +6 % then -4 %: its interval still reaches +3 %
             value *= {1: 1.06, 2: 0.96}.get(k, 1.0)
@@ -50,7 +58,11 @@ def _confirm(
     monkeypatch.setattr(study_mod, "build_requests", lambda w, files: [])
     ctx = TrialContext(cfg, ModelShape.from_dir(cfg.model.files), [], [], tmp_path / "run", None)
     study = optuna.create_study(directions=["maximize"])
-    out = asyncio.run(study_mod._confirm(study, ctx, CANDIDATES))
+    cands = CANDIDATES
+    if values is not None:
+        cands = [Candidate(t, ("baseline" if t == BASE else f"pick {t}",), {}, t == BASE, (), {})
+                 for t in values]  # fmt: skip
+    out = asyncio.run(study_mod._confirm(study, ctx, cands))
     return started, out
 
 
@@ -117,3 +129,28 @@ def test_a_tie_stops_too_and_then_the_defaults(
 
     decided = verdict(results, CANDIDATES, cfg.objective, cfg.confirm.min_effect, 3)
     assert decided.recommended == BASE  # no gain claimed: keep the defaults
+
+
+def test_the_other_picks_spread_settles_a_noisy_pick(
+    make_cfg: Callable[..., TunerConfig],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pick 3.3 % below the defaults whose two servers read 4 % apart: on its and the
+    defaults' rounds alone its interval reaches +5.8 %; with the steady pick's (+2 %, 0.5 %
+    apart) it reaches +2.1 %, short of confirm.min_effect, so it runs no third round. The steady
+    pick's interval (up to +7.7 %) still reaches +3 %: it and the defaults run all three."""
+    noisy, steady = 5, 8
+    values = {
+        noisy: [950.0, 990.0, 1.0],
+        steady: [1020.0, 1025.0, 1022.0],
+        BASE: [1000.0, 1005.0, 1002.0],
+    }
+    cfg = make_cfg("+workload=chat", "objective=throughput", "confirm.rounds=3")
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        started, _ = _confirm(cfg, tmp_path, monkeypatch, values=values)
+    assert (started.count(noisy), started.count(steady), started.count(BASE)) == (2, 3, 3)
+    lines = [r.getMessage() for r in caplog.records if "not run, nor its" in r.getMessage()]
+    assert len(lines) == 1 and f"trial {noisy} (pick {noisy})" in lines[0]
+    assert "short of confirm.min_effect (+3%)" in lines[0] and "+2.1 %" in lines[0]
