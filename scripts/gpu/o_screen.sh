@@ -14,8 +14,9 @@
 #   docs/gpu-runs/2026-12-02-screen-fp8.md; `keep` without OUT= writes to the call's own $OUT, and
 #   waits of ~230 s lose at most one call's servers: on 2026-12-05 a machine taken back during a
 #   480 s wait returned nothing, docs/gpu-runs/2026-12-05-levers-chat-h100-2.md)
-# WL=long_docs screens that profile (5-6 min a server on the H200: SERVERS=1 EVERY=2 and 1-2
-# levers fit one hold, e.g. LEVERS=kv_fp8,mnbt_2048 T=1500 PER=360).
+# WL=long_docs screens that profile. As shipped (from 4 in flight, 40 requests) one server took
+# over 8 minutes on an H100 without finishing its search (docs/gpu-runs/2026-12-06-levers-h100.md):
+# D L D does not fit one hold; start it higher (CONC=16) or run one server a session (DB=...).
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
 #   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
 #   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
@@ -38,7 +39,10 @@ WL="${WL:-chat}"
 LOAD=()
 if [ "$WL" = chat ] || [ -n "${CONC:-}" ]; then LOAD+=("workload.arrival.concurrency=${CONC:-256}"); fi
 if [ "$WL" = chat ] || [ -n "${REQS:-}" ]; then LOAD+=("workload.num_requests=${REQS:-800}"); fi
-timeout -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner "+workload=$WL" "engine=$ENGINE" \
+# --foreground: the tuner stays in this script's process group, so `bg.sh stop scr` reaches it (a
+# plain timeout runs it in a group of its own, which bg.sh stop missed on 2026-12-06: the tuner
+# went on launching servers, docs/gpu-runs/2026-12-06-levers-h100.md)
+timeout --foreground -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner "+workload=$WL" "engine=$ENGINE" \
   model=qwen3-8b mode=screen "${LOAD[@]}" "objective.capacity.max_steps=${STEPS:-6}" \
   "screen.servers=${SERVERS:-3}" "screen.defaults_every=${EVERY:-2}" "screen.only=[${LEVERS:-quant_fp8}]" \
   "study.timeout_s=$(( T - SECONDS - PER - 30 ))" ${EXTRA:-} > "$LOGS/scr.log" 2>&1
