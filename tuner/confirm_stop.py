@@ -40,9 +40,9 @@ def settled_below(
     every config, pooled over this pick's rounds, the defaults' and those of ``others`` (the
     stage's other candidates, each with its runs), within each machine. After 2 rounds Welch's
     interval of the verdict has 1-2 degrees of freedom (t 4.3-12.7); pooled over 4 configs it
-    has 4 (t 2.8). Over the confirm stages of 14 quick starts of 2026-12-05 (33 picks,
-    ``benchmarks/confirm_stop.py``) 12 picks settled short of ``min_effect`` after 2 rounds
-    pooled, 7 with Welch's, and no verdict changed. A stop only takes rounds away from a pick,
+    has 4 (t 2.8). Over the confirm stages of 17 quick starts of 2026-12-05 and -06 (41 picks,
+    ``benchmarks/confirm_stop.py``) 13 picks settled short of ``min_effect`` after 2 rounds
+    pooled, 8 with Welch's, and no verdict changed. A stop only takes rounds away from a pick,
     so the verdict can claim no gain it would not have claimed; its rounds so far are still
     judged by :mod:`tuner.confirm` as every pick's are."""
     first = objective.objectives[0]
