@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -136,13 +137,23 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
     have = Counter(stored_trial.screen_arm(t) for t in live)
     need = {n: cfg.screen.servers - have[n] for n in levers if have[n] < cfg.screen.servers}
     base = defaults(cfg.space)
-    for arm in plan(list(levers), need, cfg.screen.defaults_every):
+    machine = here(cfg)
+    arms = plan(list(levers), need, cfg.screen.defaults_every)
+    ago = ended_on_defaults(study, machine, time.time())
+    if arms and ago is not None:
+        arms = arms[1:]
+        log.info(
+            "  vLLM's defaults were the last server on this machine's GPUs, %.0f s ago: the "
+            "new servers start with a lever",
+            ago,
+        )
+    for arm in arms:
         params = dict(base)
         if arm != DEFAULTS:
             params[levers[arm].param] = levers[arm].value
         study.enqueue_trial(params, user_attrs=stored_trial.screen_attrs(arm, arm == DEFAULTS))
     store_screen(study, {n: _described(lever) for n, lever in levers.items()})
-    moved = defaults_first(study, base, here(cfg))
+    moved = defaults_first(study, base, machine)
     if moved:
         log.info(
             "  vLLM's defaults have not run on this machine's GPUs yet: they run first, before "
@@ -164,6 +175,43 @@ def here(cfg: TunerConfig) -> str | None:
         return machine_of(gpu_memory(cfg.engine.gpus))
     except EngineError:
         return None
+
+
+SAME_RUN_S = 1800
+"""A defaults' server that ended this recently on the same GPUs opens the next servers as if
+it were theirs: one machine hold on the device (30 minutes)."""
+
+
+def ended_on_defaults(study: optuna.Study, machine: str | None, now: float) -> float | None:
+    """Whether the screen, continued with more levers (:func:`prepare`), may leave out the new
+    servers' leading defaults: nothing waits or runs, and its last server to end is a measured
+    defaults' server on these GPUs (``machine``; never on the simulator, None) that ended less
+    than :data:`SAME_RUN_S` before ``now`` (seconds since the epoch); then how long ago, else
+    None. Those defaults stand before the new levers as the run's first would. On 2026-12-06 a
+    screen ended D qk D, and the same command with one lever more ran another defaults' server
+    a minute later on the same H100 (docs/gpu-runs/2026-12-06-levers-h100.md)."""
+    if machine is None:
+        return None
+    busy = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
+    if any(stored_trial.screen_arm(t) is not None for t in study.get_trials(states=busy)):
+        return None
+    ended = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete is not None]
+    if not ended:
+        return None
+    last = max(ended, key=lambda t: t.datetime_complete or 0)
+    ran = stored_trial.machine(last)
+    ago = now - last.datetime_complete.timestamp() if last.datetime_complete else None
+    if (
+        last.state != optuna.trial.TrialState.COMPLETE
+        or stored_trial.screen_arm(last) != DEFAULTS
+        or _capacity(last) is None
+        or ran is None
+        or not set(machine.split(",")) & set(ran.split(","))
+        or ago is None
+        or ago >= SAME_RUN_S
+    ):
+        return None
+    return ago
 
 
 def defaults_first(study: optuna.Study, params: dict[str, Any], machine: str | None) -> int:

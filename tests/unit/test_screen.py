@@ -202,6 +202,53 @@ def test_a_screen_continued_on_another_machine_runs_the_defaults_there_first(
     assert screen_arm(first) == D and first.params == waiting[0].system_attrs["fixed_params"]
 
 
+def test_a_screen_continued_right_after_its_defaults_on_the_same_gpus_starts_with_a_lever(
+    screened: tuple[optuna.Study, TunerConfig],
+    make_cfg: Callable[..., TunerConfig],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2026-12-06: a screen ended D qk D on an H100, and the same command with one lever more
+    ran another defaults' server there a minute later; now the new lever goes first."""
+    study, cfg = screened
+    for c in (58.4, 60.9, 59.0, 57.5, 58.8):  # D kv_fp8 mns_256 block_32 D, all on GPU-a
+        _told(study, cfg, c, on="GPU-a")
+    last = study.trials[-1].datetime_complete
+    assert last is not None
+    now = last.timestamp() + 60
+    assert screen.ended_on_defaults(study, "GPU-a", now) == pytest.approx(60)
+    assert screen.ended_on_defaults(study, "GPU-a,GPU-c", now) is not None  # a card in common
+    assert screen.ended_on_defaults(study, "GPU-b", now) is None  # another machine
+    assert screen.ended_on_defaults(study, None, now) is None  # the simulator
+    assert screen.ended_on_defaults(study, "GPU-a", now + screen.SAME_RUN_S) is None  # too old
+    more = make_cfg(
+        "+workload=chat",
+        "mode=screen",
+        "tracking=none",
+        "screen.only=[kv_fp8,mns_256,block_32,cg_piecewise]",
+    )
+    monkeypatch.setattr(screen, "here", lambda cfg: "GPU-a")
+    screen.prepare(study, more)
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [screen_arm(t) for t in waiting] == ["cg_piecewise", D]
+    # on another machine the new servers open with the defaults, as before
+    other = optuna.create_study(directions=["maximize", "minimize"])
+    cfg2 = screen.prepare(other, cfg)
+    for c in (58.4, 60.9, 59.0, 57.5, 58.8):
+        _told(other, cfg2, c, on="GPU-a")
+    monkeypatch.setattr(screen, "here", lambda cfg: "GPU-b")
+    screen.prepare(other, more)
+    waiting = other.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [screen_arm(t) for t in waiting] == [D, "cg_piecewise", D]
+    # a last defaults' server that failed: the defaults open the new servers
+    third = optuna.create_study(directions=["maximize", "minimize"])
+    cfg3 = screen.prepare(third, cfg)
+    for c in (58.4, 60.9, 59.0, 57.5, None):
+        _told(third, cfg3, c, failure=None if c else "engine_dead", on="GPU-a")
+    ended = third.trials[-1].datetime_complete
+    assert ended is not None and screen_arm(third.trials[-1]) == D
+    assert screen.ended_on_defaults(third, "GPU-a", ended.timestamp() + 60) is None
+
+
 def test_this_machine_is_its_gpus_uuids_on_real_vllm_only(
     make_cfg: Callable[..., TunerConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
