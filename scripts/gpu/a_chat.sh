@@ -6,7 +6,7 @@ source "$(dirname "$0")/common.sh"
 mkdir -p $W/chat && cd $W/chat
 N=$(remaining "${TRIALS:-12}")
 echo "chat study: $N trials to run"
-timeout -s INT -k 40 "${LIMIT:-530}" python3 -m tuner "${CHAT_ARGS[@]}" \
+timeout --foreground -s INT -k 40 "${LIMIT:-530}" python3 -m tuner "${CHAT_ARGS[@]}" \
   'engine.gpus=[0,1]' study.n_workers=2 study.n_trials="$N" confirm.enabled=false \
   'study.enqueue=[{gpu_memory_utilization:0.48},{gpu_memory_utilization:0.6},{enforce_eager:true},{block_size:32}]' \
   > "$LOGS/chat-a.log" 2>&1

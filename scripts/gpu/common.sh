@@ -73,7 +73,7 @@ client_capacity() {
   [ -n "${CAP_CLIENTS:-}" ] && clients=(--clients $CAP_CLIENTS)
   for p in ${CAP_PROCESSES:-8 4 2 1}; do
     [ $(( T - SECONDS )) -lt 120 ] && { echo "no time left for P=$p"; break; }
-    timeout -s INT -k 10 "$(( T - SECONDS - 40 ))" "${pin[@]}" \
+    timeout --foreground -s INT -k 10 "$(( T - SECONDS - 40 ))" "${pin[@]}" \
       python3 benchmarks/client_capacity.py --processes "$p" --server-processes "${CAP_SERVERS:-8}" \
       "${clients[@]}" --out "$W/capacity/client_capacity-h200host-${CAP_TAG:-}p$p.json"
     echo "client_capacity P=$p rc=$?"

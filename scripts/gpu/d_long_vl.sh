@@ -6,7 +6,7 @@
 #          fix and a warm-up run; NO_BENCH=1 skips it), then the image_heavy study on the
 #          Qwen3-VL-8B shape, search in calls 1-3 and its confirm stage at the end of call 3.
 # Every job stops itself before the call's end: study.timeout_s lets no trial start that cannot
-# finish, `timeout -s INT` is the backstop. T: seconds this call may use (from the script's start).
+# finish, `timeout --foreground -s INT` is the backstop. T: seconds this call may use (from the script's start).
 # If the machine went cold between calls, the state comes back from .gpu-restore/ (the previous
 # call's d<K>.tgz.part-* files, carried), or LONG_DB / VL_DB name stored Optuna files to continue.
 # The calls as run (exact commands): docs/gpu-runs/2026-11-30-h200x2-long-vl.md,
@@ -64,7 +64,7 @@ study() {
     n=0; budget=1
   fi
   cd "$W/$dir"
-  timeout -s INT -k 30 "$hard" python3 -m tuner "$@" study.n_trials="$n" \
+  timeout --foreground -s INT -k 30 "$hard" python3 -m tuner "$@" study.n_trials="$n" \
     study.timeout_s="$budget" confirm.enabled=$conf
   echo "tuner rc=$?"
 }
@@ -84,7 +84,7 @@ LONG=$!
   if { [ "$CALL" = 1 ] || [ -n "${BENCH:-}" ]; } && [ -z "${NO_BENCH:-}" ]; then
     cd "$ROOT"
     # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=1 VLLM_SERVER_DEV_MODE=1 timeout -s INT -k 30 "${BENCH_LIMIT:-380}" \
+    CUDA_VISIBLE_DEVICES=1 VLLM_SERVER_DEV_MODE=1 timeout --foreground -s INT -k 30 "${BENCH_LIMIT:-380}" \
       python3 benchmarks/replay_vs_vllm_bench.py --one-server --concurrency ${BENCH_CONC:-8 64} \
       --reps "${BENCH_REPS:-3}" \
       --waves 8 --min-requests 64 \

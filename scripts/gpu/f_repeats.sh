@@ -12,13 +12,13 @@ source "$(dirname "$0")/common.sh"
 mkdir -p "$W/rep" "$W/long/outputs/state"
 [ -n "${LONG_DB:-}" ] && [ ! -f "$W/long/outputs/state/optuna.db" ] && cp "$LONG_DB" "$W/long/outputs/state/optuna.db"
 hard=$(( T - SECONDS - 20 ))
-( cd "$W/rep" && timeout -s INT -k 20 "$hard" python3 -m tuner +workload=chat engine=$ENGINE \
+( cd "$W/rep" && timeout --foreground -s INT -k 20 "$hard" python3 -m tuner +workload=chat engine=$ENGINE \
     model=qwen-0.5b study.name=chat-repeats-qwen05b 'engine.gpus=[0]' study.repeats=2 objective=throughput \
     study.n_trials="${REP_TRIALS:-3}" workload.num_requests=300 workload.arrival.concurrency=64 \
     workload.client_processes=2 engine.cpu_pinning=true study.timeout_s=$(( hard - 150 )) \
     confirm.enabled=false > "$LOGS/repeats.log" 2>&1; echo "tuner rc=$?" >> "$LOGS/repeats.log" ) &
 R=$!
-( cd "$W/long" && timeout -s INT -k 20 "$hard" python3 -m tuner +workload=long_docs \
+( cd "$W/long" && timeout --foreground -s INT -k 20 "$hard" python3 -m tuner +workload=long_docs \
     engine=$ENGINE model=qwen3-8b study.name=long_docs32-qwen3-8b 'engine.gpus=[1]' \
     workload.arrival.concurrency=32 workload.num_requests=96 objective=goodput \
     'confirm.picks=[goodput,baseline]' confirm.load_factor=1 confirm.duration_factor=1 \

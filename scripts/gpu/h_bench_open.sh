@@ -24,7 +24,7 @@ run_bench() {  # run_bench GPU ARGS [SERVER_CORES CLIENT_CORES]: cores pin the s
   mkdir -p "$dir"
   [ -n "${3:-}" ] && srv="taskset -c $3 $SERVER" && pin=(taskset -c "$4")
   # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=$gpu VLLM_SERVER_DEV_MODE=1 timeout -s INT -k 40 "$(( T - SECONDS - 45 ))" \
+  CUDA_VISIBLE_DEVICES=$gpu VLLM_SERVER_DEV_MODE=1 timeout --foreground -s INT -k 40 "$(( T - SECONDS - 45 ))" \
     "${pin[@]}" "${PY:-python3}" benchmarks/replay_vs_vllm_bench.py --one-server $2 --reps "${REPS:-40}" \
     --rate-duration-s "${RUN_S:-20}" --server-cmd "$srv" \
     --workdir "$dir" --out "$dir/replay_vs_vllm_bench-h200-$TAG-gpu$gpu.json" > "$dir/bench.log" 2>&1

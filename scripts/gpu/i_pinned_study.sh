@@ -19,7 +19,7 @@ N=$(remaining "${TRIALS:-4}" "$NAME" pin)
 echo "pinned chat study: $N trials to run"
 hard=$(( T - SECONDS - 50 ))
 # shellcheck disable=SC2086
-timeout -s INT -k 30 "$hard" python3 -m tuner "${CHAT_ARGS[@]}" study.name=$NAME \
+timeout --foreground -s INT -k 30 "$hard" python3 -m tuner "${CHAT_ARGS[@]}" study.name=$NAME \
   'engine.gpus=[0,1]' study.n_workers=2 study.n_trials="$N" confirm.enabled=false \
   study.timeout_s=$(( hard - 200 )) engine.cpu_pinning=true \
   workload.client_loop="${LOOP:-uvloop}" workload.client_processes="${PROCS:-2}" ${EXTRA:-} \

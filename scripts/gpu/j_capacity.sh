@@ -20,7 +20,7 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
     [ $(( T - SECONDS )) -lt 240 ] && { echo "no time left for round $r $arm"; break 2; }
     extra=()
     [ "$arm" = mns160 ] && extra=(+model.fixed_args.max-num-seqs=160)
-    timeout -s INT -k 30 $(( T - SECONDS - 60 )) python3 -m tuner "${CAP_ARGS[@]}" \
+    timeout --foreground -s INT -k 30 $(( T - SECONDS - 60 )) python3 -m tuner "${CAP_ARGS[@]}" \
       "study.name=cap-$arm" "${extra[@]}" > "$LOGS/cap-$arm-$r.log" 2>&1
     echo "round $r $arm: rc=$? $(grep -o 'SLO capacity.*' "$LOGS/cap-$arm-$r.log" | tail -1)"
   done

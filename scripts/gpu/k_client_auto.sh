@@ -17,7 +17,7 @@ nproc > "$W/capacity/nproc.txt"
 lscpu > "$W/capacity/lscpu.txt" 2>&1
 quick=()
 [ -n "${QUICK:-}" ] && quick=(--quick)
-timeout -s INT -k 10 "$(( T - SECONDS - 20 ))" \
+timeout --foreground -s INT -k 10 "$(( T - SECONDS - 20 ))" \
   python3 benchmarks/client_capacity.py --auto "${quick[@]}" \
   --out "$OUT/client_capacity-auto-h200host.json" > "$OUT/client_auto.log" 2>&1
 echo "client_capacity --auto rc=$?"

@@ -24,13 +24,13 @@ mkdir -p "$W/a" "$W/b"
 for d in a b; do
   left=$(( T - SECONDS - 60 ))
   [ "$left" -lt 200 ] && { echo "no time left for run $d"; break; }
-  (cd "$W/$d" && timeout -s INT -k 30 "$left" python3 -m tuner "${ARGS[@]}" \
+  (cd "$W/$d" && timeout --foreground -s INT -k 30 "$left" python3 -m tuner "${ARGS[@]}" \
     "study.timeout_s=$(( left - 150 ))" > "$LOGS/run-$d.log" 2>&1)
   echo "run $d: rc=$? $(grep -ai 'start-up:' "$LOGS/run-$d.log" | tail -1)"
 done
 left=$(( T - SECONDS - 60 ))
 if [ "$left" -gt 300 ]; then
-  timeout -s INT -k 20 "$left" python3 benchmarks/startup.py --engine "$ENGINE" \
+  timeout --foreground -s INT -k 20 "$left" python3 benchmarks/startup.py --engine "$ENGINE" \
     --configs "${BENCH_CONFIGS:-defaults,gmu_0.80}" --passes cold,warm --hold-s "${HOLD:-5}" \
     --out "$W/bench/startup-h200.json" > "$LOGS/bench.log" 2>&1
   echo "bench: rc=$? $(tail -1 "$LOGS/bench.log")"

@@ -30,7 +30,7 @@ declare -A FLAG=(
 PER="${PER:-200}"  # seconds a server is planned to take (start-up, 4-6 replays, stop)
 run() {  # run ARM [FLAG]
   local arm=$1; shift
-  timeout -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner "${ARGS[@]}" \
+  timeout --foreground -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner "${ARGS[@]}" \
     "study.name=lev-$arm" "$@" > "$LOGS/lev-$arm-$SECONDS.log" 2>&1
   echo "$(date -u +%T) $arm: rc=$? $(grep -ho 'SLO capacity.*' "$LOGS"/lev-"$arm"-*.log | tail -1)"
 }

@@ -31,7 +31,7 @@ M="${M:-$W/smollm2}"
 mkdir -p "$W/sq" && cd "$W/sq"
 PER="${PER:-150}"  # seconds a server is planned to take (start-up, capacity search, eval replay)
 # shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
-timeout -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
+timeout --foreground -s INT -k 30 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
   model=smollm2-135m "model.path=$M" mode=screen "workload.arrival.concurrency=${CONC:-256}" \
   "workload.num_requests=${REQS:-800}" "objective.capacity.max_steps=${STEPS:-2}" \
   "screen.servers=${SERVERS:-1}" "screen.defaults_every=${EVERY:-2}" \

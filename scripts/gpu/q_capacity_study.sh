@@ -21,7 +21,7 @@ case "${1:-run}" in
 esac
 mkdir -p "$W/cs" && cd "$W/cs"
 # shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
-timeout -s INT -k 60 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
+timeout --foreground -s INT -k 60 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
   model=qwen3-8b objective=capacity "study.n_trials=${N:-8}" 'confirm.picks=[capacity,baseline]' \
   confirm.rounds=2 ${EXTRA:-} > "$LOGS/cs.log" 2>&1
 echo "$(date -u +%T) study: rc=$?"

@@ -34,7 +34,7 @@ case "${1:-run}" in
         pack fs logs fs bench; exit 0 ;;
 esac
 mkdir -p "$W/fs" "$W/bench"
-timeout -s INT -k 30 $(( T - SECONDS - 60 )) python3 benchmarks/startup.py --engine "$ENGINE" \
+timeout --foreground -s INT -k 30 $(( T - SECONDS - 60 )) python3 benchmarks/startup.py --engine "$ENGINE" \
   --configs defaults --passes cold,warm,launchers --launchers "${LAUNCHERS:-plain,preload,fork,preload_fork}" \
   --repeat "${REPEAT:-1}" --hold-s "${HOLD:-5}" --out "$W/bench/startup-launchers.json" \
   --logs "$W/bench/servers" > "$LOGS/bench.log" 2>&1
@@ -55,7 +55,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     [ "$arm" = plain ] && extra=(engine.preload=false)
     [ "$arm" = plain ] && [ "$ENGINE" = vllm ] && extra+=('~engine.env.VLLM_WORKER_MULTIPROC_METHOD')
     [ "$arm" = fast ] && [ "$ENGINE" = sim ] && extra=(engine.preload=true)
-    timeout -s INT -k 30 $(( T - SECONDS - 40 )) python3 -m tuner "${ARGS[@]}" \
+    timeout --foreground -s INT -k 30 $(( T - SECONDS - 40 )) python3 -m tuner "${ARGS[@]}" \
       "study.name=fs-$arm" "${extra[@]}" > "$LOGS/fs-$arm-$r.log" 2>&1
     echo "$(date -u +%T) round $r $arm: rc=$? $(grep -o 'ready in [0-9.]* s' "$LOGS/fs-$arm-$r.log" | head -1); $(grep -o 'SLO capacity [^(]*' "$LOGS/fs-$arm-$r.log" | tail -1)"
   done
@@ -65,7 +65,7 @@ python3 "$ROOT/scripts/gpu/capacity_verdict.py" "$W/fs/outputs/state/optuna.db" 
 # 3. if time is left: one cold launch of the defaults with vLLM's DEBUG log, to see what fills
 # the api and warmup phases (the defaults spent 18 s in warmup warm or cold on 2026-12-02)
 if [ $(( T - SECONDS )) -gt 240 ]; then
-  cd "$ROOT" && timeout -s INT -k 20 $(( T - SECONDS - 40 )) python3 benchmarks/startup.py \
+  cd "$ROOT" && timeout --foreground -s INT -k 20 $(( T - SECONDS - 40 )) python3 benchmarks/startup.py \
     --engine "$ENGINE" --configs defaults --passes cold --hold-s 1 --out "$W/bench/startup-debug.json" \
     --logs "$W/bench/debug" -- +engine.env.VLLM_LOGGING_LEVEL=DEBUG > "$LOGS/bench-debug.log" 2>&1
   echo "$(date -u +%T) debug launch: rc=$? $(tail -1 "$LOGS/bench-debug.log")"
