@@ -16,7 +16,10 @@
 #   480 s wait returned nothing, docs/gpu-runs/2026-12-05-levers-chat-h100-2.md)
 # WL=long_docs screens that profile. As shipped (from 4 in flight, 40 requests) one server took
 # over 8 minutes on an H100 without finishing its search (docs/gpu-runs/2026-12-06-levers-h100.md):
-# D L D does not fit one hold; start it higher (CONC=16) or run one server a session (DB=...).
+# each capacity step measures >= 100 requests at ~1 req/s. Start it near its capacity and screen
+# one lever a hold, on an H200 (the simulator's prediction, ~19 in flight, is calibrated there):
+#   WL=long_docs CONC=16 SERVERS=1 EVERY=1 LEVERS=kv_fp8 T=1500 PER=600   (D kv D)
+# On the simulator that command's servers took 3-5 replays each (2026-12-06).
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
 #   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
 #   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
