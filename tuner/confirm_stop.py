@@ -123,8 +123,9 @@ class Losers:
             else f"short of confirm.min_effect (+{effect:.0%}) beyond the spread between rounds"
         )
         log.info(
-            "%s: %s: after %d and %d rounds it is %s, %s (confirm.stop_losers)", step, why,
-            below.n_pick, below.n_base, where, gain_text(below, name),
+            "%s: %s: after %d and %d rounds it is %s, %s, the spread pooled over the stage's %d "
+            "configs (confirm.stop_losers)", step, why, below.n_pick, below.n_base, where,
+            gain_text(below, name), len(self.candidates),
         )  # fmt: skip
         return True
 

@@ -154,3 +154,4 @@ def test_the_other_picks_spread_settles_a_noisy_pick(
     lines = [r.getMessage() for r in caplog.records if "not run, nor its" in r.getMessage()]
     assert len(lines) == 1 and f"trial {noisy} (pick {noisy})" in lines[0]
     assert "short of confirm.min_effect (+3%)" in lines[0] and "+2.1 %" in lines[0]
+    assert "the spread pooled over the stage's 3 configs" in lines[0]
