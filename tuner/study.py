@@ -321,10 +321,8 @@ async def _confirm(
     results are stored in the study (:class:`~tuner.stored_study.ConfirmRuns`): the same command
     after an interruption runs only the servers not stored (those with an eval replay again). A
     candidate that changes numerics, and the defaults, replay the eval set on each server after
-    its stress replays (:mod:`tuner.quality_guard`), and are judged on it too. With
-    ``confirm.stop_losers``, from the third round on a pick settled below ``confirm.min_effect``
-    (:class:`tuner.confirm_stop.Losers`) runs no more rounds, nor the defaults once every pick
-    has."""
+    its stress replays (:mod:`tuner.quality_guard`), and are judged on it too. Which candidate
+    runs no more rounds: ``confirm.stop_losers``, :class:`tuner.confirm_stop.Losers`."""
     cfg, root = ctx.cfg, ctx.cache_root
     cc = cfg.confirm
     replays = []
