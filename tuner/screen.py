@@ -195,23 +195,27 @@ def ended_on_defaults(study: optuna.Study, machine: str | None, now: float) -> f
     busy = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
     if any(stored_trial.screen_arm(t) is not None for t in study.get_trials(states=busy)):
         return None
-    ended = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete is not None]
-    if not ended:
+    ended = [(t.datetime_complete, t) for t in study.get_trials(deepcopy=False)]
+    done = [(when, t) for when, t in ended if when is not None]
+    if not done:
         return None
-    last = max(ended, key=lambda t: t.datetime_complete or 0)
-    ran = stored_trial.machine(last)
-    ago = now - last.datetime_complete.timestamp() if last.datetime_complete else None
+    when, last = max(done, key=lambda p: p[0])
+    ago = now - when.timestamp()
     if (
         last.state != optuna.trial.TrialState.COMPLETE
         or stored_trial.screen_arm(last) != DEFAULTS
         or _capacity(last) is None
-        or ran is None
-        or not set(machine.split(",")) & set(ran.split(","))
-        or ago is None
+        or not _same_gpus(machine, stored_trial.machine(last))
         or ago >= SAME_RUN_S
     ):
         return None
     return ago
+
+
+def _same_gpus(machine: str, ran: str | None) -> bool:
+    """Whether a trial that ran on ``ran`` (:func:`tuner.stored_trial.machine`; None: not
+    recorded) shares a GPU with ``machine``."""
+    return bool(ran) and bool(set(machine.split(",")) & set(str(ran).split(",")))
 
 
 def defaults_first(study: optuna.Study, params: dict[str, Any], machine: str | None) -> int:
@@ -230,14 +234,11 @@ def defaults_first(study: optuna.Study, params: dict[str, Any], machine: str | N
     ]
     if machine is None or not waiting or stored_trial.screen_arm(waiting[0]) == DEFAULTS:
         return 0
-    cards = set(machine.split(","))
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        ran = stored_trial.machine(t)
         if (
             stored_trial.screen_arm(t) == DEFAULTS
             and _capacity(t) is not None
-            and ran
-            and cards & set(ran.split(","))
+            and _same_gpus(machine, stored_trial.machine(t))
         ):
             return 0
     queue = [

@@ -185,9 +185,7 @@ def gain_in_blocks(
     and its degrees of freedom and nothing else: the model's one ``e`` for every config (the
     confirm stage's other picks, for :func:`tuner.confirm_stop.settled_below`)."""
     n_all = len(base)
-    by_m: dict[str | None, list[float]] = {}
-    for m, v in base:
-        by_m.setdefault(m, []).append(v)
+    by_m = _by_machine(base)
     used = [(m, v) for m, v in pick if m in by_m]
     left = len(pick) - len(used)
     note = (
@@ -209,10 +207,12 @@ def gain_in_blocks(
     d = sum(x - mean_b[m] for (m, _), x in zip(used, lp, strict=True)) / k
     point = math.exp(sign * d) - 1.0
     n_base = sum(len(logs_b[m]) for m in {m for m, _ in used})
-    by_pick: dict[str | None, list[float]] = {}
-    for (m, _), x in zip(used, lp, strict=True):
-        by_pick.setdefault(m, []).append(x)
-    groups = [*logs_b.values(), *by_pick.values(), *_within_machines(spread)]
+    by_pick = _by_machine([(m, x) for (m, _), x in zip(used, lp, strict=True)])
+    others = [g for arm in spread for g in _by_machine(arm).values()]
+    spread_logs = [
+        xs for g in others if (xs := [math.log(v) for v in g if v > 0 and math.isfinite(v)])
+    ]
+    groups = [*logs_b.values(), *by_pick.values(), *spread_logs]
     ss = sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in groups)
     df = sum(len(g) - 1 for g in groups)
     if df < 1:
@@ -229,15 +229,11 @@ def gain_in_blocks(
     return Gain(point, lo, hi, k, n_base, why=note)
 
 
-def _within_machines(arms: Sequence[Sequence[tuple[str | None, float]]]) -> list[list[float]]:
-    """Each arm's log values grouped by machine (values a log cannot take left out)."""
-    out: list[list[float]] = []
-    for arm in arms:
-        by_m: dict[str | None, list[float]] = {}
-        for m, v in arm:
-            if v > 0 and math.isfinite(v):
-                by_m.setdefault(m, []).append(math.log(v))
-        out.extend(by_m.values())
+def _by_machine(values: Sequence[tuple[str | None, float]]) -> dict[str | None, list[float]]:
+    """The values grouped by the machine each came from, in order."""
+    out: dict[str | None, list[float]] = {}
+    for m, v in values:
+        out.setdefault(m, []).append(v)
     return out
 
 
