@@ -179,18 +179,25 @@ def _steps(study: optuna.Study) -> list[str]:
 
 
 def test_a_stall_of_the_host_is_replayed_not_measured(tmp_path: Path) -> None:
-    # the simulated server stops for 1 s at the 280th request, in the search's step at 4x the
-    # workload's load (16 in flight; the workload's own replay sends 101 requests, the step at
-    # 2x up to 117, so the 280th is about the 60th counted of that step's 132), as a busy CI
-    # host stops it. Measured as is, that step fails and the capacity reads lower. Replayed once
-    # (objective.capacity.stall_ms), the search goes on from the second replay. Until 2026-12-05 the stall was at the 150th request, in the step at 2x (8 in
-    # flight): the requests decoding when it struck, 5-7 of 100 counted, put the step's TPOT p95
-    # on the SLO's edge, and a fresh-clone CI run saw it hold (margin +0.024 on a rerun).
+    # the simulated server stops for 1 s at the 162nd request, as a busy CI host stops it: in the
+    # search's step at 2x the workload's load (12 in flight; the workload's own replay sends 101
+    # requests, the step 1 warm-up and then 124, so the 162nd is the 60th measured, counted
+    # from the 13th to the 112th). Measured as is, the ~12 requests decoding when it struck
+    # fail the TPOT SLO (10 ms: +30-60 ms each), 10 % of those counted, so that step fails and
+    # the capacity reads lower. Replayed once (objective.capacity.stall_ms), the search goes on
+    # from the second replay. 12 in flight lies far below the capacity (~18), so a busy host
+    # alone does not fail that step. Until 2026-12-06 the stall was at the 280th request, in
+    # the step at 4x (16 in flight, ~10 % under the capacity); a fresh-clone CI run then found
+    # no step replayed, as the scraper's read in flight at the pruned step's end was cancelled
+    # with the stall in it (tuner/telemetry/prom.py). Until 2026-12-05 it was in the step at 2x
+    # of 4 in flight (8), where the 5-7 requests it struck of 100 counted put the step's TPOT
+    # p95 on the SLO's edge.
     def run(name: str, *extra: str) -> tuple[optuna.trial.FrozenTrial, dict[str, Any], str]:
         p = tuner(
-            tmp_path, *SMALL, "space=none", "study.n_trials=1", "objective.capacity.incumbent_probe=false",
-            "objective.capacity.predict_start=false", "tracking=none", f"study.name={name}",
-            "+engine.env.TUNER_SIM_STALL=280:1", *extra, timeout=600,
+            tmp_path, *SMALL, "workload.arrival.concurrency=6", "space=none", "study.n_trials=1",
+            "objective.capacity.incumbent_probe=false", "objective.capacity.predict_start=false",
+            "tracking=none", f"study.name={name}", "+engine.env.TUNER_SIM_STALL=162:1", *extra,
+            timeout=600,
         )  # fmt: skip
         assert p.returncode == 0, p.stderr[-3000:]
         (t,) = optuna.load_study(study_name=name, storage=storage(tmp_path)).trials
@@ -198,19 +205,21 @@ def test_a_stall_of_the_host_is_replayed_not_measured(tmp_path: Path) -> None:
         return t, cap, p.stdout + p.stderr
 
     t, cap, out = run("stalled")
+    assert len(cap["repeated"]) == 1, (cap["repeated"], _steps_of(t))
     (voided,) = cap["repeated"]
-    assert voided["factor"] == 4.0 and voided["stall_ms"] >= 500, voided
+    assert voided["factor"] == 2.0 and voided["stall_ms"] >= 500, voided
     assert (Path(t.user_attrs["trial_dir"]) / voided["replay"] / "requests.jsonl").is_file()
     assert "the simulator stalled" in out and "replaying it once" in out
-    again = [s for s in cap["steps"] if s["factor"] == 4.0]
-    assert again and again[0]["held"] and again[0]["sim_lag_max_ms"] < 100, cap["steps"]
+    again = [s for s in cap["steps"] if s["factor"] == 2.0]
+    assert again and again[0]["held"] and again[0]["sim_lag_max_ms"] < 100, _steps_of(t)
     replayed = t.user_attrs["metrics"]["capacity_rps"]
     assert replayed > 53, _steps_of(t)  # ~64 unstalled
 
     # the same stall measured as is: what the replay saves the search from. The stalled step
-    # fails, and the search narrows below it (2026-12-05: 54 req/s held at 3x, 4 replays)
+    # fails, and the search narrows below it, between 6 and 12 in flight (2026-12-06: 50.4 req/s
+    # held at 1.83x against 69.1 replayed, 4 replays)
     t, cap, _ = run("measured", "objective.capacity.stall_ms=0", "objective.capacity.max_steps=4")
     assert cap["repeated"] == []
-    (stalled,) = [s for s in cap["steps"] if s["factor"] == 4.0]
-    assert not stalled["held"] and stalled["sim_lag_max_ms"] >= 500, cap["steps"]
+    (stalled,) = [s for s in cap["steps"] if s["factor"] == 2.0]
+    assert not stalled["held"] and stalled["sim_lag_max_ms"] >= 500, _steps_of(t)
     assert t.user_attrs["metrics"]["capacity_rps"] < 0.95 * replayed, _steps_of(t)

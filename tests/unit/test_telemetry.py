@@ -227,6 +227,35 @@ async def test_scraper_summary_has_the_simulators_lag(
     assert "sim_lag_mean_ms" not in s.summary() and "sim_lag_max_ms" not in s.summary()
 
 
+async def test_a_read_in_flight_at_exit_is_finished_not_cancelled(
+    serve_app: Callable[[web.Application], AbstractAsyncContextManager[str]],
+) -> None:
+    # the simulator's tuner_sim:stream_lag_max_seconds is reset by every read: the periodic read
+    # in flight when the replay ends carries the 1 s stall, and the exit read finds 0 (a
+    # fresh-clone CI run, 2026-12-06: cancelled, that read took the stall along)
+    calls = 0
+    in_flight = asyncio.Event()
+
+    async def handle(_: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        lag = 0.0
+        if calls == 2:  # the periodic read, answered late (the host stalled), with the stall
+            in_flight.set()
+            await asyncio.sleep(0.3)
+            lag = 1.0
+        text = f'# TYPE tuner_sim:stream_lag_max_seconds gauge\ntuner_sim:stream_lag_max_seconds{{engine="0"}} {lag}\n'
+        return web.Response(text=METRICS + text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    async with serve_app(app) as base, MetricsScraper(base, interval_s=0.05) as s:
+        await in_flight.wait()
+    assert calls == 3  # entry, the periodic read, exit
+    assert s.series("tuner_sim:stream_lag_max_seconds") == [0.0, 1.0, 0.0]
+    assert s.peak_within("tuner_sim:stream_lag_max_seconds", 0.0, time.perf_counter()) == 1.0
+
+
 async def test_scraper_with_session(metrics_server: tuple[str, MetricsServer]) -> None:
     base, ms = metrics_server
     async with aiohttp.ClientSession(base_url=base) as session:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -78,6 +79,12 @@ class MetricsScraper:
     URL, or pass ``base_url=``). ``samples`` holds ``{"t_s": seconds since entry, name: value}``
     for the ``names`` present; scrape failures are counted in ``errors`` (last one in
     ``last_error``) and never raised.
+
+    On a normal exit a read still in flight is finished, not cancelled (at most ``timeout_s``):
+    the simulator's ``tuner_sim:stream_lag_max_seconds`` is reset by every read, so a read
+    cancelled after the server answered it took its value along. A fresh-clone CI run
+    (2026-12-06) missed a 1 s stall of the simulator that way: the step was pruned right after
+    the stall, the periodic read then in flight carried the 1 s, and the exit read found 0.
     """
 
     def __init__(
@@ -106,6 +113,7 @@ class MetricsScraper:
         self.last_error: str | None = None
         self._t0 = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
 
     async def scrape_once(self) -> dict[str, float] | None:
         """One scrape appended to ``samples``; ``None`` (and ``errors`` + 1) if it failed."""
@@ -136,13 +144,17 @@ class MetricsScraper:
         next_at = time.perf_counter()
         while True:
             next_at += self.interval_s
-            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), max(0.0, next_at - time.perf_counter()))
+            if self._stop.is_set():
+                return
             await self.scrape_once()
 
     async def __aenter__(self) -> MetricsScraper:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         self._t0 = time.perf_counter()
+        self._stop.clear()
         await self.scrape_once()
         self._task = asyncio.create_task(self._loop())
         return self
@@ -154,7 +166,14 @@ class MetricsScraper:
         tb: TracebackType | None,
     ) -> None:
         if self._task is not None:
-            await cancel_and_wait(self._task)
+            if exc_type is None:  # between reads, or once the read in flight has its answer
+                self._stop.set()
+                try:
+                    await self._task
+                finally:
+                    self._task.cancel()  # cancelled itself meanwhile: no read left behind
+            else:
+                await cancel_and_wait(self._task)
             self._task = None
         try:
             if exc_type is None:
