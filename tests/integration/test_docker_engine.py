@@ -293,6 +293,7 @@ async def test_the_gpu_memory_is_checked_free_after_the_container_is_removed(
             "engine.health_interval_s=0.1",
             "engine.gpu_free_timeout_s=1",
             "+engine.env.TUNER_SIM_SPEEDUP=20",
+            "objective=throughput",  # one replay: the check after the stop is what is tested
             "workload.num_requests=6",
             "workload.warmup_requests=0",
             "workload.output_tokens.low=8",
