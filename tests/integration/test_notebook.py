@@ -26,6 +26,9 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 CAPACITY = [
     *BINDING_SLOS,  # its SLOs bind at ~16 in flight: a capacity trial in 10-20 s
+    # 100 requests a replay, not chat's 300: its second trial's config serves ~5 req/s at 4 in
+    # flight, so its own replay took 35 s of this study's 99 (2026-12-06)
+    "workload.num_requests=100",
     "study.n_trials=2",
     "objective.capacity.max_steps=4",
     "confirm.rounds=1",  # a recommendation to export, from one fresh server per candidate

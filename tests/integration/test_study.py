@@ -144,6 +144,9 @@ def test_other_workloads_complete(make_cfg: Callable[..., TunerConfig], workload
         "workload.output_tokens.high=16",
         "engine.env.TUNER_SIM_SPEEDUP=20",
         "confirm.enabled=false",
+        # the default objective's search, cut to one step after the workload's own replay: a
+        # step at another load of these requests is what runs (the whole search took 23-44 s)
+        "objective.capacity.max_steps=2",
     )
     study_mod.run(cfg)
     study = optuna.load_study(
@@ -152,6 +155,7 @@ def test_other_workloads_complete(make_cfg: Callable[..., TunerConfig], workload
     t = study.trials[0]
     assert t.user_attrs["failure_reason"] is None, t.user_attrs["failure_detail"]
     assert t.user_attrs["metrics"]["completed"] == 4
+    assert t.user_attrs["metrics"]["capacity_steps"] == 2
     result = json.loads((Path(cfg.paths.output_dir) / "trial_0000" / "result.json").read_text())
     assert result["metrics"]["prompt_tokens_mean"] > 0
 
