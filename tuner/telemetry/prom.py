@@ -171,7 +171,7 @@ class MetricsScraper:
                 try:
                     await self._task
                 finally:
-                    self._task.cancel()  # cancelled itself meanwhile: no read left behind
+                    self._task.cancel()  # this task cancelled while it waited: the loop too
             else:
                 await cancel_and_wait(self._task)
             self._task = None
