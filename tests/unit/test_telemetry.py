@@ -244,7 +244,10 @@ async def test_a_read_in_flight_at_exit_is_finished_not_cancelled(
             in_flight.set()
             await asyncio.sleep(0.3)
             lag = 1.0
-        text = f'# TYPE tuner_sim:stream_lag_max_seconds gauge\ntuner_sim:stream_lag_max_seconds{{engine="0"}} {lag}\n'
+        text = (
+            "# TYPE tuner_sim:stream_lag_max_seconds gauge\n"
+            f'tuner_sim:stream_lag_max_seconds{{engine="0"}} {lag}\n'
+        )
         return web.Response(text=METRICS + text, content_type="text/plain")
 
     app = web.Application()
