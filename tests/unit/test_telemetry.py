@@ -6,7 +6,7 @@ import asyncio
 import socket
 import time
 import types
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -193,6 +193,21 @@ async def test_scraper_time_series_and_summary(
     assert summ["scrape_errors"] == 1.0
 
 
+def lag_max_text(seconds: float) -> str:
+    """The simulator's ``tuner_sim:stream_lag_max_seconds`` as its ``/metrics`` shows it."""
+    return (
+        "# TYPE tuner_sim:stream_lag_max_seconds gauge\n"
+        f'tuner_sim:stream_lag_max_seconds{{engine="0"}} {seconds}\n'
+    )
+
+
+def metrics_app(handle: Callable[[web.Request], Awaitable[web.Response]]) -> web.Application:
+    """A server whose ``/metrics`` is ``handle``."""
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    return app
+
+
 async def test_scraper_summary_has_the_simulators_lag(
     serve_app: Callable[[web.Application], AbstractAsyncContextManager[str]],
 ) -> None:
@@ -209,14 +224,12 @@ async def test_scraper_summary_has_the_simulators_lag(
             f'tuner_sim:stream_lag_seconds_bucket{{engine="0",le="+Inf"}} {100 + 400 * k}.0\n'
             f'tuner_sim:stream_lag_seconds_count{{engine="0"}} {100 + 400 * k}.0\n'
             f'tuner_sim:stream_lag_seconds_sum{{engine="0"}} {0.5 + 2.0 * k}\n'
-            "# TYPE tuner_sim:stream_lag_max_seconds gauge\n"
             # the latest chunk since the previous read: 3 s before the replay (not its), 0.25 s in it
-            f'tuner_sim:stream_lag_max_seconds{{engine="0"}} {3.0 if k == 0 else 0.25}\n'
+            + lag_max_text(3.0 if k == 0 else 0.25)
         )
         return web.Response(text=METRICS + lag, content_type="text/plain")
 
-    app = web.Application()
-    app.router.add_get("/metrics", handle)
+    app = metrics_app(handle)
     async with serve_app(app) as base, MetricsScraper(base, interval_s=10.0) as s:
         pass
     assert s.summary()["sim_lag_mean_ms"] == pytest.approx(5.0)
@@ -244,15 +257,9 @@ async def test_a_read_in_flight_at_exit_is_finished_not_cancelled(
             in_flight.set()
             await asyncio.sleep(0.3)
             lag = 1.0
-        text = (
-            "# TYPE tuner_sim:stream_lag_max_seconds gauge\n"
-            f'tuner_sim:stream_lag_max_seconds{{engine="0"}} {lag}\n'
-        )
-        return web.Response(text=METRICS + text, content_type="text/plain")
+        return web.Response(text=METRICS + lag_max_text(lag), content_type="text/plain")
 
-    app = web.Application()
-    app.router.add_get("/metrics", handle)
-    async with serve_app(app) as base, MetricsScraper(base, interval_s=0.05) as s:
+    async with serve_app(metrics_app(handle)) as base, MetricsScraper(base, interval_s=0.05) as s:
         await in_flight.wait()
     assert calls == 3  # entry, the periodic read, exit
     assert s.series("tuner_sim:stream_lag_max_seconds") == [0.0, 1.0, 0.0]
