@@ -70,7 +70,8 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def steps_of(capacity_json: Path) -> list[dict[str, Any]]:
-    """The held closed-loop steps of one search, each with the three readings."""
+    """The held steps of one search, each with both readings (a closed loop's: an open loop's
+    stored rate is its offered one, which this does not judge)."""
     doc = json.loads(capacity_json.read_text())
     if doc.get("repeated"):
         return []
