@@ -35,6 +35,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner.plots.common import read_jsonl  # noqa: E402
+
 MIN_BUSY_S = 1.0
 """The shortest all-busy window a ``busy`` rate is read over (modelled seconds)."""
 
@@ -65,10 +69,6 @@ def busy_rate(records: Sequence[dict[str, Any]], slots: int) -> tuple[float | No
     return done / (end - start), end - start
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def steps_of(capacity_json: Path) -> list[dict[str, Any]]:
     """The held steps of one search, each with both readings (a closed loop's: an open loop's
     stored rate is its offered one, which this does not judge)."""
@@ -87,7 +87,7 @@ def steps_of(capacity_json: Path) -> list[dict[str, Any]]:
             continue
         records = [
             r
-            for r in _jsonl(folder / "requests.jsonl")
+            for r in read_jsonl(folder / "requests.jsonl")
             if not r["warmup"] and r.get("e2e_s") is not None
         ]
         if len(records) < 2:
