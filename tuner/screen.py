@@ -195,8 +195,11 @@ def ended_on_defaults(study: optuna.Study, machine: str | None, now: float) -> f
     busy = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
     if any(stored_trial.screen_arm(t) is not None for t in study.get_trials(states=busy)):
         return None
-    ended = [(t.datetime_complete, t) for t in study.get_trials(deepcopy=False)]
-    done = [(when, t) for when, t in ended if when is not None]
+    done = [
+        (t.datetime_complete, t)
+        for t in study.get_trials(deepcopy=False)
+        if t.datetime_complete is not None
+    ]
     if not done:
         return None
     when, last = max(done, key=lambda p: p[0])
