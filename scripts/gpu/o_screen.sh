@@ -53,5 +53,8 @@ echo "$(date -u +%T) screen: rc=$?"
 grep -h "SLO capacity\|launching" "$LOGS/scr.log" | cut -c1-240 | tail -20
 cat outputs/runs/*/screen.csv 2>/dev/null | tee "$LOGS/screen.csv"
 nvidia-smi --query-gpu=index,memory.used --format=csv > "$LOGS/nvidia-smi-scr.txt" 2>&1
-pack scr scr logs
+# the study's folders and MLflow's database, not its artifact store (scr/mlruns: every figure with
+# plotly inlined, 63 MB for 6 servers; `report` draws them again): on 2026-12-06 the whole folder
+# packed to 92 MB for 10 servers, past what a call returns, and two of its parts were left out
+pack scr scr/outputs scr/mlflow.db logs
 echo "used ${SECONDS}s of $T"
