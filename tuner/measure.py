@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -29,7 +30,7 @@ from tuner.engine.pool import describe_cores
 from tuner.records import RequestRecord, RequestSpec
 from tuner.replay import STREAMS_PER_PROCESS, ClientChoice, choose_client, is_closed_loop, replay
 from tuner.replay_client import ClientStats
-from tuner.score import PruneWatch
+from tuner.score import PruneWatch, Sends
 from tuner.telemetry.gpu import GpuSampler
 from tuner.telemetry.prom import MetricsScraper
 
@@ -45,6 +46,13 @@ __all__ = [
 ]
 
 log = logging.getLogger("tuner")
+
+SEND_SLACK_WALL_S = 0.1
+"""How long after a request came back its closed-loop slot's next request may still be sent, in
+wall-clock seconds (:class:`tuner.score.Sends`): a slot stamps its next request's send time in
+the same turn of the client's event loop as it hands the last one's record on, and that loop ran
+at most 1.6-2.8 ms late at p99 on the H100 on 2026-12-06
+(docs/gpu-runs/2026-12-06-tpot15-h100.md)."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,19 @@ async def measure(
     lost = asyncio.Event()
     why: list[str] = []
     at_most = None if served_at_most is None else (w.arrival.concurrency, served_at_most)
-    pruner = None if prune is None else PruneWatch(n_measured, prune, w.slo, skip, at_most)
+    order = [r.index for r in rp.requests if not r.warmup]
+    sends = (
+        Sends(
+            order,
+            w.arrival.concurrency,
+            frozenset(order) - skip,
+            w.duration_s,
+            SEND_SLACK_WALL_S * clock.speedup,
+        )
+        if at_most is not None and skip
+        else None
+    )
+    pruner = None if prune is None else PruneWatch(n_measured, prune, w.slo, skip, at_most, sends)
     # a steady replay ends once its counted requests have all finished: the drain's requests
     # still in flight then change nothing counted (they kept the load up until the last counted
     # one finished), so they are cancelled instead of waited for
@@ -133,7 +153,8 @@ async def measure(
             if not counted:
                 measured_all.set()
         if pruner is not None and not lost.is_set():
-            reason = pruner.add(r)
+            now_s = (time.perf_counter() - started[0]) * clock.speedup if started else None
+            reason = pruner.add(r, now_s)
             if reason:
                 why.append(reason)
                 lost.set()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -278,6 +278,22 @@ def prune_reason(
     return watch.reason()
 
 
+@dataclass(frozen=True)
+class Sends:
+    """How a closed loop sends its requests, for :class:`PruneWatch` to know which counted ones
+    are running: ``order``, the measured requests' indices in the order the loop sends them;
+    ``slots``, the requests in flight (the first ``slots`` go at once, then one each time a
+    request comes back); ``counted``, the indices counted; ``until_s``, the replay's time after
+    which nothing is sent; ``slack_s``, how long after a request came back its slot's next one
+    may still be sent (the client's own lag), all in the engine's seconds."""
+
+    order: Sequence[int]
+    slots: int
+    counted: frozenset[int]
+    until_s: float
+    slack_s: float
+
+
 class PruneWatch:
     """:func:`prune_reason` kept up to date record by record (:meth:`add`), in constant time per
     record: a replay asks after each of its up to a few thousand records, and recounting them all
@@ -289,7 +305,16 @@ class PruneWatch:
     once it cannot serve more than that rate by Little's law (in flight over the counted requests'
     mean E2E, as :func:`tuner.capacity_probe.step_of` reads it). The E2E of the counted requests
     finished so far, summed over all ``total``, is a lower bound on that mean (the rest add
-    E2E ≥ 0; failed ones are left out of the mean), so the bound only grows."""
+    E2E ≥ 0; failed ones are left out of the mean), so the bound only grows.
+
+    ``sends`` (:class:`Sends`, with ``served_at_most``) adds the counted requests still in flight:
+    each has run at least since it was sent, so its E2E is at least that long. A closed loop
+    sends its next request when one finishes, so once k records came back the loop's ordinal
+    ``slots + k − 1`` was sent, at the latest at that moment (``now_s`` of :meth:`add`) plus
+    :attr:`Sends.slack_s`. A request counts at most ``in flight / rate`` s (the mean E2E the
+    rate needs), so one that fails later, and is left out of the mean, cannot make the bound
+    unsound: with ``b = in flight / rate``, ``Σ finished E2E + Σ min(running for, b) ≥ total × b``
+    implies a mean of at least ``b`` over the requests that end well."""
 
     def __init__(
         self,
@@ -298,13 +323,18 @@ class PruneWatch:
         slo: SLOConfig,
         skip: frozenset[int] = frozenset(),
         served_at_most: tuple[int, float] | None = None,
+        sends: Sends | None = None,
     ) -> None:
         self.total, self.objective, self.skip = total, objective, skip
         self.served_at_most = served_at_most
+        self.sends = sends
         self.slos = _slos(slo)
         self.failed = 0
         self.over = [0] * len(self.slos)
         self.e2e_s = 0.0  # the counted requests' E2E so far
+        self.back = 0  # measured records come back so far
+        self.sent_by: dict[int, float] = {}  # counted and running: the latest it was sent
+        self.ended: set[int] = set()  # counted, came back before its send was inferred
 
     def count(self, r: RequestRecord) -> None:
         if r.warmup or r.index in self.skip:
@@ -317,17 +347,43 @@ class PruneWatch:
             v = {"ttft": r.ttft_s, "tpot": r.tpot_s, "e2e": r.e2e_s}[m]
             self.over[k] += v is not None and v * 1000.0 > limit
 
-    def add(self, r: RequestRecord) -> str | None:
-        """Count ``r``; the reason to stop now, if any."""
+    def add(self, r: RequestRecord, now_s: float | None = None) -> str | None:
+        """Count ``r``; the reason to stop now, if any. ``now_s``: the replay's time as ``r``
+        came back (its start 0, the engine's seconds), for :attr:`sends`."""
         self.count(r)
-        return self.reason()
+        if self.sends is not None and not r.warmup:
+            self._sent(r, now_s)
+        return self.reason(now_s)
 
-    def reason(self) -> str | None:
+    def _sent(self, r: RequestRecord, now_s: float | None) -> None:
+        """``r`` is no longer running; the send the k-th record back freed a slot for."""
+        sends = self.sends
+        assert sends is not None
+        if r.index in sends.counted and self.sent_by.pop(r.index, None) is None:
+            self.ended.add(r.index)
+        self.back += 1
+        ordinal = sends.slots + self.back - 1
+        if now_s is None or ordinal >= len(sends.order):
+            return
+        sent_by = now_s + sends.slack_s
+        index = sends.order[ordinal]
+        if sent_by > sends.until_s or index not in sends.counted:
+            return  # past the replay's time no request is sent; uncounted ones add nothing
+        if index in self.ended:
+            self.ended.discard(index)
+        else:
+            self.sent_by[index] = sent_by
+
+    def reason(self, now_s: float | None = None) -> str | None:
         lost = self._lost()
         if lost is None or self.served_at_most is None:
             return lost
         in_flight, ceiling = self.served_at_most
-        top = in_flight * self.total / self.e2e_s if self.e2e_s > 0 else math.inf
+        e2e_s = self.e2e_s
+        need = in_flight / ceiling  # the mean E2E at which it serves the ceiling
+        if e2e_s < self.total * need and now_s is not None and self.sent_by:
+            e2e_s += sum(min(max(0.0, now_s - t), need) for t in self.sent_by.values())
+        top = in_flight * self.total / e2e_s if e2e_s > 0 else math.inf
         if top > ceiling:
             return None  # it may yet serve more: replayed on
         return f"{lost}; it serves at most {top:.4g} req/s, not above {ceiling:.4g}"

@@ -195,3 +195,71 @@ def test_a_lost_closed_loop_with_a_ceiling_stops_only_once_bound_to_serve_no_mor
     # one that held is never stopped, however slow
     held = PruneWatch(10, obj, slo, served_at_most=(4, 2.0))
     assert all(held.add(rec(i, 0.0, 0.5, 30.0, 10)) is None for i in range(10))
+
+
+def test_the_counted_requests_still_running_bound_the_rate_sooner() -> None:
+    # a closed loop of 4 slots, 12 requests (0-3 its start, 8-11 its end, 4-7 counted), each
+    # 6 s long and over the TTFT SLO; the incumbent at 1 req/s needs a mean E2E under 4 s, and
+    # these serve 4 / 6 s: lost, and bound to serve no more, before most counted ones finish
+    from tuner.score import PruneWatch, Sends
+
+    obj = ObjectiveConfig(slo_constraints=True, prune=True)
+    slo = SLOConfig(ttft_ms=1000)
+    skip = frozenset({0, 1, 2, 3, 8, 9, 10, 11})
+    sends = Sends(list(range(12)), 4, frozenset(range(12)) - skip, 1e9, 0.01)
+
+    def run(watch: PruneWatch, back: list[tuple[int, float]]) -> list[str | None]:
+        return [watch.add(rec(i, t - 6.0, 2.0, 6.0, 10), now_s=t) for i, t in back]
+
+    # the start's 4 come back at 6.0-6.3 s (4-7 sent then), 4-7 at 12.0-12.3 s
+    back = [(0, 6.0), (1, 6.1), (2, 6.2), (3, 6.3), (4, 12.0), (5, 12.1), (6, 12.2), (7, 12.3)]
+    plain = run(PruneWatch(4, obj, slo, skip, served_at_most=(4, 1.0)), back)
+    # the finished ones alone: 6 + 6 < 4 x 4 s after two back, 18 after three
+    assert plain[:6] == [None] * 6 and plain[6] is not None and "0.8889" in plain[6], plain
+    got = run(PruneWatch(4, obj, slo, skip, served_at_most=(4, 1.0), sends=sends), back)
+    # after two back (lost: both over the SLO), 6 and 7 have run 5.89 and 5.79 s (sent by
+    # 6.21 and 6.31 s): each counts at most 4 s, 12 + 8 >= 16
+    assert got[:5] == [None] * 5 and got[5] is not None and "at most 0.8 req/s" in got[5], got
+    # without the replay's time, the finished ones alone bound it
+    untimed = PruneWatch(4, obj, slo, skip, served_at_most=(4, 1.0), sends=sends)
+    assert [untimed.add(rec(i, t - 6.0, 2.0, 6.0, 10)) for i, t in back] == plain
+
+
+def test_running_requests_never_make_the_bound_unsound() -> None:
+    # the rate is in flight over the mean E2E of the counted requests that end well: a running
+    # request counts at most the mean the ceiling needs (one that fails later adds no more than
+    # that), a send is not inferred past the replay's time, and a counted request back before
+    # its send was inferred is not counted as running
+    from tuner.score import PruneWatch, Sends
+
+    obj = ObjectiveConfig(slo_constraints=True, prune=True)
+    slo = SLOConfig(ttft_ms=1000)
+    skip = frozenset({0, 1, 6, 7})
+    counted = frozenset({2, 3, 4, 5})
+
+    def watch(until_s: float = 1e9) -> PruneWatch:
+        sends = Sends(list(range(8)), 2, counted, until_s, 0.0)
+        return PruneWatch(4, obj, slo, skip, (2, 1.0), sends)
+
+    def start(w: PruneWatch) -> list[str | None]:
+        # 2 slots, the incumbent at 1 req/s: a mean E2E of 2 s at least; 0 and 1 back at 1.0
+        # and 1.1 s (2 and 3 sent), 2 and 3 back at 3.0 and 3.1 s (4 and 5 sent), over the SLO
+        back = [(0, 0.0, 1.0), (1, 0.0, 1.1), (2, 1.0, 3.0), (3, 1.1, 3.1)]
+        return [w.add(rec(i, t, 2.0, end - t, 10), now_s=end) for i, t, end in back]
+
+    w = watch()
+    assert start(w) == [None] * 4  # lost, but 2 + 2 + 0.1 + 0 < 4 x 2 s
+    assert w.sent_by == {4: 3.0, 5: 3.1}
+    # 100 s later 4 and 5 still run: they count 2 s each, 8 >= 8: at most 2 x 4 / 8 req/s
+    got = w.reason(now_s=103.1)
+    assert got is not None and "at most 1 req/s" in got, got
+    assert w.reason(now_s=4.0) is None  # 4 + 1 + 0.9 < 8
+    # past the replay's time nothing is sent: 4 and 5 do not run, and count nothing
+    late = watch(until_s=2.5)
+    assert start(late) == [None] * 4 and late.sent_by == {} and late.reason(now_s=103.1) is None
+    # 2 and 3 back before 0 and 1 (another client process's records came first): the sends
+    # their slots freed are 2 and 3 themselves, already ended; 0 and 1 free 4 and 5
+    swapped = watch()
+    for i, t, end in ((2, 0.5, 1.0), (3, 0.6, 1.1), (0, 0.0, 1.2), (1, 0.0, 1.3)):
+        swapped.add(rec(i, t, 0.1, end - t, 10), now_s=end)
+    assert swapped.sent_by == {4: 1.2, 5: 1.3}
