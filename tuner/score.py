@@ -296,8 +296,9 @@ class Sends:
 
 class PruneWatch:
     """:func:`prune_reason` kept up to date record by record (:meth:`add`), in constant time per
-    record: a replay asks after each of its up to a few thousand records, and recounting them all
-    each time was quadratic. Records whose index is in ``skip`` (a closed loop's start and end in
+    record (with ``sends``, once lost: the running requests, at most the slots): a replay asks
+    after each of its up to a few thousand records, and recounting them all each time was
+    quadratic. Records whose index is in ``skip`` (a closed loop's start and end in
     the capacity search's steps: :func:`tuner.measure.unsteady_indices`) and warm-ups are not
     counted.
 
@@ -380,7 +381,7 @@ class PruneWatch:
             return lost
         in_flight, ceiling = self.served_at_most
         e2e_s = self.e2e_s
-        need = in_flight / ceiling  # the mean E2E at which it serves the ceiling
+        need = in_flight / ceiling if ceiling > 0 else math.inf  # the mean E2E it needs
         if e2e_s < self.total * need and now_s is not None and self.sent_by:
             e2e_s += sum(min(max(0.0, now_s - t), need) for t in self.sent_by.values())
         top = in_flight * self.total / e2e_s if e2e_s > 0 else math.inf
