@@ -118,21 +118,15 @@ async def measure(
     make_dir(tdir)
     total = len(rp.requests)
     skip = rp.unsteady if rp.steady else frozenset()
-    n_measured = sum(not r.warmup for r in rp.requests) - len(skip)
+    order = [r.index for r in rp.requests if not r.warmup]  # the measured ones, as sent
+    n_measured = len(order) - len(skip)
     step = max(1, total // 4)
     done: list[RequestRecord] = []
     lost = asyncio.Event()
     why: list[str] = []
     at_most = None if served_at_most is None else (w.arrival.concurrency, served_at_most)
-    order = [r.index for r in rp.requests if not r.warmup]
     sends = (
-        Sends(
-            order,
-            w.arrival.concurrency,
-            frozenset(order) - skip,
-            w.duration_s,
-            SEND_SLACK_WALL_S * clock.speedup,
-        )
+        Sends(order, w.duration_s, SEND_SLACK_WALL_S * clock.speedup)
         if at_most is not None and skip
         else None
     )
@@ -140,7 +134,7 @@ async def measure(
     # a steady replay ends once its counted requests have all finished: the drain's requests
     # still in flight then change nothing counted (they kept the load up until the last counted
     # one finished), so they are cancelled instead of waited for
-    counted = {r.index for r in rp.requests if not r.warmup} - skip if skip else set()
+    counted = set(order) - skip if skip else set()
     measured_all = asyncio.Event()
 
     def on_record(wall: RequestRecord) -> None:

@@ -281,15 +281,13 @@ def prune_reason(
 @dataclass(frozen=True)
 class Sends:
     """How a closed loop sends its requests, for :class:`PruneWatch` to know which counted ones
-    are running: ``order``, the measured requests' indices in the order the loop sends them;
-    ``slots``, the requests in flight (the first ``slots`` go at once, then one each time a
-    request comes back); ``counted``, the indices counted; ``until_s``, the replay's time after
-    which nothing is sent; ``slack_s``, how long after a request came back its slot's next one
-    may still be sent (the client's own lag), all in the engine's seconds."""
+    are running: ``order``, the measured requests' indices in the order the loop sends them (its
+    slots, ``served_at_most``'s requests in flight, go at once, then one each time a request
+    comes back); ``until_s``, the replay's time after which nothing is sent; ``slack_s``, how
+    long after a request came back its slot's next one may still be sent (the client's own lag),
+    both in the engine's seconds."""
 
     order: Sequence[int]
-    slots: int
-    counted: frozenset[int]
     until_s: float
     slack_s: float
 
@@ -308,14 +306,15 @@ class PruneWatch:
     finished so far, summed over all ``total``, is a lower bound on that mean (the rest add
     E2E ≥ 0; failed ones are left out of the mean), so the bound only grows.
 
-    ``sends`` (:class:`Sends`, with ``served_at_most``) adds the counted requests still in flight:
-    each has run at least since it was sent, so its E2E is at least that long. A closed loop
-    sends its next request when one finishes, so once k records came back the loop's ordinal
-    ``slots + k − 1`` was sent, at the latest at that moment (``now_s`` of :meth:`add`) plus
-    :attr:`Sends.slack_s`. A request counts at most ``in flight / rate`` s (the mean E2E the
-    rate needs), so one that fails later, and is left out of the mean, cannot make the bound
-    unsound: with ``b = in flight / rate``, ``Σ finished E2E + Σ min(running for, b) ≥ total × b``
-    implies a mean of at least ``b`` over the requests that end well."""
+    ``sends`` (:class:`Sends`, only with ``served_at_most``) adds the counted requests still in
+    flight: each has run at least since it was sent, so its E2E is at least that long. A closed
+    loop sends its next request when one finishes, so once k records came back the loop's
+    ordinal ``slots + k − 1`` (the slots: the requests in flight) was sent, at the latest at
+    that moment (``now_s`` of :meth:`add`) plus :attr:`Sends.slack_s`. A request counts at most
+    ``in flight / rate`` s (the mean E2E the rate needs), so one that fails later, and is left
+    out of the mean, cannot make the bound unsound: with ``b = in flight / rate``, ``Σ finished
+    E2E + Σ min(running for, b) ≥ total × b`` implies a mean of at least ``b`` over the requests
+    that end well."""
 
     def __init__(
         self,
@@ -334,6 +333,7 @@ class PruneWatch:
         self.over = [0] * len(self.slos)
         self.e2e_s = 0.0  # the counted requests' E2E so far
         self.back = 0  # measured records come back so far
+        self.counted = frozenset(sends.order) - skip if sends is not None else frozenset()
         self.sent_by: dict[int, float] = {}  # counted and running: the latest it was sent
         self.ended: set[int] = set()  # counted, came back before its send was inferred
 
@@ -360,15 +360,16 @@ class PruneWatch:
         """``r`` is no longer running; the send the k-th record back freed a slot for."""
         sends = self.sends
         assert sends is not None
-        if r.index in sends.counted and self.sent_by.pop(r.index, None) is None:
+        assert self.served_at_most is not None  # a closed loop's slots
+        if r.index in self.counted and self.sent_by.pop(r.index, None) is None:
             self.ended.add(r.index)
         self.back += 1
-        ordinal = sends.slots + self.back - 1
+        ordinal = self.served_at_most[0] + self.back - 1
         if now_s is None or ordinal >= len(sends.order):
             return
         sent_by = now_s + sends.slack_s
         index = sends.order[ordinal]
-        if sent_by > sends.until_s or index not in sends.counted:
+        if sent_by > sends.until_s or index not in self.counted:
             return  # past the replay's time no request is sent; uncounted ones add nothing
         if index in self.ended:
             self.ended.discard(index)

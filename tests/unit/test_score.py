@@ -206,7 +206,7 @@ def test_the_counted_requests_still_running_bound_the_rate_sooner() -> None:
     obj = ObjectiveConfig(slo_constraints=True, prune=True)
     slo = SLOConfig(ttft_ms=1000)
     skip = frozenset({0, 1, 2, 3, 8, 9, 10, 11})
-    sends = Sends(list(range(12)), 4, frozenset(range(12)) - skip, 1e9, 0.01)
+    sends = Sends(list(range(12)), 1e9, 0.01)
 
     def run(watch: PruneWatch, back: list[tuple[int, float]]) -> list[str | None]:
         return [watch.add(rec(i, t - 6.0, 2.0, 6.0, 10), now_s=t) for i, t in back]
@@ -235,10 +235,9 @@ def test_running_requests_never_make_the_bound_unsound() -> None:
     obj = ObjectiveConfig(slo_constraints=True, prune=True)
     slo = SLOConfig(ttft_ms=1000)
     skip = frozenset({0, 1, 6, 7})
-    counted = frozenset({2, 3, 4, 5})
 
     def watch(until_s: float = 1e9) -> PruneWatch:
-        sends = Sends(list(range(8)), 2, counted, until_s, 0.0)
+        sends = Sends(list(range(8)), until_s, 0.0)
         return PruneWatch(4, obj, slo, skip, (2, 1.0), sends)
 
     def start(w: PruneWatch) -> list[str | None]:
