@@ -9,14 +9,13 @@
 # at the end `bash scripts/gpu/q_capacity_study.sh pack` (common.sh's pack: $OUT/cs.tgz.part-* in
 # 15 MiB pieces: logs and the run folder; the MLflow store stays on the machine).
 # Here, on the simulator: LOCAL_TEST=1 ENGINE=sim N=3 bash scripts/gpu/q_capacity_study.sh
-# Issue #30's goal on chat with TPOT p95 <= 15 ms, where fp8 weights alone measured +40.0 % on an
-# H100 (docs/gpu-runs/2026-12-06-tpot15-h100.md): the tuner's own grid over space=levers, then its
-# confirm stage on 3 + 3 fresh servers (at that run's 1.5-3.7 minutes a server, about 18 + 12
-# minutes: if the hold ends first, carry the storage back and run the same command on the next
-# machine; the confirm stage records each round's machine, tuner/confirm.py:round_machines):
-#   T=1600 N=9 EXTRA="study.name=chat-tpot15-levers space=levers study=grid confirm.rounds=3
-#   workload.arrival.concurrency=64 workload.num_requests=400 workload.slo.tpot_ms=15"
-# (on the simulator with N=3 confirm.rounds=1 it ran in 42 s, 2026-12-06)
+# Issue #30's goal on chat with TPOT p95 <= 15 ms: the tuner's own grid over space=levers less
+# stream_interval (-7.2 % on this profile), 4 cells, then its confirm stage on 3 + 3 fresh servers.
+# On an H100, 2026-12-06 (docs/gpu-runs/2026-12-06-tpot15-grid-h100.md): 15.4 minutes, the pick
+# (fp8 weights, no cascade attention) +32.0 % (95 % CI +25.8 ... +38.5 %):
+#   T=1660 N=5 EXTRA="study.name=chat-tpot15-levers space=levers ~space.params.stream_interval
+#   study=grid confirm.rounds=3 workload.arrival.concurrency=64 workload.num_requests=400
+#   workload.slo.tpot_ms=15"
 set -u
 T="${T:-1700}"
 source "$(dirname "$0")/common.sh"
