@@ -214,6 +214,9 @@ class ResolvedParams:
     data_parallel_size: int = 1
     """Engine replicas, each on its own ``tensor_parallel_size`` GPUs with the full weights
     (module docstring): every per-GPU figure above is one replica's."""
+    quantization: str | None = None
+    """``--quantization`` (None: the checkpoint's own weights): :func:`weight_bytes`, and the
+    simulator's step time (:class:`tuner.sim.engine.SpeedModel`)."""
 
 
 def _get(params: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -334,6 +337,7 @@ def resolve_params(shape: ModelShape, gpu: GpuProfile, params: Mapping[str, Any]
         kv_cache_memory_bytes=int(kvmb) if kvmb is not None else None,
         num_gpu_blocks_override=int(ngbo) if ngbo is not None else None,
         data_parallel_size=int(_get(params, "data_parallel_size")),
+        quantization=params.get("quantization"),
     )
 
 

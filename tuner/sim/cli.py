@@ -6,8 +6,9 @@ arguments, ``-O3``), argparse's exit 2 on unknown flags, and the config-time ref
 ``create_engine_config`` (exit 1 after a traceback) with vLLM's exact texts. Flags vLLM has but the
 simulator ignores (``--seed``, ...) are accepted and have no effect; ``--dtype``,
 ``--quantization`` and ``--speculative-config`` change its greedy outputs
-(:mod:`tuner.sim.answers`), not its speed; ``--quantization fp8`` also its weights' memory, so
-its KV cache (:func:`tuner.memory.weight_bytes`).
+(:mod:`tuner.sim.answers`); ``--quantization fp8`` also its weights' memory, so its KV cache
+(:func:`tuner.memory.weight_bytes`), and its speed (fewer weight bytes a step and faster GEMMs,
+:class:`tuner.sim.engine.SpeedModel`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from tuner.memory import MemoryEstimate, ModelShape, ResolvedParams
+from tuner.memory import MemoryEstimate, ModelShape, ResolvedParams, weight_bytes
 
 __all__ = [
     "BlockPool",
@@ -52,6 +52,14 @@ REF_PARAMS = 8.19e9
 REF_LAYERS = 36
 REF_KV_BYTES_PER_TOKEN = 147_456
 REF_ATTN_PAIR = 32 * 128 * 36  # query heads x head_dim x layers
+WEIGHT_STREAM_S = 0.0030
+"""Seconds a step spends streaming the reference model's 16-bit weights (part of the overheads)."""
+FP8_GEMM_SPEEDUP = 1.5
+"""How much faster the per-token cost runs with online fp8 weights (``--quantization fp8``):
+fitted (``benchmarks/sim_fp8_weights.py``, 2026-12-06) to the fp8/defaults ratios of TPOT p50 and
+output tok/s that 3 + 3 H200 servers measured on chat at 256 and 384 in flight (0.786 and
+1.15-1.20; the simulator 0.80-0.81 and 1.22). With fewer weight bytes streamed alone (1.0) it
+gave 0.95 and 1.05: most of the gain is the GEMMs'."""
 TP_EXPONENT = 0.25
 
 
@@ -111,6 +119,8 @@ class SpeedModel:
     per_prefill_pair_s: float = 1.59e-9
     """Prefill attention per (query token, key token) pair: a prompt chunk of ``n`` tokens after
     ``p`` computed ones costs ``n p + n (n + 1) / 2`` pairs (causal)."""
+    fp8_gemm_speedup: float = FP8_GEMM_SPEEDUP
+    """``per_token_s`` is divided by it with online fp8 weights (``--quantization fp8``)."""
 
     @classmethod
     def for_model(
@@ -119,9 +129,12 @@ class SpeedModel:
         tp: int = 1,
         kv_dtype_bytes: int = 2,
         base: SpeedModel | None = None,
+        quantization: str | None = None,
     ) -> SpeedModel:
         """The constants for ``shape`` at ``tp``, scaled from ``base`` (default: the Qwen3-8B
-        calibration, ``cls()``)."""
+        calibration, ``cls()``). With ``quantization`` ``fp8`` (online fp8 weights) each step
+        streams :func:`tuner.memory.weight_bytes` instead of the checkpoint's bytes, and the
+        linear layers run fp8 GEMMs (``per_token_s / fp8_gemm_speedup``)."""
         base = base or cls()
         # TP on one host scales far from linearly at this size (all-reduce per layer, small
         # GEMMs): the real TP=2 run was only ~4 % faster than TP=1.
@@ -137,17 +150,24 @@ class SpeedModel:
         pair_flops = shape.num_attention_heads * shape.head_dim * shape.num_layers
         prefill_attn = pair_flops / REF_ATTN_PAIR / tp**TP_EXPONENT
         extra = base.tp_overhead_s if tp > 1 else 0.0
-        weights_read = 0.0030 * (compute - 1.0)  # weight streaming per step relative to the 8B
+        weights_read = WEIGHT_STREAM_S * (compute - 1.0)  # weight streaming relative to the 8B
+        gemm = 1.0
+        if quantization == "fp8" and shape.weight_bytes:
+            # fp8 weights stream fewer bytes each step (the embeddings stay 16-bit)
+            saved = 1.0 - weight_bytes(shape, quantization) / shape.weight_bytes
+            weights_read -= WEIGHT_STREAM_S * compute * saved
+            gemm = base.fp8_gemm_speedup
         return cls(
             overhead_graph_s=max(0.0008, base.overhead_graph_s * launch + weights_read) + extra,
             overhead_piecewise_s=max(0.0012, base.overhead_piecewise_s * launch + weights_read)
             + extra,
             overhead_eager_s=max(0.002, base.overhead_eager_s * launch + weights_read) + extra,
-            per_token_s=base.per_token_s * compute,
+            per_token_s=base.per_token_s * compute / gemm,
             per_ctx_token_s=base.per_ctx_token_s * attn,
             per_prefill_pair_s=base.per_prefill_pair_s * prefill_attn,
             tp_overhead_s=extra,
             frontend_s_per_running=base.frontend_s_per_running,
+            fp8_gemm_speedup=base.fp8_gemm_speedup,
         )
 
     def step_time(
@@ -575,7 +595,9 @@ def build_scheduler(
     shape: ModelShape, r: ResolvedParams, mem: MemoryEstimate, *, speed: SpeedModel | None = None
 ) -> Scheduler:
     """The scheduler for resolved params: the simulated server's and the landscape's."""
-    speed = speed or SpeedModel.for_model(shape, r.tensor_parallel_size, r.kv_dtype_bytes)
+    speed = speed or SpeedModel.for_model(
+        shape, r.tensor_parallel_size, r.kv_dtype_bytes, quantization=r.quantization
+    )
     return Scheduler(
         num_blocks=max(1, mem.kv_tokens // r.block_size),
         block_size=r.block_size,

@@ -413,7 +413,9 @@ def _serve(
     speed = (
         None
         if speed_base is None
-        else SpeedModel.for_model(shape, r.tensor_parallel_size, r.kv_dtype_bytes, speed_base)
+        else SpeedModel.for_model(
+            shape, r.tensor_parallel_size, r.kv_dtype_bytes, speed_base, r.quantization
+        )
     )
     sched = build_scheduler(shape, r, mem, speed=speed)
     # DP: DP replicas share the closed loop evenly (the front balances them); one is simulated
