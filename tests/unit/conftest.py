@@ -24,6 +24,7 @@ from helpers.fake_vllm import FakeVLLM
 SLOW: dict[str, set[str]] = {
     # the simulator against the H200 measurements: 75 s in all
     "test_sim_calibration.py": {"*"},
+    "test_sim_fp8_weights_bench.py": {"test_the_kept_constant_fits_better_than_weight_bytes_alone"},
     # the dry-run plan builds the workload's requests (tokenizing them), twice with auto client
     # processes: 3-13 s each
     "test_plan.py": {"*"},

@@ -29,7 +29,6 @@ def test_the_real_ratios_come_from_the_stored_servers(bench: Any) -> None:
     assert real[1.5]["output_throughput"] == pytest.approx(1.154, abs=0.001)
 
 
-@pytest.mark.slow  # two simulations of 4 steps each, ~5 s
 def test_the_kept_constant_fits_better_than_weight_bytes_alone(bench: Any) -> None:
     real = bench.ratios(bench.real_points())
     kept = bench.loss(real, bench.ratios(bench.simulate(FP8_GEMM_SPEEDUP)))
