@@ -14,7 +14,8 @@ What is modelled (after vLLM v1's ``Scheduler``):
   the cached leading blocks and skips their prefill. Freed hashed blocks stay cached until evicted
   (LRU) for a new allocation. Queries and hits are counted in tokens, as vLLM does.
 - Step time = overhead + c_tok x (prefill tokens + decode seqs) + c_ctx x sum(decode context)
-  + c_pair x (prefill query, key) pairs, see :class:`SpeedModel`.
+  + c_pair x (prefill query, key) pairs (+ c_short x each decode sequence's context up to
+  ``NARROW_KV_FROM`` with an fp8 KV cache), see :class:`SpeedModel`.
 
 Not modelled: sampling, stop strings/EOS (every request produces exactly its ``max_tokens``),
 priorities, speculative decoding, async-scheduling overlap, encoder caches, LoRA.
@@ -54,6 +55,8 @@ REF_KV_BYTES_PER_TOKEN = 147_456
 REF_ATTN_PAIR = 32 * 128 * 36  # query heads x head_dim x layers
 WEIGHT_STREAM_S = 0.0030
 """Seconds a step spends streaming the reference model's 16-bit weights (part of the overheads)."""
+NARROW_KV_FROM = 1024
+"""Context tokens per sequence before an fp8 KV cache reads faster (:class:`SpeedModel`)."""
 FP8_GEMM_SPEEDUP = 1.5
 """How much faster the per-token cost runs with online fp8 weights (``--quantization fp8``):
 fitted (``benchmarks/sim_fp8_weights.py``, 2026-12-06) to the fp8/defaults ratios of TPOT p50 and
@@ -89,8 +92,9 @@ class SpeedModel:
     """Seconds per engine step, calibrated on Qwen3-8B on one H200 (vLLM 0.24).
 
     ``step = overhead + per_token x (prefill_tokens + decode_seqs) + per_ctx x sum(decode ctx)
-    + per_prefill_pair x prefill attention pairs`` (a prompt chunk of ``n`` tokens after ``p``
-    computed ones attends to ``n p + n (n + 1) / 2`` key tokens).
+    + per_prefill_pair x prefill attention pairs + per_short_ctx x sum(min(ctx, narrow_kv_from))``
+    (a prompt chunk of ``n`` tokens after ``p`` computed ones attends to ``n p + n (n + 1) / 2``
+    key tokens; the last term only with an fp8 KV cache).
     ``overhead`` depends on how vLLM runs the step (:func:`graph_kind`): ``overhead_graph_s`` for
     a decode-only step whose batch fits a captured FULL CUDA graph, ``overhead_piecewise_s`` for
     any other step when ``cudagraph_mode`` includes PIECEWISE graphs (FULL_AND_PIECEWISE, the
@@ -121,6 +125,12 @@ class SpeedModel:
     ``p`` computed ones costs ``n p + n (n + 1) / 2`` pairs (causal)."""
     fp8_gemm_speedup: float = FP8_GEMM_SPEEDUP
     """``per_token_s`` is divided by it with online fp8 weights (``--quantization fp8``)."""
+    narrow_kv_from: int = NARROW_KV_FROM
+    """A KV cache narrower than the model's dtype (fp8) reads faster only past this many context
+    tokens of each sequence; before them at the 16-bit cost (``per_short_ctx_s``)."""
+    per_short_ctx_s: float = 0.0
+    """What each of a sequence's first ``narrow_kv_from`` context tokens costs on top of
+    ``per_ctx_token_s`` (set by :meth:`for_model` for a narrower KV cache; 0 otherwise)."""
 
     @classmethod
     def for_model(
@@ -143,8 +153,12 @@ class SpeedModel:
         kv_bpt = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * kv_dtype_bytes
         # Decode attention streams each context token's K and V once per step: its cost is the KV
         # bytes read (an fp8 cache reads half; at 32 x 18k-token contexts that is the measured
-        # TPOT 75 -> 62.5 ms, so no dequantisation penalty is charged).
+        # TPOT 75 -> 62.5 ms, so no dequantisation penalty is charged) -- but only past each
+        # sequence's first NARROW_KV_FROM tokens: on chat's ~700-token contexts at 256 in flight
+        # the H200's fp8 cache left TPOT p50 where it was (26.1 -> 26.0 ms).
         attn = kv_bpt / REF_KV_BYTES_PER_TOKEN / tp**TP_EXPONENT
+        full_bpt = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
+        short = max(0.0, full_bpt - kv_bpt) / REF_KV_BYTES_PER_TOKEN / tp**TP_EXPONENT
         # Prefill attention is compute: query heads x head_dim x layers multiply-adds per (query,
         # key) pair, the same with an fp8 KV cache (the long_docs runs show no fp8 gain there).
         pair_flops = shape.num_attention_heads * shape.head_dim * shape.num_layers
@@ -168,6 +182,8 @@ class SpeedModel:
             tp_overhead_s=extra,
             frontend_s_per_running=base.frontend_s_per_running,
             fp8_gemm_speedup=base.fp8_gemm_speedup,
+            narrow_kv_from=base.narrow_kv_from,
+            per_short_ctx_s=base.per_ctx_token_s * short,
         )
 
     def step_time(
@@ -177,7 +193,10 @@ class SpeedModel:
         decode_ctx: int,
         graph: GraphKind,
         prefill_pairs: int = 0,
+        short_ctx: int = 0,
     ) -> float:
+        """``short_ctx``: the decode sequences' context tokens within their first
+        ``narrow_kv_from`` (``per_short_ctx_s``)."""
         if graph == "full":
             overhead = self.overhead_graph_s
         elif graph == "piecewise":
@@ -189,6 +208,7 @@ class SpeedModel:
             + self.per_token_s * (prefill_tokens + decode_seqs)
             + self.per_ctx_token_s * decode_ctx
             + self.per_prefill_pair_s * prefill_pairs
+            + self.per_short_ctx_s * short_ctx
         )
 
 
@@ -478,11 +498,14 @@ class Scheduler:
             scheduled.append((req, new))
             budget -= new
 
-        prefill = decode_seqs = decode_ctx = prefill_pairs = 0
+        prefill = decode_seqs = decode_ctx = prefill_pairs = short_ctx = 0
+        narrow = self.speed.narrow_kv_from if self.speed.per_short_ctx_s else 0
         for req, new in scheduled:
             if new == 1 and req.num_output > 0 and req.num_computed >= len(req.tokens):
                 decode_seqs += 1
                 decode_ctx += req.num_computed
+                if narrow:
+                    short_ctx += min(req.num_computed, narrow)
             else:
                 prefill += new
                 prefill_pairs += new * req.num_computed + new * (new + 1) // 2
@@ -493,7 +516,9 @@ class Scheduler:
             idle = nxt - now if nxt > now and now != float("inf") else 0.0
             self.stats.steps += 1
             return StepResult(max(idle, 1e-4), [], [], idle=True)
-        duration = self.speed.step_time(prefill, decode_seqs, decode_ctx, graph, prefill_pairs)
+        duration = self.speed.step_time(
+            prefill, decode_seqs, decode_ctx, graph, prefill_pairs, short_ctx
+        )
 
         emitted: list[Request] = []
         finished: list[Request] = []
