@@ -21,9 +21,9 @@
 #   WL=long_docs CONC=16 SERVERS=1 EVERY=1 LEVERS=kv_fp8 T=1500 PER=600   (D kv D)
 # On the simulator that command's servers took 3-5 replays each (2026-12-06). Its screen of four
 # levers there (LEVERS=quant_fp8,kv_fp8,mnbt_2048,mnbt_16384 EVERY=4, 1 + 2 simulated servers each,
-# 2026-12-06, with fp8 weights' speed modelled; 6.9 minutes on 2 cores): kv_fp8 +19.9 %, quant_fp8
-# +13.0 %, mnbt_2048 -5.8 %, mnbt_16384 -0.3 % (the defaults 1.04 req/s twice): screen kv_fp8,
-# then quant_fp8, first.
+# 2026-12-06 at 111e0a6, with fp8 weights' speed and the fp8 KV cache's short contexts modelled;
+# 6.9 minutes on 2 cores): kv_fp8 +17.8 %, quant_fp8 +12.9 %, mnbt_2048 -6.1 %, mnbt_16384 -0.4 %
+# (the defaults 1.04 req/s twice): screen kv_fp8, then quant_fp8, first.
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
 #   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
 #   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
