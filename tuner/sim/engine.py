@@ -56,7 +56,9 @@ REF_ATTN_PAIR = 32 * 128 * 36  # query heads x head_dim x layers
 WEIGHT_STREAM_S = 0.0030
 """Seconds a step spends streaming the reference model's 16-bit weights (part of the overheads)."""
 NARROW_KV_FROM = 1024
-"""Context tokens per sequence before an fp8 KV cache reads faster (:class:`SpeedModel`)."""
+"""Context tokens per sequence before an fp8 KV cache reads faster (:class:`SpeedModel`): chosen
+2026-12-06 among 0-4,096 on the 20 calibration points with an fp8 cache (chat's short contexts
++13 ... +19 % tok/s at 0, -4 ... +1 % here; docs/sim-calibration.md)."""
 FP8_GEMM_SPEEDUP = 1.5
 """How much faster the per-token cost runs with online fp8 weights (``--quantization fp8``):
 fitted (``benchmarks/sim_fp8_weights.py``, 2026-12-06) to the fp8/defaults ratios of TPOT p50 and
