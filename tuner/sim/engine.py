@@ -152,15 +152,15 @@ class SpeedModel:
         # GEMMs): the real TP=2 run was only ~4 % faster than TP=1.
         compute = shape.param_count / REF_PARAMS / tp**TP_EXPONENT
         launch = shape.num_layers / REF_LAYERS
-        kv_bpt = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * kv_dtype_bytes
+        kv_per_byte = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim  # K and V
         # Decode attention streams each context token's K and V once per step: its cost is the KV
         # bytes read (an fp8 cache reads half; at 32 x 18k-token contexts that is the measured
         # TPOT 75 -> 62.5 ms, so no dequantisation penalty is charged) -- but only past each
         # sequence's first NARROW_KV_FROM tokens: on chat's ~700-token contexts at 256 in flight
         # the H200's fp8 cache left TPOT p50 where it was (26.1 -> 26.0 ms).
-        attn = kv_bpt / REF_KV_BYTES_PER_TOKEN / tp**TP_EXPONENT
-        full_bpt = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
-        short = max(0.0, full_bpt - kv_bpt) / REF_KV_BYTES_PER_TOKEN / tp**TP_EXPONENT
+        attn = kv_per_byte * kv_dtype_bytes / REF_KV_BYTES_PER_TOKEN / tp**TP_EXPONENT
+        narrower = max(0, shape.dtype_bytes - kv_dtype_bytes)  # the bytes the first tokens keep
+        short = kv_per_byte * narrower / REF_KV_BYTES_PER_TOKEN / tp**TP_EXPONENT
         # Prefill attention is compute: query heads x head_dim x layers multiply-adds per (query,
         # key) pair, the same with an fp8 KV cache (the long_docs runs show no fp8 gain there).
         pair_flops = shape.num_attention_heads * shape.head_dim * shape.num_layers
