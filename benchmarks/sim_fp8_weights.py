@@ -6,8 +6,8 @@ the Qwen3-8B shape with dummy weights, one H200; chat at 256 in flight, 800 requ
 capacity steps in ``capacity-*-trial*.json``. At each load where both arms have held steps (1x
 and 1.5x the workload's 256 in flight), the real fp8/defaults ratios of TPOT p50 and output tok/s
 (each arm's mean over its servers that held there) are compared with the simulator's, which
-evaluates the same step's requests (:func:`tuner.capacity_probe.step_replay`'s stream) in virtual
-time (:func:`tuner.sim.landscape.evaluate`) with and without fp8 weights.
+evaluates the same step's requests (:func:`tuner.capacity_probe.step_replay`'s stream, built
+once) in virtual time (:func:`tuner.sim.landscape.evaluate`) with and without fp8 weights.
 
 The simulator models fp8 weights as fewer bytes streamed per step
 (:func:`tuner.memory.weight_bytes`) and its per-token cost divided by
@@ -38,12 +38,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from tuner.capacity_probe import step_requests, step_size  # noqa: E402
+from tuner.capacity_probe import step_requests, step_workload  # noqa: E402
 from tuner.checks import load_config  # noqa: E402
+from tuner.config import SLOConfig  # noqa: E402
 from tuner.memory import GPU_PROFILES, ModelShape  # noqa: E402
 from tuner.sim.engine import SpeedModel  # noqa: E402
-from tuner.sim.landscape import evaluate, prepare_stream  # noqa: E402
-from tuner.workload import at_load  # noqa: E402
+from tuner.sim.landscape import PreparedStream, evaluate, prepare_stream  # noqa: E402
 
 RUNS = ROOT / "docs/gpu-runs/2026-12-02-screen-fp8-3x3"
 OUT = ROOT / "benchmarks/results/sim_fp8_weights.json"
@@ -82,26 +82,41 @@ def real_points() -> dict[float, dict[str, dict[str, float]]]:
     return out
 
 
-def simulate(gemm: float) -> dict[float, dict[str, dict[str, float]]]:
-    """The simulator's TPOT p50 and output tok/s per load factor and arm at ``gemm``."""
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """The capacity steps the simulator replays: each load factor's stream and concurrency,
+    built once for every candidate constant."""
+
+    shape: ModelShape
+    slo: SLOConfig
+    streams: dict[float, tuple[PreparedStream, int]]
+
+
+def steps() -> Steps:
     with tempfile.TemporaryDirectory(prefix="sim-fp8-") as tmp:
         cfg = load_config([*OVERRIDES, f"paths.output_dir={tmp}", f"paths.state_dir={tmp}"])
-    shape = ModelShape.from_dir(cfg.model.files)
+    streams = {}
+    for f in FACTORS:
+        w = step_workload(cfg.objective, cfg.workload, f, closed=True)
+        requests = step_requests(w, cfg.model.files, closed=True)
+        streams[f] = (prepare_stream(requests, w.system_prompt_tokens), w.arrival.concurrency)
+    return Steps(ModelShape.from_dir(cfg.model.files), cfg.workload.slo, streams)
+
+
+def simulate(st: Steps, gemm: float) -> dict[float, dict[str, dict[str, float]]]:
+    """The simulator's TPOT p50 and output tok/s per load factor and arm at ``gemm``."""
     base = dataclasses.replace(SpeedModel(), fp8_gemm_speedup=gemm)
     out: dict[float, dict[str, dict[str, float]]] = {}
-    for f in FACTORS:
-        w = at_load(cfg.workload, f)
-        w = dataclasses.replace(w, num_requests=step_size(cfg.objective, w, closed=True))
-        stream = prepare_stream(step_requests(w, cfg.model.files, True), w.system_prompt_tokens)
+    for f, (stream, concurrency) in st.streams.items():
         out[f] = {}
         for arm, params in ARMS.items():
             res = evaluate(
-                shape,
+                st.shape,
                 GPU_PROFILES["h200"],
                 params,
                 stream,
-                concurrency=w.arrival.concurrency,
-                slo=w.slo,
+                concurrency=concurrency,
+                slo=st.slo,
                 speed_base=base,
             )
             out[f][arm] = {
@@ -130,9 +145,10 @@ def main() -> None:
     args = ap.parse_args()
     real = ratios(real_points())
     t0 = time.perf_counter()
+    st = steps()
     rows = []
     for g in args.grid:
-        sim = ratios(simulate(g))
+        sim = ratios(simulate(st, g))
         rows.append({"fp8_gemm_speedup": g, "sim": sim, "loss": loss(real, sim)})
     best = min(rows, key=lambda r: r["loss"])
     head = "  ".join(f"{f}x TPOT p50  {f}x tok/s" for f in FACTORS)

@@ -40,6 +40,7 @@ __all__ = [
     "step_replay",
     "step_requests",
     "step_size",
+    "step_workload",
     "whole_load",
 ]
 
@@ -257,9 +258,18 @@ def step_replay(
     :data:`MIN_STEP_REQUESTS` measured; a closed loop's start and end, not counted, come on
     top, and at least :data:`CLOSED_LOOP_REQUESTS_PER_SLOT` per slot in all), counted in their
     steady state."""
-    w = at_load(base.workload, factor)
-    w = replace(w, num_requests=step_size(objective, w, _closed(base)))
-    return Replay(subdir, step_requests(w, model_files, _closed(base)), w, steady=True)
+    closed = _closed(base)
+    w = step_workload(objective, base.workload, factor, closed)
+    return Replay(subdir, step_requests(w, model_files, closed), w, steady=True)
+
+
+def step_workload(
+    objective: ObjectiveConfig, w: WorkloadConfig, factor: float, closed: bool
+) -> WorkloadConfig:
+    """``w`` at ``factor`` × its load, with as many requests as a capacity step there sends
+    (:func:`step_size`)."""
+    ws = at_load(w, factor)
+    return replace(ws, num_requests=step_size(objective, ws, closed))
 
 
 def step_size(objective: ObjectiveConfig, w: WorkloadConfig, closed: bool) -> int:
@@ -300,12 +310,12 @@ def counted_mix(
     its stream's lengths and images (:func:`tuner.workload.request_mix`, no texts built) and the
     indices it counts (:func:`tuner.measure.unsteady_indices`). For
     ``benchmarks/capacity_streams.py`` and the tests of the streams' stratification."""
-    ws = at_load(w, factor)
-    n = step_size(objective, ws, closed=True)
+    ws = step_workload(objective, w, factor, closed=True)
+    n = ws.num_requests
     mix = request_mix(replace(ws, num_requests=_stream_size(n)))
     warm = max(0, ws.warmup_requests)
     specs = [RequestSpec(i, "chat", {}, 0, 0, warmup=i < warm) for i in range(warm + n)]
-    skip = unsteady_indices(Replay("step", specs, replace(ws, num_requests=n)))
+    skip = unsteady_indices(Replay("step", specs, ws))
     return mix, [s.index for s in specs if not s.warmup and s.index not in skip]
 
 

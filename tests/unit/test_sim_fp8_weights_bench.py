@@ -31,6 +31,7 @@ def test_the_real_ratios_come_from_the_stored_servers(bench: Any) -> None:
 
 def test_the_kept_constant_fits_better_than_weight_bytes_alone(bench: Any) -> None:
     real = bench.ratios(bench.real_points())
-    kept = bench.loss(real, bench.ratios(bench.simulate(FP8_GEMM_SPEEDUP)))
-    bytes_only = bench.loss(real, bench.ratios(bench.simulate(1.0)))
+    st = bench.steps()
+    kept = bench.loss(real, bench.ratios(bench.simulate(st, FP8_GEMM_SPEEDUP)))
+    bytes_only = bench.loss(real, bench.ratios(bench.simulate(st, 1.0)))
     assert kept < 0.01 < bytes_only
