@@ -16,14 +16,16 @@
 #   480 s wait returned nothing, docs/gpu-runs/2026-12-05-levers-chat-h100-2.md)
 # WL=long_docs screens that profile. As shipped (from 4 in flight, 40 requests) one server took
 # over 8 minutes on an H100 without finishing its search (docs/gpu-runs/2026-12-06-levers-h100.md):
-# each capacity step measures >= 100 requests at ~1 req/s. Start it near its capacity and screen
-# one lever a hold, on an H200 (the simulator's prediction, ~19 in flight, is calibrated there):
-#   WL=long_docs CONC=16 SERVERS=1 EVERY=1 LEVERS=kv_fp8 T=1500 PER=600   (D kv D)
-# On the simulator that command's servers took 3-5 replays each (2026-12-06). Its screen of four
-# levers there (LEVERS=quant_fp8,kv_fp8,mnbt_2048,mnbt_16384 EVERY=4, 1 + 2 simulated servers each,
-# 2026-12-06 at 111e0a6, with fp8 weights' speed and the fp8 KV cache's short contexts modelled;
-# 6.9 minutes on 2 cores): kv_fp8 +17.8 %, quant_fp8 +12.9 %, mnbt_2048 -6.1 %, mnbt_16384 -0.4 %
-# (the defaults 1.04 req/s twice): screen kv_fp8, then quant_fp8, first.
+# each capacity step measures >= 100 requests at ~1 req/s. On 2026-12-06 (two H100s,
+# docs/gpu-runs/2026-12-06-long-docs-kv-h100.md) this ran D kv (5.8 and 7.1 minutes a server) and
+# a second D stopped by device time: kv_fp8 +9.7 % on 1 + 1, the defaults held at 16-18 in flight
+# and lost at 20:
+#   WL=long_docs CONC=16 SERVERS=1 EVERY=1 LEVERS=kv_fp8 STEPS=4 EXTRA="objective.capacity.rel_width=0.1"
+#     T=1130 PER=330
+# Its follow-up (SERVERS=3 EVERY=2) needs about 40 minutes of servers on an H100: two sessions.
+# On the simulator its screen of four levers (LEVERS=quant_fp8,kv_fp8,mnbt_2048,mnbt_16384
+# EVERY=4, 1 + 2 simulated servers each, 2026-12-06 at 111e0a6; 6.9 minutes on 2 cores): kv_fp8
+# +17.8 %, quant_fp8 +12.9 %, mnbt_2048 -6.1 %, mnbt_16384 -0.4 % (the defaults 1.04 req/s twice).
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
 #   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
 #   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
