@@ -29,8 +29,10 @@ pruned only once lost and bound (Little's law) to serve no more requests/s than 
 capacity, and a loss ends the search only so or where it served no more in full (below that load
 it serves less); one that served more walks down by narrow steps, each step below pruned alike,
 until one holds (measured) or one loses serving no more than the incumbent (capped: the crossing
-lies below that step's rate). A hold there climbs from it, jumping by the margin's extrapolation
-``1 / (1 − margin)`` (between ×(1 + 0.9 ``rel_width``) and :data:`MAX_JUMP`) instead of
+lies below that step's rate); one that holds there walks up so too, unless it served more than
+``rel_width`` above the incumbent's capacity (no near-tie). Elsewhere a hold climbs from it,
+jumping by the margin's extrapolation ``1 / (1 − margin)`` (between ×(1 + 0.9 ``rel_width``)
+and :data:`MAX_JUMP`) instead of
 doubling: wide margins jump further, and a narrow one, near its own edge, a little. Before the
 study has a capacity, a ``study.warm_start`` study's best capacity is the start as a prediction
 (``Start.binding`` False, :func:`tuner.storage.search_start`): a loss there narrows the bracket
@@ -254,7 +256,8 @@ async def search(
     where the step served (or was bound to serve) no more requests/s than the incumbent's capacity;
     else the crossing lies below, at a rate that may beat it, and the search walks down by narrow
     steps (as from a ``near`` start); one that holds there walks up so (its margin does not say
-    how far: docs/design.md)."""
+    how far: docs/design.md), unless it served more than ``rel_width`` above the incumbent's
+    capacity there (:func:`_clear_winner`: it climbs by its margin)."""
     real = loads or (lambda f: f)
     stop_on_loss = stop_on_loss and start is not None and start.binding
     steps: list[Step] = []
@@ -286,7 +289,9 @@ async def search(
         elif not (lo is not None and real(f) <= lo.factor) and len(steps) < settings.max_steps:
             on_start(f)
             s = at_start = await at(f)
-            near = near or (stop_on_loss and closed)  # a closed loop's crossing: near (docs)
+            # a closed loop's crossing: near (docs), unless it held serving clearly more than
+            # the incumbent there (no near-tie: it climbs by its margin)
+            near = near or (stop_on_loss and closed and not _clear_winner(s, ceiling, settings))
             if s.held:
                 lo = s if lo is None or s.factor > lo.factor else lo
             else:
@@ -368,6 +373,14 @@ def _took(s: Step, lo: Step | None, hi: Step | None) -> tuple[Step | None, Step 
 def start_factor(start: Start, settings: CapacityConfig) -> float:
     """The load factor :func:`search` tries ``start`` at: within ``min_factor``…``max_factor``."""
     return min(max(start.factor, settings.min_factor), settings.max_factor)
+
+
+def _clear_winner(step: Step, ceiling: float | None, settings: CapacityConfig) -> bool:
+    """Whether a closed loop's ``step``, held at the incumbent's load, served more than
+    ``rel_width`` above the incumbent's capacity ``ceiling`` there: not a near-tie."""
+    if ceiling is None or not step.held or step.pruned is not None:
+        return False
+    return step.rps > ceiling * (1.0 + settings.rel_width)
 
 
 def _served_more(step: Step, ceiling: float | None) -> bool:

@@ -200,6 +200,26 @@ async def test_a_closed_loop_that_holds_at_the_incumbent_climbs_by_narrow_steps(
     assert tried[1] == pytest.approx(7.20 / (1 - 0.134))
 
 
+async def test_a_closed_loop_that_holds_serving_clearly_more_climbs_by_its_margin() -> None:
+    # a quick start's fp8 trial of 2026-12-06 (qs1, trial 16) held at the incumbent's 8.27x
+    # serving 86.4 req/s against the incumbent's 70.0 (+23 %), then walked by narrow steps through
+    # 8.64x, 9.03x and 9.88x to a crossing near 10.5x: 8 replays. No near-tie: it climbs by its
+    # margin, as an open loop does, and a near-tie still walks by narrow steps
+    def margin(f: float) -> float:
+        return 0.137 if f <= 10.5 else -0.2
+
+    first = Step(1.0, 10.0, 0.8, True)
+    probe, tried = probe_of(margin)  # serves 10 req/s per factor: 82.7 at 8.27x
+    cap = await search(
+        probe, SETTINGS, first, start=Start(8.27, 66.0), stop_on_loss=True, closed=True
+    )
+    assert tried[1] == pytest.approx(8.27 / (1 - 0.137))  # 82.7 > 66.0 x 1.05: its margin
+    assert not cap.capped and 8.27 <= cap.low / 10.0 <= 10.5 <= cap.high / 10.0
+    probe, tried = probe_of(margin)
+    await search(probe, SETTINGS, first, start=Start(8.27, 80.0), stop_on_loss=True, closed=True)
+    assert tried[1] == pytest.approx(8.27 * narrow_climb(SETTINGS.rel_width))  # 82.7: within 5 %
+
+
 async def test_a_wide_margin_jumps_further_than_doubling() -> None:
     def margin(f: float) -> float:
         return 1 - f / 40.0  # at the incumbent's load 2: margin 0.95
