@@ -32,11 +32,11 @@ until one holds (measured) or one loses serving no more than the incumbent (capp
 lies below that step's rate); one that holds there walks up so too, unless it served more than
 ``rel_width`` above the incumbent's capacity (no near-tie). Elsewhere a hold climbs from it,
 jumping by the margin's extrapolation ``1 / (1 − margin)`` (between ×(1 + 0.9 ``rel_width``)
-and :data:`MAX_JUMP`) instead of
-doubling: wide margins jump further, and a narrow one, near its own edge, a little. Before the
-study has a capacity, a ``study.warm_start`` study's best capacity is the start as a prediction
-(``Start.binding`` False, :func:`tuner.storage.search_start`): a loss there narrows the bracket
-below it instead of ending the trial. Without ``start`` the search is as above.
+and :data:`MAX_JUMP`) instead of doubling: wide margins jump further, and a narrow one, near its
+own edge, a little. Before the study has a capacity, a ``study.warm_start`` study's best
+capacity is the start as a prediction (``Start.binding`` False,
+:func:`tuner.storage.search_start`): a loss there narrows the bracket below it instead of ending
+the trial. Without ``start`` the search is as above.
 
 The load is a factor on the workload's load: its request rate (open loop), its concurrency
 (closed loop, rounded up) or a trace's speed (``time_scale`` divided by the factor). A step
