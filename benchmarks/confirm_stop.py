@@ -1,5 +1,6 @@
-"""How many confirm servers ``confirm.stop_losers`` saves, by the spread it settles a pick with
-(issue #29: the quick start's confirm stage is most of its time when it confirms 4 configs).
+"""How many confirm servers ``confirm.stop_losers`` and ``confirm.stop_winner`` save, and whether
+they change a verdict (issue #29: the quick start's confirm stage is most of its time when it
+confirms 4 configs).
 
 Usage::
 
@@ -7,10 +8,10 @@ Usage::
 
 Each ``DB`` is a stored study's SQLite file (``outputs/state/optuna.db``) whose confirm stage ran
 3 rounds or more; ``--seeds`` first runs the README's quick start once per seed, with
-``confirm.stop_losers=false`` so that every pick runs every round::
+``confirm.stop_losers=false confirm.stop_winner=false`` so that every pick runs every round::
 
     python -m tuner +workload=chat engine=sim study.n_trials=12 tracking=none study.seed=S \\
-        confirm.stop_losers=false [OVERRIDES...]
+        confirm.stop_losers=false confirm.stop_winner=false [OVERRIDES...]
 
 For every pick of every study, on the rounds 1-2 of it and of vLLM's defaults, the stop's
 question before round 3: does its 95 % interval lie wholly below ``confirm.min_effect``?
@@ -23,6 +24,12 @@ question before round 3: does its 95 % interval lie wholly below ``confirm.min_e
 A settled pick runs no round 3 and, once every pick has, neither do the defaults. Per study it
 shows the servers each rule saves and the verdict (kind, recommended trial) with the stopped
 rounds left out, against the verdict on every round: a stop must never change it (the check).
+
+- **winner** (``confirm.stop_winner``, looked at before the losers' stop, as shipped): is the
+  verdict on rounds 1-2 of every config a gain settled above ``min_effect``
+  (:func:`tuner.confirm_stop.settled_winner`)? Then no config runs round 3 or later; its
+  ``shipped`` entry is both stops together. It may change the recommended trial among settled
+  gains (reported, not a failed check) but must keep a gain a gain.
 Prints a table and writes ``benchmarks/results/confirm_stop.json`` (or ``--out``).
 """
 
@@ -45,6 +52,7 @@ from _cli import run_tuner, split_overrides  # noqa: E402
 
 COMMAND = ["+workload=chat", "engine=sim", "study.n_trials=12", "tracking=none"]
 RULES = ("welch", "pooled")
+STOPS = ("confirm.stop_losers=false", "confirm.stop_winner=false")
 
 
 def load(db: Path) -> tuple[str, Any]:
@@ -67,7 +75,7 @@ def analyse(name: str, record: Any) -> dict[str, Any]:
     """The stop's decision before round 3 for each pick under both rules, and the verdicts."""
     from tuner.config import ObjectiveConfig, ObjectiveSpec
     from tuner.confirm import round_machines, round_values, verdict
-    from tuner.confirm_stop import settled_below
+    from tuner.confirm_stop import settled_below, settled_winner
     from tuner.records import TrialResult
     from tuner.verdict import gain_by_machine
 
@@ -139,6 +147,24 @@ def analyse(name: str, record: Any) -> dict[str, Any]:
             "verdict": [v.kind, v.recommended],
             "same_verdict": (v.kind, v.recommended) == (full.kind, full.recommended),
         }
+    first = [
+        replace(r, runs=tuple(x for x in r.runs if int(x.get("round", 1)) < 3))
+        for r in record.results
+    ]
+    won = settled_winner(record.candidates, first, objective, effect, record.rounds)
+    if won is not None:
+        gained = won.gain
+        out["winner"] = {
+            "fired": True,
+            "servers_saved": len(cands) * max(0, record.rounds - 2),
+            "gain": None if gained is None else [gained.value, gained.low, gained.high],
+            "verdict": [won.kind, won.recommended],
+            "same_verdict": (won.kind, won.recommended) == (full.kind, full.recommended),
+            "still_gain": full.kind == "gain",
+        }
+    else:
+        out["winner"] = {"fired": False, "servers_saved": 0}
+    out["shipped"] = out["winner"] if won is not None else out["pooled"]
     return out
 
 
@@ -159,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             work.mkdir()
             print(f"seed {seed}: the quick start, every round", flush=True)
             p = run_tuner(
-                [*COMMAND, f"study.seed={seed}", "confirm.stop_losers=false", *overrides],
+                [*COMMAND, f"study.seed={seed}", *STOPS, *overrides],
                 work,
                 args.timeout_s,
             )
@@ -184,7 +210,21 @@ def main(argv: list[str] | None = None) -> int:
         }
         for rule in RULES
     }
-    checks = {"no_verdict_changed": summary["pooled"]["verdicts_changed"] == 0}
+    fired = [s["winner"] for s in studies if s["winner"]["fired"]]
+    summary["winner"] = {
+        "stages_stopped": len(fired),
+        "servers_saved": sum(w["servers_saved"] for w in fired),
+        "recommendations_changed": sum(not w["same_verdict"] for w in fired),
+        "gains_lost": sum(not w["still_gain"] for w in fired),
+    }
+    summary["shipped"] = {
+        "servers_saved": sum(s["shipped"]["servers_saved"] for s in studies),
+        "servers": sum(s["configs"] * s["rounds"] for s in studies),
+    }
+    checks = {
+        "no_verdict_changed": summary["pooled"]["verdicts_changed"] == 0,
+        "no_gain_lost": summary["winner"]["gains_lost"] == 0,
+    }
     doc = {
         "command": " ".join(["python benchmarks/confirm_stop.py", *own, "--", *overrides]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -206,7 +246,8 @@ def print_table(doc: dict[str, Any]) -> None:
     print(f"{'study':<10} {'configs':>7} {'pick':<22} {'rounds req/s':<24} {'welch':>6} "
           f"{'pooled':>6}")  # fmt: skip
     for s in doc["studies"]:
-        label = Path(s["db"]).parts[-4] if len(Path(s["db"]).parts) >= 4 else s["db"]
+        parts = Path(s["db"]).parts  # a run's outputs/state/optuna.db, or a record's folder
+        label = parts[-4] if parts[-3:-1] == ("outputs", "state") else parts[-2][-10:]
         for p in s["picks"]:
             rps = " / ".join(f"{v:.1f}" for v in p["rounds_rps"])
             w, q = ("stop" if p[r] else "-" for r in RULES)
@@ -215,11 +256,25 @@ def print_table(doc: dict[str, Any]) -> None:
         d = " / ".join(f"{v:.1f}" for v in s["defaults_rps"])
         print(f"{label:<10} {'':>7} {'(defaults)':<22} {d:<24}   verdict {s['verdict_all_rounds']}"
               f", welch {s['welch']['verdict']}, pooled {s['pooled']['verdict']}")  # fmt: skip
+        w = s["winner"]
+        if w["fired"]:
+            g = ", ".join(f"{100 * x:+.1f} %" for x in w["gain"])
+            print(f"{label:<10} {'':>7} stop_winner after 2 rounds: {w['verdict']} (gain, low, "
+                  f"high: {g}), {w['servers_saved']} servers saved")  # fmt: skip
     print(f"{doc['picks']} picks in {len(doc['studies'])} studies, {doc['servers']} servers:")
-    for rule, v in doc["summary"].items():
+    for rule in RULES:
+        v = doc["summary"][rule]
         print(f"  {rule}: {v['picks_settled']} picks settled before round 3, "
               f"{v['servers_saved']} servers saved, "
               f"{v['verdicts_changed']} verdicts changed")  # fmt: skip
+    w, both = doc["summary"]["winner"], doc["summary"]["shipped"]
+    print(f"  winner: {w['stages_stopped']} stages stopped after 2 rounds, {w['servers_saved']} "
+          f"servers saved, {w['recommendations_changed']} recommendations changed, "
+          f"{w['gains_lost']} gains lost")  # fmt: skip
+    print(
+        f"  shipped (winner, else pooled): {both['servers_saved']} of {both['servers']} servers "
+        "saved"
+    )
 
 
 if __name__ == "__main__":

@@ -1,22 +1,34 @@
-"""``confirm.stop_losers``: the confirm stage's early stop (:class:`Losers`, for the confirm
-loop of :mod:`tuner.study`). From the third round on, a pick whose gain over vLLM's defaults
-settled below ``confirm.min_effect`` (:func:`settled_below`: its 95 % interval, from the rounds
-run so far, lies wholly below it, so the verdict can no longer claim it) runs no more rounds,
-nor the defaults once every pick has. The rounds are judged as :mod:`tuner.confirm` judges them."""
+"""The confirm stage's early stops (:class:`EarlyStop`, for the confirm loop of
+:mod:`tuner.study`), each from the third round on:
+
+- ``confirm.stop_losers``: a pick whose gain over vLLM's defaults settled below
+  ``confirm.min_effect`` (:func:`settled_below`: its 95 % interval, from the rounds run so far,
+  lies wholly below it, so the verdict can no longer claim it) runs no more rounds, nor the
+  defaults once every pick has;
+- ``confirm.stop_winner``: once the verdict on the rounds run so far is a gain whose interval lies
+  wholly above ``confirm.min_effect`` (:func:`settled_winner`), no candidate runs more rounds.
+
+The rounds are judged as :mod:`tuner.confirm` judges them."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tuner.config import ObjectiveConfig, TunerConfig
-from tuner.confirm import judge, round_machines, round_values
-from tuner.records import Candidate, TrialResult
+from tuner.confirm import judge, round_machines, round_values, verdict
+from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.stored_study import ConfirmRuns
-from tuner.verdict import Gain, gain_in_blocks, gain_text
+from tuner.verdict import Gain, Verdict, gain_in_blocks, gain_text
 
-__all__ = ["Losers", "settled_below"]
+__all__ = ["EarlyStop", "settled_below", "settled_winner"]
+
+Runs = Sequence[tuple[int, int, TrialResult]]
+"""A candidate's runs so far: ``(round, seed, result)``."""
+Judged = Callable[[Candidate, Runs, int], ConfirmResult]
+"""How the stage judges a candidate's runs over its rounds so far (:func:`tuner.confirm.judge`,
+and the quality guard's demotion where it applies)."""
 
 log = logging.getLogger("tuner")
 
@@ -64,17 +76,51 @@ def settled_below(
     return g if g.high is not None and g.high < bound else None
 
 
+def settled_winner(
+    candidates: Sequence[Candidate],
+    judged: Sequence[ConfirmResult],
+    objective: ObjectiveConfig,
+    min_effect: float,
+    rounds: int,
+) -> Verdict | None:
+    """The verdict on the rounds run so far (:func:`tuner.confirm.verdict` over ``judged``, the
+    candidates' results) when it is settled on a gain: a claimed gain (``gain``) whose 95 %
+    interval lies wholly above ``min_effect`` and whose point gain is the best of every pick's, so
+    a further round could neither take the claim away beyond the spread between rounds nor, short
+    of an unclaimed pick overtaking it in one round, change which config is recommended. None
+    otherwise.
+
+    The interval is the verdict's own (Welch's, per machine: :func:`tuner.verdict.gain_by_machine`),
+    so the stage's verdict after the stop is the one checked here. Its first look at 2 + 2 rounds
+    (t 4.3-12.7) asks for a low end at ``min_effect``, not above 0: a stop on a gain the third round
+    would have taken away needs a round-2 interval wrong by more than ``min_effect``."""
+    v = verdict(judged, candidates, objective, min_effect, rounds)
+    g = v.gain
+    if v.kind != "gain" or g is None or g.low is None or g.value is None or g.low < min_effect:
+        return None
+    values = [o.value for t, o in v.gains.items() if t != v.recommended and o.value is not None]
+    return v if all(x <= g.value for x in values) else None
+
+
 @dataclass
-class Losers:
-    """``confirm.stop_losers`` over one confirm stage: from the third round on, a pick settled
-    below ``confirm.min_effect`` (:func:`settled_below`: the verdict can no longer claim it) runs
-    no more rounds, nor the defaults once every pick has; the rounds each ran, the log line."""
+class EarlyStop:
+    """The early stops over one confirm stage (the module docstring): from the third round on,
+    ``confirm.stop_losers`` (a pick settled below ``confirm.min_effect``, :func:`settled_below`,
+    runs no more rounds, nor the defaults once every pick has) and ``confirm.stop_winner`` (a gain
+    settled above it, :func:`settled_winner`: no candidate runs more rounds); the rounds each
+    ran, the log lines."""
 
     cfg: TunerConfig
     candidates: Sequence[Candidate]
     stored: ConfirmRuns
     """Servers an earlier run of the stage stored: taken, not skipped."""
+    judged: Judged | None = None
+    """How the stage judges a candidate (``confirm.stop_winner`` reads the verdict with it);
+    None: :func:`tuner.confirm.judge` alone."""
     stopped: dict[int, int] = field(default_factory=dict)
+    won: int | None = None
+    """The round from which ``confirm.stop_winner`` stopped the stage."""
+    _looked: int = 0
 
     def skip(
         self,
@@ -84,13 +130,19 @@ class Losers:
         step: str,
     ) -> bool:
         """Whether candidate ``c`` runs no round ``rnd`` (``step``: "confirm 8/9" for the log):
-        stopped before, or from the third round on settled below ``confirm.min_effect``."""
+        stopped before, or from the third round on settled below ``confirm.min_effect``, or the
+        stage settled on a gain above it."""
         if c.trial in self.stopped:
             return True
         base = next((d for d in self.candidates if d.baseline), None)
-        if not self.cfg.confirm.stop_losers or base is None or rnd < 3:
+        if base is None or rnd < 3:
             return False
         if self.stored.get(c.trial, rnd) is not None:
+            return False
+        if self._winner(rnd, runs, step):
+            self.stopped[c.trial] = rnd - 1
+            return True
+        if not self.cfg.confirm.stop_losers:
             return False
         effect, name = self.cfg.confirm.min_effect, self.cfg.objective.objectives[0].metric
         why = f"round {rnd}, trial {c.trial} ({', '.join(c.picks)}) not run, nor its later rounds"
@@ -126,6 +178,37 @@ class Losers:
             "%s: %s: after %d and %d rounds it is %s, %s, the spread pooled over the stage's %d "
             "configs (confirm.stop_losers)", step, why, below.n_pick, below.n_base, where,
             gain_text(below, name), len(self.candidates),
+        )  # fmt: skip
+        return True
+
+    def _winner(
+        self, rnd: int, runs: Mapping[int, Sequence[tuple[int, int, TrialResult]]], step: str
+    ) -> bool:
+        """``confirm.stop_winner``: whether the stage stops from round ``rnd`` on a settled gain;
+        looked at once a round, before its first server, on the rounds run before it."""
+        if self.won is not None:
+            return True
+        if not self.cfg.confirm.stop_winner or self._looked == rnd:
+            return False
+        self._looked = rnd
+        done = rnd - 1
+        judged = [
+            self.judged(c, runs[c.trial], min(done, self.rounds(c)))
+            if self.judged is not None
+            else judge(c, runs[c.trial], self.cfg.objective)
+            for c in self.candidates
+        ]
+        cc = self.cfg.confirm
+        v = settled_winner(self.candidates, judged, self.cfg.objective, cc.min_effect, cc.rounds)
+        if v is None or v.gain is None:
+            return False
+        self.won = rnd
+        pick = next(c for c in self.candidates if c.trial == v.recommended)
+        log.info(
+            "%s: no candidate runs round %d or later: after %d rounds trial %d (%s) gains %s over "
+            "vLLM's defaults, its interval wholly above confirm.min_effect (+%.0f%%) "
+            "(confirm.stop_winner)", step, rnd, done, pick.trial, ", ".join(pick.picks),
+            gain_text(v.gain, v.metric), 100 * cc.min_effect,
         )  # fmt: skip
         return True
 

@@ -267,6 +267,10 @@ def print_confirm(
         )
         for col in cols:
             t.add_column(col, overflow="fold")
+        won = None  # the rounds the recommended pick ran, when the stage stopped on its gain
+        if decided is not None and decided.kind == "gain":
+            rec = next((r for r in results if r.trial == decided.recommended), None)
+            won = None if rec is None else _rounds_held(rec)[1]
         for r in results:
             w = r.worst
             per_round = round_values(r, metric, higher)
@@ -288,7 +292,7 @@ def print_confirm(
                 fmt_metric("output_throughput", w.get("output_throughput")),
                 fmt_metric("ttft_p95_ms", w.get("ttft_p95_ms")),
                 fmt_metric("tpot_p95_ms", w.get("tpot_p95_ms")),
-                r.reason or _stopped(n_rounds, decided),
+                r.reason or _stopped(n_rounds, decided, won),
             )
         console.print(t)
     if decided is not None and results:  # not markup: rich would swallow its [notes]
@@ -303,12 +307,14 @@ def print_confirm(
     )
 
 
-def _stopped(n_rounds: int, decided: Verdict | None) -> str:
-    """Why a candidate ran fewer rounds than the stage: its gain settled below
-    ``confirm.min_effect``, or every pick had (the defaults)
-    (:class:`tuner.confirm_stop.Losers`)."""
+def _stopped(n_rounds: int, decided: Verdict | None, won: int | None = None) -> str:
+    """Why a candidate ran fewer rounds than the stage (:class:`tuner.confirm_stop.EarlyStop`):
+    the stage stopped on a settled gain after ``won`` rounds (the recommended pick's, when it ran
+    fewer), or its gain settled below ``confirm.min_effect``, or every pick had (the defaults)."""
     if decided is None or n_rounds >= decided.rounds:
         return ""
+    if won is not None and n_rounds == won:
+        return f"the gain settled after {n_rounds} rounds: no more (confirm.stop_winner)"
     return f"settled after {n_rounds} rounds: no more (confirm.stop_losers)"
 
 

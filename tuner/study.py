@@ -33,7 +33,7 @@ from tuner.artifacts import trial_dir
 from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
 from tuner.confirm import capacity_start, conclude, judge, pick, stressed
-from tuner.confirm_stop import Losers
+from tuner.confirm_stop import EarlyStop
 from tuner.console import hms, live_best, parent_summary, print_summary, progress_line
 from tuner.engine.argv import cache_root, check_command, fixed_note, mask, params_key, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, on_cores
@@ -322,7 +322,8 @@ async def _confirm(
     after an interruption runs only the servers not stored (those with an eval replay again). A
     candidate that changes numerics, and the defaults, replay the eval set on each server after
     its stress replays (:mod:`tuner.quality_guard`), and are judged on it too. Which candidate
-    runs no more rounds: ``confirm.stop_losers``, :class:`tuner.confirm_stop.Losers`."""
+    runs no more rounds: ``confirm.stop_losers`` and ``confirm.stop_winner``,
+    :class:`tuner.confirm_stop.EarlyStop`."""
     cfg, root = ctx.cfg, ctx.cache_root
     cc = cfg.confirm
     replays = []
@@ -341,11 +342,13 @@ async def _confirm(
     if (intro := guard.intro()) is not None:
         log.info(intro)
     step = 0
-    losers = Losers(cfg, candidates, stored)
+    early = EarlyStop(
+        cfg, candidates, stored, lambda c, rs, n: guard.judge(judge(c, rs, cfg.objective), c, n)
+    )
     for rnd in range(1, cc.rounds + 1):  # within a round the order is free: warm keys first
         for c in warm_first(candidates, lambda c: params_key(cfg, c.params, c.baseline), root):
             step += 1
-            if losers.skip(c, rnd, runs, f"confirm {step}/{len(candidates) * cc.rounds}"):
+            if early.skip(c, rnd, runs, f"confirm {step}/{len(candidates) * cc.rounds}"):
                 continue
             after = guard.hook(c, rnd)  # the eval replay, if this pick is judged on quality
             kept = None if after is not None else stored.get(c.trial, rnd)
@@ -368,7 +371,7 @@ async def _confirm(
                 log.info("confirm: trial %d failed in round %d: %s", c.trial, rnd, failed)
     out = []
     for c in candidates:
-        judged = guard.judge(judge(c, runs[c.trial], cfg.objective), c, losers.rounds(c))
+        judged = guard.judge(judge(c, runs[c.trial], cfg.objective), c, early.rounds(c))
         held = "holds" if judged.passed else f"DEMOTED: {judged.reason}"
         log.info("confirm: trial %d %s", c.trial, held)
         out.append(judged)

@@ -155,3 +155,81 @@ def test_the_other_picks_spread_settles_a_noisy_pick(
     assert len(lines) == 1 and f"trial {noisy} (pick {noisy})" in lines[0]
     assert "short of confirm.min_effect (+3%)" in lines[0] and "+2.1 %" in lines[0]
     assert "the spread pooled over the stage's 3 configs" in lines[0]
+
+
+@pytest.mark.parametrize("stop", [True, False])
+def test_a_gain_settled_above_min_effect_after_two_rounds_ends_the_stage(
+    stop: bool,
+    make_cfg: Callable[..., TunerConfig],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``confirm.stop_winner``: a pick +30 % over the defaults on both of its first two servers
+    (0.5 % apart; Welch's interval after 2 + 2 rounds about +25 … +35 %, wholly above +3 %) is a
+    settled gain: no candidate runs the third round, and the verdict on the 2 + 2 rounds claims
+    it (``stop_losers`` off: it would stop the second pick, +2 %, on its own)."""
+    fast, near = 5, 8
+    values = {
+        fast: [1300.0, 1306.0, 1303.0],
+        near: [1020.0, 1025.0, 1022.0],
+        BASE: [1000.0, 1005.0, 1002.0],
+    }
+    cfg = make_cfg(
+        "+workload=chat",
+        "objective=throughput",
+        "confirm.rounds=3",
+        "confirm.stop_losers=false",
+        f"confirm.stop_winner={str(stop).lower()}",
+    )
+    with caplog.at_level(logging.INFO, logger="tuner"):
+        started, results = _confirm(cfg, tmp_path, monkeypatch, values=values)
+    n = 2 if stop else 3
+    assert (started.count(fast), started.count(near), started.count(BASE)) == (n, n, n)
+    lines = [r.getMessage() for r in caplog.records if "confirm.stop_winner" in r.getMessage()]
+    assert len(lines) == (1 if stop else 0)
+    if stop:
+        assert f"no candidate runs round 3 or later: after 2 rounds trial {fast}" in lines[0]
+        assert "+30." in lines[0]
+    from rich.console import Console
+
+    from tuner.confirm import verdict
+    from tuner.console import print_confirm
+    from tuner.records import Candidate
+
+    cands = [Candidate(t, ("baseline" if t == BASE else f"pick {t}",), {}, t == BASE, (), {})
+             for t in values]  # fmt: skip
+    decided = verdict(results, cands, cfg.objective, cfg.confirm.min_effect, 3)
+    assert decided.kind == "gain" and decided.recommended == fast
+    g = decided.gains[fast]
+    assert (g.n_pick, g.n_base) == (n, n) and g.low is not None and g.low > 0.2
+    console = Console(record=True, width=300)
+    print_confirm(results, cands, None, tmp_path, console, [], decided)
+    table = console.export_text()
+    said = "the gain settled after 2 rounds: no more (confirm.stop_winner)"
+    assert table.count(said) == (3 if stop else 0)
+
+
+@pytest.mark.parametrize(
+    ("fast", "other"),
+    [
+        # claimed (interval above 0, point +5 %) but its interval reaches below +3 %
+        ([1040.0, 1062.0, 1050.0], [1000.0, 1004.0, 1002.0]),
+        # settled above +3 %, but another pick measured a higher point gain (+40 %, unclaimed:
+        # 1,200 then 1,600): a third round could make it the recommended one
+        ([1300.0, 1306.0, 1303.0], [1200.0, 1600.0, 1400.0]),
+    ],
+)
+def test_no_stop_on_a_gain_not_yet_settled(
+    fast: list[float],
+    other: list[float],
+    make_cfg: Callable[..., TunerConfig],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    values = {5: fast, 8: other, BASE: [1000.0, 1005.0, 1002.0]}
+    cfg = make_cfg(
+        "+workload=chat", "objective=throughput", "confirm.rounds=3", "confirm.stop_losers=false"
+    )
+    started, _ = _confirm(cfg, tmp_path, monkeypatch, values=values)
+    assert (started.count(5), started.count(8), started.count(BASE)) == (3, 3, 3)

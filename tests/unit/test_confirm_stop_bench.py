@@ -66,7 +66,7 @@ def test_the_pooled_spread_settles_the_noisy_pick_and_keeps_the_verdict(
         "servers_saved": 1,
         "verdicts_changed": 0,
     }
-    assert doc["checks"] == {"no_verdict_changed": True}
+    assert doc["checks"] == {"no_verdict_changed": True, "no_gain_lost": True}
     assert "pooled: 1 picks settled before round 3, 1 servers saved" in capsys.readouterr().out
 
 
@@ -82,3 +82,35 @@ def test_a_study_of_two_rounds_has_no_third_to_stop(bench: Any, tmp_path: Path) 
     db = _study(tmp_path, {5: [95.0, 99.0], 0: [100.0, 100.5]}, rounds=2)
     with pytest.raises(SystemExit, match="no confirm stage of 3 rounds or more"):
         bench.main([str(db), "--out", str(tmp_path / "o.json")])
+
+
+def test_a_gain_settled_after_two_rounds_stops_the_stage(bench: Any, tmp_path: Path) -> None:
+    """``confirm.stop_winner``: +30 % over the defaults on both first servers, 0.5 % apart: the
+    stage would have stopped before round 3, every config's third server saved, the verdict the
+    same. Without it (its third server 40 % down) the full verdict is no gain: a lost gain."""
+    values = {8: [130.0, 130.6, 130.3], 5: [101.0, 101.5, 101.2], 0: [100.0, 100.5, 100.2]}
+    out = tmp_path / "o.json"
+    assert bench.main([str(_study(tmp_path, values)), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (s,) = doc["studies"]
+    w = s["winner"]
+    assert w["fired"] and w["servers_saved"] == 3 and w["same_verdict"] and w["still_gain"]
+    assert w["verdict"] == ["gain", 8] and w["gain"][1] > 0.2
+    assert s["shipped"] == w
+    assert doc["summary"]["winner"]["stages_stopped"] == 1
+    assert doc["summary"]["shipped"] == {"servers_saved": 3, "servers": 9}
+
+    values[8] = [130.0, 130.6, 60.0]
+    db = _study(tmp_path / "lost", values) if (tmp_path / "lost").mkdir() is None else None
+    assert db is not None and bench.main([str(db), "--out", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["checks"]["no_gain_lost"] is False
+    assert doc["summary"]["winner"]["gains_lost"] == 1
+
+
+def test_no_settled_gain_no_winner_stop(bench: Any, tmp_path: Path) -> None:
+    values = {8: [104.0, 106.0, 105.0], 5: [101.0, 101.5, 101.2], 0: [100.0, 100.5, 100.2]}
+    out = tmp_path / "o.json"
+    assert bench.main([str(_study(tmp_path, values)), "--out", str(out)]) == 0
+    (s,) = json.loads(out.read_text())["studies"]
+    assert s["winner"] == {"fired": False, "servers_saved": 0} and s["shipped"] == s["pooled"]
