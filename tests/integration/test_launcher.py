@@ -134,3 +134,50 @@ async def test_engine_death_after_ready_is_detected(tmp_path: Path) -> None:
             await poll(http)
         assert e.value.reason is FailureReason.ENGINE_DEAD
     assert server.survivors == []
+
+
+@pytest.mark.fast
+async def test_the_simulator_queues_a_first_rounds_connections_as_vllm_does(
+    tmp_path: Path,
+) -> None:
+    """vLLM listens with uvicorn's backlog (2048); the simulator did with aiohttp's 128, and a
+    closed loop's first round, a connection per slot at once, lost the ones past it to the
+    kernel's retry a second later. With the HTTP front stopped (SIGSTOP: it accepts nothing),
+    the kernel completes the handshake of every connection the listen queue holds and drops the
+    others' SYNs: 600 connect within 0.8 s (the first SYN retry comes after 1 s)."""
+    import asyncio
+    import select
+    import signal
+    import socket
+    import time
+
+    n = 600
+    somaxconn = Path("/proc/sys/net/core/somaxconn")
+    if int(await asyncio.to_thread(somaxconn.read_text)) < n:
+        pytest.skip("net.core.somaxconn caps every listen queue below 600 here")
+    server = make_server(tmp_path)
+    async with server:
+        assert server.pgid is not None
+        socks: list[socket.socket] = []
+        os.kill(server.pgid, signal.SIGSTOP)  # the API server: the process that accepts
+        try:
+            poll = select.poll()
+            for _ in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", server.port))
+                poll.register(s.fileno(), select.POLLOUT)
+                socks.append(s)
+            by_fd = {s.fileno(): s for s in socks}
+            connected: set[int] = set()
+            deadline = time.monotonic() + 0.8
+            while len(connected) < n and (left := deadline - time.monotonic()) > 0:
+                for fd, _ in poll.poll(left * 1000):
+                    poll.unregister(fd)
+                    if by_fd[fd].getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                        connected.add(fd)
+            assert len(connected) == n
+        finally:
+            for s in socks:
+                s.close()
+            os.kill(server.pgid, signal.SIGCONT)

@@ -641,6 +641,15 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
     }
 
 
+LISTEN_BACKLOG = 2048
+"""The listen queue: vLLM's, as uvicorn listens on the socket vLLM's ``serve_http`` hands it
+(``server.serve(sockets=[sock])``; uvicorn's ``Config.backlog`` defaults to 2048), not aiohttp's
+128. A closed loop's first round opens a connection per slot at once (500 for chat's confirm
+steps): with 128, the connections past it were dropped and retried by the kernel a second later,
+6 s of the modelled GPU's time at speed-up 6, so a step's first round reached the engine late and
+its counted requests ran under less load than the loop's (docs/sim-calibration.md)."""
+
+
 def _bind(host: str, port: int) -> socket.socket:
     """Bind now (like vLLM) but listen only once ready: connections are refused until then."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -692,7 +701,7 @@ async def _run(args: SimArgs, s: Settings, env: Mapping[str, str], log: SimLog) 
             srv.make_app(), access_log=None, handle_signals=False, handler_cancellation=True
         )
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG).start()
         log.api(f"Started server process [{os.getpid()}]", "server.py:83")
         log.api("Waiting for application startup.", "on.py:48")
         log.api("Application startup complete.", "on.py:62")
