@@ -12,6 +12,14 @@ Over the 23 stored runs of the quick start on this 2-core machine (2026-12-05 an
 the two agreed, busy/little − 1 median +0.1 %, 5-95 % −7.0 … +5.8 %; the 27 % outlier had none
 (its first round ran to 12.2 s, past the step's last send).
 
+Also, per confirm server of a config confirmed on 2 or more, its capacity against its config's
+median, apart for the servers whose capacity was set by a held step right after a pruned one.
+Until 2026-12-06 the simulator listened with aiohttp's backlog of 128: a first round's connections
+past it reached the server a second late (`tuner/sim/server.py` ``LISTEN_BACKLOG``). Over 8 quick
+starts before the fix, 80 of 123 held steps had an all-busy window, and the 20 confirm servers
+after a pruned step read −4.1 … +19.4 % against their config's median (45 others −5.3 … +1.6 %);
+over 4 after it, 63 of 63, and −0.5 … +0.7 % (25 others −3.3 … +1.0 %).
+
 Usage::
 
     python benchmarks/closed_loop_rate.py RUN_DIR [RUN_DIR ...] [--out PATH]
@@ -109,9 +117,9 @@ def steps_of(capacity_json: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _spread(values: list[float]) -> dict[str, float] | None:
+def _spread(values: list[float]) -> dict[str, float]:
     if not values:
-        return None
+        return {}
     v = sorted(values)
     return {
         "median": statistics.median(v),
@@ -120,6 +128,33 @@ def _spread(values: list[float]) -> dict[str, float] | None:
         "min": v[0],
         "max": v[-1],
     }
+
+
+def confirm_servers(run_dir: Path) -> list[dict[str, Any]]:
+    """Each confirm server of a config confirmed on 2 or more: its capacity against the median
+    of the config's servers, and whether the held step that set it (the highest held load) came
+    right after a pruned step (a loss stopped early)."""
+    rows = []
+    for trial in sorted((run_dir / "confirm").glob("trial_*")):
+        servers = []
+        for rnd in sorted(trial.glob("round_*")):
+            cj = rnd / "capacity.json"
+            if not cj.is_file():
+                continue
+            doc = json.loads(cj.read_text())
+            cap = (doc.get("capacity") or {}).get("capacity_rps")
+            held = [(k, st) for k, st in enumerate(doc["steps"]) if st["held"]]
+            if cap is None or not held:
+                continue
+            k, _ = max(held, key=lambda ks: ks[1]["factor"])
+            after = k > 0 and doc["steps"][k - 1].get("pruned") is not None
+            servers.append(
+                {"server": f"{trial.name}/{rnd.name}", "rps": cap, "after_pruned": after}
+            )
+        if len(servers) >= 2:
+            mid = statistics.median(x["rps"] for x in servers)
+            rows += [{**x, "vs_median": x["rps"] / mid - 1} for x in servers]
+    return rows
 
 
 def analyse(run_dir: Path) -> dict[str, Any]:
@@ -133,6 +168,7 @@ def analyse(run_dir: Path) -> dict[str, Any]:
         "busy_vs_little": _spread(busy),
         "no_busy_window": len(none),
         "rows": rows,
+        "confirm_servers": confirm_servers(run_dir),
     }
 
 
@@ -155,6 +191,23 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "busy_vs_little": _spread(every),
         "steps": sum(run["steps"] for run in runs),
+        "with_busy_window": sum(run["with_busy_window"] for run in runs),
+        "confirm_vs_median": {
+            key: _spread(
+                [
+                    x["vs_median"]
+                    for run in runs
+                    for x in run["confirm_servers"]
+                    if x["after_pruned"] is after
+                ]
+            )
+            | {
+                "servers": sum(
+                    x["after_pruned"] is after for run in runs for x in run["confirm_servers"]
+                )
+            }
+            for key, after in (("after_pruned", True), ("otherwise", False))
+        },
     }
     out = args.out or ROOT / "benchmarks" / "results" / "closed_loop_rate.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -178,9 +231,15 @@ def print_table(doc: dict[str, Any]) -> None:
         )
     s = doc["busy_vs_little"] or {}
     print(
-        f"all: {doc['steps']} held steps; busy/little − 1: median {_pct(s.get('median'))}, "
+        f"all: {doc['steps']} held steps, {doc['with_busy_window']} with an all-busy window; "
+        f"busy/little − 1: median {_pct(s.get('median'))}, "
         f"5-95 % {_pct(s.get('p5'))} … {_pct(s.get('p95'))}"
     )
+    for key, v in doc["confirm_vs_median"].items():
+        print(
+            f"confirm servers, {key.replace('_', ' ')}: {v['servers']}, against their config's "
+            f"median {_pct(v.get('min'))} … {_pct(v.get('max'))} (median {_pct(v.get('median'))})"
+        )
 
 
 if __name__ == "__main__":

@@ -93,3 +93,43 @@ def test_a_missing_folder_is_one_line(
 ) -> None:
     assert bench.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.json")]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+def test_confirm_servers_against_their_configs_median_apart_after_a_pruned_step(
+    bench: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config's three confirm servers read 84, 70 and 71 req/s; the 84 was set by a held step
+    right after a pruned one (the simulator's listen backlog, until 2026-12-06). A config with
+    one server is left out: it has no median to stand against."""
+    run = tmp_path / "runs" / "2026-12-06_12-00-00"
+    loop = _loop(4, 16, 1.0)
+    servers = {
+        1: ([_step(1.0, 50.0), _step(4.1, 70.0, False, "lost early"), _step(3.9, 84.0)], 84.0),
+        2: ([_step(1.0, 50.0), _step(4.0, 70.0), _step(4.2, 90.0, False)], 70.0),
+        3: ([_step(1.0, 50.0), _step(4.0, 71.0), _step(4.2, 80.0, False, "lost")], 71.0),
+    }
+    for rnd, (steps, cap) in servers.items():
+        _search(
+            run / "confirm" / "trial_0013" / f"round_{rnd}",
+            steps,
+            {1: loop, 2: loop},
+            capacity={"capacity_rps": cap},
+        )
+    _search(
+        run / "confirm" / "trial_0000" / "round_1",
+        [_step(1.0, 50.0), _step(4.0, 69.0)],
+        {1: loop},
+        capacity={"capacity_rps": 69.0},
+    )
+    out = tmp_path / "rate.json"
+    assert bench.main([str(run), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = {x["server"]: x for x in doc["runs"][0]["confirm_servers"]}
+    assert set(rows) == {f"trial_0013/round_{r}" for r in (1, 2, 3)}
+    assert rows["trial_0013/round_1"]["after_pruned"] is True
+    assert rows["trial_0013/round_1"]["vs_median"] == pytest.approx(84 / 71 - 1)
+    assert not rows["trial_0013/round_3"]["after_pruned"]  # its pruned step came after
+    split = doc["confirm_vs_median"]
+    assert split["after_pruned"]["servers"] == 1 and split["otherwise"]["servers"] == 2
+    assert split["otherwise"]["min"] == pytest.approx(70 / 71 - 1)
+    assert "confirm servers, after pruned: 1" in capsys.readouterr().out
