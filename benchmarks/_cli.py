@@ -7,6 +7,7 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,15 @@ def listed(
     if bad := [x for x in items if x not in allowed]:
         ap.error(f"unknown {what}: {', '.join(bad)}")
     return items
+
+
+def missing_folders(paths: Sequence[Path]) -> bool:
+    """Whether any of ``paths`` (run folders) is no folder; if so, one line on stderr names
+    them."""
+    missing = [str(p) for p in paths if not p.is_dir()]
+    if missing:
+        print(f"not a folder: {', '.join(missing)}", file=sys.stderr)
+    return bool(missing)
 
 
 def wall_s(t: Any) -> float | None:

@@ -32,6 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _cli import missing_folders  # noqa: E402
+
 from tuner import capacity  # noqa: E402
 from tuner.capacity import Start, Step, search  # noqa: E402
 from tuner.config import CapacityConfig  # noqa: E402
@@ -139,9 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=64, help="the workload's requests in flight")
     ap.add_argument("--out", type=Path, help="default benchmarks/results/climb_rules.json")
     args = ap.parse_args(argv)
-    missing = [str(p) for p in args.runs if not p.is_dir()]
-    if missing:
-        print(f"not a folder: {', '.join(missing)}", file=sys.stderr)
+    if missing_folders(args.runs):
         return 2
     runs = [{"run": str(p), "climbs": climbs(p, args.slots)} for p in args.runs]
     rows = [r for run in runs for r in run["climbs"]]

@@ -45,6 +45,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _cli import missing_folders  # noqa: E402
+
 from tuner.plots.common import read_jsonl  # noqa: E402
 
 MIN_BUSY_S = 1.0
@@ -177,9 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="tuner run folders (outputs/runs/<date>/)")
     ap.add_argument("--out", type=Path, help="default benchmarks/results/closed_loop_rate.json")
     args = ap.parse_args(argv)
-    missing = [str(p) for p in args.runs if not p.is_dir()]
-    if missing:
-        print(f"not a folder: {', '.join(missing)}", file=sys.stderr)
+    if missing_folders(args.runs):
         return 2
     runs = [analyse(p) for p in args.runs]
     every = [
