@@ -63,22 +63,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from tuner.config import CapacityConfig
+from tuner.score import CAPACITY_METRICS, PER_GPU
 
 __all__ = [
-    "CAPACITY_METRICS",
     "MAX_JUMP",
     "NARROW_CLIMB",
     "NEAR_STEPS",
     "narrow_climb",
     "start_factor",
-    "OBJECTIVES",
-    "PER_GPU",
     "Capacity",
     "Start",
     "Step",
     "for_gpus",
     "from_steps",
-    "objective_metric",
     "search",
     "shown",
 ]
@@ -192,33 +189,6 @@ def shown(rps: float, censored: float | None, high: float | None = None) -> str:
     if censored is not None and censored < 0:
         return f"< {high:,.1f} (~{rps:,.1f})" if high is not None else f"< {rps:,.1f}"
     return f"{rps:,.1f}"
-
-
-CAPACITY_METRICS = (
-    "capacity_rps",
-    "capacity_rps_low",
-    "capacity_rps_high",
-    "capacity_factor",
-    "capacity_factor_high",
-    "capacity_steps",
-    "capacity_censored",
-    "capacity_per_gpu_rps",
-)
-"""What :meth:`Capacity.metrics` records on a trial (the last, :data:`PER_GPU`, given the GPUs)."""
-
-PER_GPU = "capacity_per_gpu_rps"
-"""The SLO capacity per GPU the server used: ``capacity_rps`` / (TP × DP), the measure that
-compares GPU layouts (one GPU, TP=2, DP=2) at equal hardware."""
-
-OBJECTIVES = ("capacity_rps", PER_GPU)
-"""The objective metrics that need the capacity search (:func:`objective_metric`)."""
-
-
-def objective_metric(metrics: Sequence[str]) -> str | None:
-    """The first of ``metrics`` (an objective's, in order) that is a capacity
-    (:data:`OBJECTIVES`), or None: what the study's best capacity, the incumbent probe and the
-    confirm stage's ``capacity`` pick rank by."""
-    return next((m for m in metrics if m in OBJECTIVES), None)
 
 
 MAX_JUMP = 4.0

@@ -16,12 +16,13 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner import replay, stored_trial
-from tuner.capacity import OBJECTIVES as CAPACITY_OBJECTIVES
-from tuner.capacity import PER_GPU, shown
+from tuner.capacity import shown
 from tuner.config import TunerConfig
 from tuner.confirm import round_values
 from tuner.export import recommended_file
 from tuner.records import Candidate, ConfirmResult, TrialResult
+from tuner.score import OBJECTIVES as CAPACITY_OBJECTIVES
+from tuner.score import PER_GPU
 from tuner.space import changed_params
 from tuner.startup import run_summary, summary_line
 from tuner.stored_study import pareto_rows

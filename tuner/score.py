@@ -16,14 +16,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tuner.capacity import CAPACITY_METRICS, objective_metric
 from tuner.config import DIRECTIONS, ObjectiveConfig, SLOConfig, TunerConfig, one_of
 from tuner.errors import ConfigError, FailureReason
 from tuner.records import RequestRecord, TrialResult
 
 __all__ = [
+    "CAPACITY_METRICS",
     "KEY_METRICS",
     "METRICS",
+    "OBJECTIVES",
+    "PER_GPU",
     "PERCENTILES",
     "capacity_metric",
     "check",
@@ -31,12 +33,41 @@ __all__ = [
     "needs_capacity",
     "failure_values",
     "mean_result",
+    "objective_metric",
     "objective_values",
     "PruneWatch",
     "prune_reason",
     "slo_margins",
     "summarize",
 ]
+
+CAPACITY_METRICS = (
+    "capacity_rps",
+    "capacity_rps_low",
+    "capacity_rps_high",
+    "capacity_factor",
+    "capacity_factor_high",
+    "capacity_steps",
+    "capacity_censored",
+    "capacity_per_gpu_rps",
+)
+"""What :meth:`tuner.capacity.Capacity.metrics` records on a trial (the last, :data:`PER_GPU`,
+given the GPUs)."""
+
+PER_GPU = "capacity_per_gpu_rps"
+"""The SLO capacity per GPU the server used: ``capacity_rps`` / (TP × DP), the measure that
+compares GPU layouts (one GPU, TP=2, DP=2) at equal hardware."""
+
+OBJECTIVES = ("capacity_rps", PER_GPU)
+"""The objective metrics that need the capacity search (:func:`objective_metric`)."""
+
+
+def objective_metric(metrics: Sequence[str]) -> str | None:
+    """The first of ``metrics`` (an objective's, in order) that is a capacity
+    (:data:`OBJECTIVES`), or None: what the study's best capacity, the incumbent probe and the
+    confirm stage's ``capacity`` pick rank by."""
+    return next((m for m in metrics if m in OBJECTIVES), None)
+
 
 PERCENTILES = (50, 90, 95, 99)
 _LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -117,7 +148,7 @@ def needs_capacity(objective: ObjectiveConfig) -> bool:
 
 
 def capacity_metric(objective: ObjectiveConfig) -> str | None:
-    """The objective's first capacity metric (:func:`tuner.capacity.objective_metric`), or None."""
+    """The objective's first capacity metric (:func:`objective_metric`), or None."""
     return objective_metric([o.metric for o in objective.objectives])
 
 

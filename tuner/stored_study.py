@@ -32,10 +32,11 @@ from typing import Any, Literal
 import optuna
 
 from tuner import stored_trial
-from tuner.capacity import PER_GPU, Start
+from tuner.capacity import Start
 from tuner.config import ConfirmConfig, TunerConfig
 from tuner.errors import machine_may_have_failed
 from tuner.records import Candidate, ConfirmResult, TrialResult, to_jsonable
+from tuner.score import PER_GPU
 from tuner.verdict import Verdict
 
 __all__ = [

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from tuner import stored_trial
 from tuner.artifacts import TrialFolder
-from tuner.capacity import Step, objective_metric
+from tuner.capacity import Step
 from tuner.capacity_card import (
     AT_MOST,
     OUTSIDE,
@@ -36,6 +36,7 @@ from tuner.confirm import round_values
 from tuner.engine import pool
 from tuner.precheck import with_fixed
 from tuner.records import Candidate, ConfirmResult
+from tuner.score import objective_metric
 
 __all__ = [
     "entry",

@@ -17,14 +17,14 @@ from helpers.models import DEFAULTS, SHAPE
 
 import tuner.capacity_probe as capacity_probe
 from tuner import stored_study, stored_trial
-from tuner.capacity import PER_GPU, Capacity, Start, for_gpus
+from tuner.capacity import Capacity, Start, for_gpus
 from tuner.engine.argv import trial_argv
 from tuner.engine.pool import GpuPool, gpus_per_server
 from tuner.errors import FailureReason, TrialFailed
 from tuner.export import to_yaml
 from tuner.measure import Replay
 from tuner.precheck import precheck
-from tuner.score import needs_capacity
+from tuner.score import PER_GPU, needs_capacity
 from tuner.sim.cli import parse_args
 from tuner.sim.engine import Request, build_scheduler
 from tuner.sim.logs import SimLog
