@@ -13,22 +13,18 @@ The rounds are judged as :mod:`tuner.confirm` judges them."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tuner.config import ObjectiveConfig, TunerConfig
 from tuner.confirm import judge, round_machines, round_values, verdict
+from tuner.quality_guard import Guard
 from tuner.records import Candidate, ConfirmResult, TrialResult
 from tuner.stored_study import ConfirmRuns
 from tuner.verdict import Gain, Verdict, gain_in_blocks, gain_text
 
 __all__ = ["EarlyStop", "settled_below", "settled_winner"]
 
-Runs = Sequence[tuple[int, int, TrialResult]]
-"""A candidate's runs so far: ``(round, seed, result)``."""
-Judged = Callable[[Candidate, Runs, int], ConfirmResult]
-"""How the stage judges a candidate's runs over its rounds so far (:func:`tuner.confirm.judge`,
-and the quality guard's demotion where it applies)."""
 
 log = logging.getLogger("tuner")
 
@@ -114,9 +110,8 @@ class EarlyStop:
     candidates: Sequence[Candidate]
     stored: ConfirmRuns
     """Servers an earlier run of the stage stored: taken, not skipped."""
-    judged: Judged | None = None
-    """How the stage judges a candidate (``confirm.stop_winner`` reads the verdict with it);
-    None: :func:`tuner.confirm.judge` alone."""
+    guard: Guard
+    """The stage's quality guard: :meth:`result` judges a candidate with it."""
     stopped: dict[int, int] = field(default_factory=dict)
     won: int | None = None
     """The round from which ``confirm.stop_winner`` stopped the stage."""
@@ -192,12 +187,7 @@ class EarlyStop:
             return False
         self._looked = rnd
         done = rnd - 1
-        judged = [
-            self.judged(c, runs[c.trial], min(done, self.rounds(c)))
-            if self.judged is not None
-            else judge(c, runs[c.trial], self.cfg.objective)
-            for c in self.candidates
-        ]
+        judged = [self.result(c, runs[c.trial], min(done, self.rounds(c))) for c in self.candidates]
         cc = self.cfg.confirm
         v = settled_winner(self.candidates, judged, self.cfg.objective, cc.min_effect, cc.rounds)
         if v is None or v.gain is None:
@@ -211,6 +201,15 @@ class EarlyStop:
             gain_text(v.gain, v.metric), 100 * cc.min_effect,
         )  # fmt: skip
         return True
+
+    def result(
+        self, c: Candidate, runs: Sequence[tuple[int, int, TrialResult]], rounds: int | None = None
+    ) -> ConfirmResult:
+        """Candidate ``c``'s result over its ``runs`` as the stage judges it
+        (:func:`tuner.confirm.judge`, then the quality guard over ``rounds``, by default the
+        rounds it ran)."""
+        n = self.rounds(c) if rounds is None else rounds
+        return self.guard.judge(judge(c, runs, self.cfg.objective), c, n)
 
     def rounds(self, c: Candidate) -> int:
         """The rounds candidate ``c`` ran."""

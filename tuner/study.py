@@ -32,7 +32,7 @@ from tuner import __version__, aio, screen, stored_trial
 from tuner.artifacts import trial_dir
 from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
-from tuner.confirm import capacity_start, conclude, judge, pick, stressed
+from tuner.confirm import capacity_start, conclude, pick, stressed
 from tuner.confirm_stop import EarlyStop
 from tuner.console import hms, live_best, parent_summary, print_summary, progress_line
 from tuner.engine.argv import cache_root, check_command, fixed_note, mask, params_key, secret_values
@@ -322,8 +322,7 @@ async def _confirm(
     after an interruption runs only the servers not stored (those with an eval replay again). A
     candidate that changes numerics, and the defaults, replay the eval set on each server after
     its stress replays (:mod:`tuner.quality_guard`), and are judged on it too. Which candidate
-    runs no more rounds: ``confirm.stop_losers`` and ``confirm.stop_winner``,
-    :class:`tuner.confirm_stop.EarlyStop`."""
+    runs no more rounds: :class:`tuner.confirm_stop.EarlyStop` (its two stops)."""
     cfg, root = ctx.cfg, ctx.cache_root
     cc = cfg.confirm
     replays = []
@@ -342,9 +341,7 @@ async def _confirm(
     if (intro := guard.intro()) is not None:
         log.info(intro)
     step = 0
-    early = EarlyStop(
-        cfg, candidates, stored, lambda c, rs, n: guard.judge(judge(c, rs, cfg.objective), c, n)
-    )
+    early = EarlyStop(cfg, candidates, stored, guard)
     for rnd in range(1, cc.rounds + 1):  # within a round the order is free: warm keys first
         for c in warm_first(candidates, lambda c: params_key(cfg, c.params, c.baseline), root):
             step += 1
@@ -371,7 +368,7 @@ async def _confirm(
                 log.info("confirm: trial %d failed in round %d: %s", c.trial, rnd, failed)
     out = []
     for c in candidates:
-        judged = guard.judge(judge(c, runs[c.trial], cfg.objective), c, early.rounds(c))
+        judged = early.result(c, runs[c.trial])
         held = "holds" if judged.passed else f"DEMOTED: {judged.reason}"
         log.info("confirm: trial %d %s", c.trial, held)
         out.append(judged)
