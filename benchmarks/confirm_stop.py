@@ -131,27 +131,22 @@ def analyse(name: str, record: Any) -> dict[str, Any]:
         "picks": picks,
         "verdict_all_rounds": [full.kind, full.recommended],
     }
+    first = {  # each candidate's rounds 1-2: what a stop before round 3 leaves
+        r.trial: replace(r, runs=tuple(x for x in r.runs if int(x.get("round", 1)) < 3))
+        for r in record.results
+    }
     for rule in RULES:
         stopped = {p["trial"] for p in picks if p[rule]}
         if stopped and len(stopped) == len(picks):
             stopped.add(base.trial)
-        kept = [
-            replace(r, runs=tuple(x for x in r.runs if int(x.get("round", 1)) < 3))
-            if r.trial in stopped
-            else r
-            for r in record.results
-        ]
+        kept = [first[r.trial] if r.trial in stopped else r for r in record.results]
         v = verdict(kept, record.candidates, objective, effect, record.rounds)
         out[rule] = {
             "servers_saved": len(stopped) * max(0, record.rounds - 2),
             "verdict": [v.kind, v.recommended],
             "same_verdict": (v.kind, v.recommended) == (full.kind, full.recommended),
         }
-    first = [
-        replace(r, runs=tuple(x for x in r.runs if int(x.get("round", 1)) < 3))
-        for r in record.results
-    ]
-    won = settled_winner(record.candidates, first, objective, effect, record.rounds)
+    won = settled_winner(record.candidates, list(first.values()), objective, effect, record.rounds)
     if won is not None:
         gained = won.gain
         out["winner"] = {
