@@ -180,15 +180,23 @@ class Capacity:
         return out
 
 
+def rps_text(rps: float) -> str:
+    """A rate in req/s with at least three significant figures: ``69.7``, ``1.12``, ``0.966``
+    (long_docs serves about 1 req/s, where one decimal showed 1.119 and 1.154 as 1.1 and 1.2)."""
+    return f"{rps:,.1f}" if abs(rps) >= 10 else f"{rps:.2f}" if abs(rps) >= 1 else f"{rps:.3f}"
+
+
 def shown(rps: float, censored: float | None, high: float | None = None) -> str:
-    """A capacity as the tables show it: ``>= 69.7`` censored below (held everywhere tried);
-    censored above (the incumbent probe lost), ``< 58.2 (~20.5)``: the bound ``high`` that was
-    established, then the estimate the sampler is told (``< 20.5`` without ``high``)."""
+    """A capacity as the tables show it (:func:`rps_text`): ``>= 69.7`` censored below (held
+    everywhere tried); censored above (the incumbent probe lost), ``< 58.2 (~20.5)``: the bound
+    ``high`` that was established, then the estimate the sampler is told (``< 20.5`` without
+    ``high``)."""
     if censored is not None and censored > 0:
-        return f">= {rps:,.1f}"
+        return f">= {rps_text(rps)}"
     if censored is not None and censored < 0:
-        return f"< {high:,.1f} (~{rps:,.1f})" if high is not None else f"< {rps:,.1f}"
-    return f"{rps:,.1f}"
+        est = rps_text(rps)
+        return f"< {rps_text(high)} (~{est})" if high is not None else f"< {est}"
+    return rps_text(rps)
 
 
 MAX_JUMP = 4.0

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tuner.capacity import rps_text
 from tuner.quality_guard import describe
 from tuner.screen import LeverRow
 from tuner.verdict import CONFIDENCE, pct
@@ -54,7 +55,7 @@ def row_verdict(r: LeverRow) -> str:
 def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     """One line per lever: flag, capacity change, its interval, servers, verdict word."""
     base = rows[0].base if rows else ()
-    shown = ", ".join(f"{c:.3g}" for c in base) or "none measured"
+    shown = ", ".join(rps_text(c) for c in base) or "none measured"
     machines = rows[0].machines if rows else 1
     table = Table(
         title=f"Lever screen: SLO capacity vs vLLM's defaults ({shown} req/s on "
@@ -67,7 +68,7 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     table.add_column("servers", justify="right")
     table.add_column("verdict")
     for r in rows:
-        caps = ", ".join(f"{c:.3g}" for c in r.capacities) + (" (≥)" if r.censored else "")
+        caps = ", ".join(rps_text(c) for c in r.capacities) + (" (≥)" if r.censored else "")
         verdict = row_verdict(r)
         table.add_row(
             escape(r.lever) + (" *" if r.numerics else ""),

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from helpers.capacity import probe_of
 
-from tuner.capacity import Start, Step, from_steps, search
+from tuner.capacity import Start, Step, from_steps, search, shown
 from tuner.config import CapacityConfig
 
 
@@ -420,3 +420,22 @@ async def test_the_start_is_announced_only_when_it_is_replayed() -> None:
     first = await probe(1.0)
     await search(probe, CapacityConfig(), first=first, start=Start(1.8, None), on_start=told.append)
     assert told == [1.8] and tried[1] == 1.8
+
+
+@pytest.mark.parametrize(
+    ("rps", "censored", "high", "text"),
+    [
+        (69.74, 0.0, None, "69.7"),
+        (1234.5, None, None, "1,234.5"),
+        (1.1194, 0.0, None, "1.12"),  # long_docs: 1.119 and 1.154 read 1.1 and 1.2 before
+        (1.1539, 0.0, None, "1.15"),
+        (0.96591, 0.0, None, "0.966"),
+        (1.1539, 1.0, None, ">= 1.15"),
+        (0.514, -1.0, 1.0203, "< 1.02 (~0.514)"),
+        (20.46, -1.0, None, "< 20.5"),
+    ],
+)
+def test_a_capacity_is_shown_with_three_significant_figures_at_least(
+    rps: float, censored: float | None, high: float | None, text: str
+) -> None:
+    assert shown(rps, censored, high) == text
