@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import optuna
 import yaml
 
+from tuner import stored_trial
 from tuner.capacity import Start
 from tuner.compile_cache import warm_first
 from tuner.config import ObjectiveConfig, TunerConfig
@@ -394,21 +395,28 @@ def _warm_start(cfg: TunerConfig, dists: Distributions) -> list[tuple[dict[str, 
     return out
 
 
-def search_start(study: optuna.Study, cfg: TunerConfig) -> Start | None:
+def search_start(
+    study: optuna.Study, cfg: TunerConfig, params: dict[str, Any] | None = None
+) -> Start | None:
     """Where a trial's capacity search goes after the workload's own replay, or None (the
     incumbent probe off, or no capacity known): the study's incumbent
     (:func:`tuner.stored_study.incumbent_capacity`; a search trial that loses there ends), else
     the best capacity of the ``study.warm_start`` study as a prediction (``binding`` False: the
     search goes on from a loss there; its load factor is on that study's workload, so a warm
     start of the same workload predicts best). In the lever screen (``screen.predict_start``)
-    every server after the defaults' first starts from the defaults' capacity as a prediction:
-    each lever still gets its own capacity, in fewer replays than from the workload's load."""
+    a server of a config (``params``) measured before starts at its own crossing
+    (:func:`_own_crossing`), any other after the defaults' first from the defaults' capacity,
+    each as a prediction: every server still gets its own capacity, in fewer replays than from
+    the workload's load."""
     if not needs_capacity(cfg.objective):
         return None
     metric = capacity_metric(cfg.objective)
     if cfg.mode == "screen":
         if not cfg.screen.predict_start:
             return None
+        own = None if params is None else _own_crossing(study, params)
+        if own is not None:
+            return own
         measured = incumbent_capacity(study, metric, baseline_only=True)
         return None if measured is None else measured._replace(rps=None, binding=False)
     if not cfg.objective.capacity.incumbent_probe:
@@ -418,6 +426,26 @@ def search_start(study: optuna.Study, cfg: TunerConfig) -> Start | None:
         return own
     other = incumbent_capacity(_warm_source(cfg), metric)
     return None if other is None else other._replace(rps=None, binding=False)
+
+
+def _own_crossing(study: optuna.Study, params: dict[str, Any]) -> Start | None:
+    """The median crossing (of two, the lower) of the finished servers with ``params`` whose
+    capacity was bracketed, as a ``near`` prediction (:attr:`tuner.capacity.Start.near`: the
+    search walks by narrow steps from there, up after a hold, down after a loss), or None. On
+    an H100 (docs/gpu-runs/2026-12-06-long-docs-kv-h100-2.md) the fp8 cache's second long_docs
+    server started at the defaults' 18 in flight, held there and at 22, lost at 24: 3 steps of
+    ~2 minutes after its own replay, where its first had crossed between 21 and 23."""
+    factors = sorted(
+        f
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if _same_params(params, t.params)
+        and (f := stored_trial.metric(t, "capacity_factor")) is not None
+        and f > 0
+        and (stored_trial.metric(t, "capacity_censored") or 0.0) == 0.0
+    )
+    if not factors:
+        return None
+    return Start(factors[(len(factors) - 1) // 2], None, binding=False, near=True)
 
 
 async def trial_start(
@@ -430,7 +458,7 @@ async def trial_start(
     """:func:`search_start`, else the capacity the simulator predicts for ``params``
     (:func:`tuner.prescreen.predict_start`, ``objective.capacity.predict_start``): where a
     trial of ``study`` goes after its own replay."""
-    return search_start(study, cfg) or await predict_start(cfg, shape, requests, params)
+    return search_start(study, cfg, params) or await predict_start(cfg, shape, requests, params)
 
 
 def _warm_source(cfg: TunerConfig) -> optuna.Study:

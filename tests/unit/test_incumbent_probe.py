@@ -472,3 +472,46 @@ def test_a_screen_server_starts_from_the_defaults_capacity_as_a_prediction(
     assert search_start(study, cfg) == Start(1.3, None, None, binding=False)
     off = make_cfg("+workload=chat", "mode=screen", "screen.predict_start=false")
     assert search_start(study, off) is None
+
+
+def test_a_screen_server_of_a_config_measured_before_starts_at_its_own_crossing(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    """A screen's later server of one config (the same params) starts near the median crossing
+    of its earlier servers, as a prediction; a config not measured yet, from the defaults'
+    capacity as before; a censored capacity is no crossing."""
+    from tuner.storage import search_start
+
+    cfg = make_cfg("+workload=chat", "mode=screen")
+    study = _study()
+    kv = {"kv_cache_dtype": optuna.distributions.CategoricalDistribution(["auto", "fp8"])}
+
+    def server(value: str, factor: float, censored: float = 0.0) -> None:
+        study.enqueue_trial({"kv_cache_dtype": value})
+        t = study.ask(kv)
+        if value == "auto":
+            t.set_user_attr("baseline", True)
+        t.set_user_attr("metrics", {"capacity_rps": 50.0 * factor, "capacity_factor": factor,
+                                    "capacity_censored": censored, "ttft_p95_ms": 50.0})  # fmt: skip
+        system, user = stored_trial.constraint_attrs({"error_rate": -0.05})
+        for k, v in system.items():
+            t.storage.set_trial_system_attr(t._trial_id, k, v)
+        for k, v in user.items():
+            t.set_user_attr(k, v)
+        study.tell(t, [50.0 * factor, 50.0])
+
+    fp8, auto = {"kv_cache_dtype": "fp8"}, {"kv_cache_dtype": "auto"}
+    server("auto", 1.2)
+    defaults = Start(1.2, None, None, binding=False)
+    assert search_start(study, cfg, fp8) == defaults  # not measured yet: the defaults' capacity
+    assert search_start(study, cfg) == defaults  # without params, as before
+    server("fp8", 1.4)
+    server("fp8", 1.3)
+    # of two servers, the lower crossing
+    assert search_start(study, cfg, fp8) == Start(1.3, None, binding=False, near=True)
+    server("fp8", 1.5)
+    server("fp8", 3.0, censored=1.0)  # held everywhere tried: no crossing
+    assert search_start(study, cfg, fp8) == Start(1.4, None, binding=False, near=True)
+    assert search_start(study, cfg, auto) == Start(1.2, None, binding=False, near=True)
+    off = make_cfg("+workload=chat", "mode=screen", "screen.predict_start=false")
+    assert search_start(study, off, fp8) is None

@@ -52,10 +52,11 @@ class ScreenConfig:
     follow_up: float = 0.05
     """A lever whose point change is at least this (a fraction) is marked for the follow-up."""
     predict_start: bool = True
-    """Each server's capacity search, after the workload's own replay, tries the defaults' best
-    capacity so far first, as a prediction (a loss there narrows the bracket below it, a hold
-    climbs from it; nothing is capped): fewer replays than climbing from the workload's load.
-    False: every server searches from the workload's load alone."""
+    """Each server's capacity search, after the workload's own replay, tries first the median
+    crossing of its config's earlier servers (walking by narrow steps from there), else the
+    defaults' best capacity so far, as a prediction (a loss there narrows the bracket below it,
+    a hold climbs from it; nothing is capped): fewer replays than climbing from the workload's
+    load. False: every server searches from the workload's load alone."""
     levers: dict[str, LeverSpec] = field(default_factory=dict)
 
 
