@@ -8,8 +8,9 @@ one flag changed from vLLM's defaults — or ``defaults``, which passes no flag)
 :func:`plan` gives: the defaults first, after every ``screen.defaults_every`` lever servers, and
 last. Every trial measures its server's SLO capacity (``objective=capacity`` with the incumbent
 probe off: each lever needs its own capacity, not one censored at the best so far; with
-``screen.predict_start`` a server tries the defaults' capacity first, as a prediction that caps
-nothing: :func:`tuner.storage.search_start`). A lever whose
+``screen.predict_start`` a server tries its config's own crossing so far first, else the
+defaults' capacity, as a prediction that caps nothing: :func:`tuner.storage.search_start`). A
+lever whose
 server cannot start (a flag vLLM rejects) is a failed trial, recorded and shown as that lever's
 failure; the screen goes on. Ctrl-C marks the running trial FAIL (``interrupted``): the table
 shows it, and the same command runs it again with what was not run yet.
