@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,6 +42,7 @@ __all__ = [
     "conclude",
     "current_verdict",
     "judge",
+    "median_crossing",
     "pick",
     "recommended",
     "round_machines",
@@ -172,13 +173,9 @@ def capacity_start(
     needs 3 (the stress replay, a hold, a loss). A start moves a capacity by less than the
     spread between fresh servers (``tests/integration/test_capacity_study.py``); each server
     still brackets its own crossing, up or down from there."""
-    measured = sorted(
-        (r.metrics for r in earlier if not r.failure_reason and _bracketed(r.metrics)),
-        key=lambda m: m["capacity_factor"],
-    )
-    if measured:  # the median server by its crossing (of two, the lower)
-        m = measured[(len(measured) - 1) // 2]
-        return Start(float(m["capacity_factor"]), m.get("capacity_rps"), near=True)
+    crossed = median_crossing(r.metrics for r in earlier if not r.failure_reason)
+    if crossed is not None:
+        return crossed
     factor = candidate.search_metrics.get("capacity_factor")
     if factor is None or factor <= 0:
         return None
@@ -193,6 +190,18 @@ def capacity_start(
         # servers, 7-8 replays each walking up from the estimate
         factor = (float(factor) * float(top)) ** 0.5
     return Start(float(factor) / cfg.confirm.load_factor, rps, near=True)
+
+
+def median_crossing(metrics: Iterable[Mapping[str, float]]) -> Start | None:
+    """The median of these servers' capacities (``metrics``, each a server's; of two, the lower)
+    among those bracketed, as a ``near`` start at its crossing with its requests/s, or None:
+    where a config's next server starts (a confirm pick's, :func:`capacity_start`; a screen
+    config's, :func:`tuner.storage.search_start`)."""
+    measured = sorted((m for m in metrics if _bracketed(m)), key=lambda m: m["capacity_factor"])
+    if not measured:
+        return None
+    m = measured[(len(measured) - 1) // 2]
+    return Start(float(m["capacity_factor"]), m.get("capacity_rps"), near=True)
 
 
 def _bracketed(metrics: Mapping[str, float]) -> bool:

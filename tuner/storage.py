@@ -31,6 +31,7 @@ from tuner.capacity import Start
 from tuner.compile_cache import warm_first
 from tuner.config import ObjectiveConfig, TunerConfig
 from tuner.config.compose import available, conf_dir
+from tuner.confirm import median_crossing
 from tuner.engine.argv import cache_root, params_key
 from tuner.errors import ConfigError, StorageError
 from tuner.grid import GridSampler, interrupted_cells
@@ -429,23 +430,16 @@ def search_start(
 
 
 def _own_crossing(study: optuna.Study, params: dict[str, Any]) -> Start | None:
-    """The median crossing (of two, the lower) of the finished servers with ``params`` whose
-    capacity was bracketed, as a ``near`` prediction (:attr:`tuner.capacity.Start.near`: the
-    search walks by narrow steps from there, up after a hold, down after a loss), or None. On
+    """The median crossing of the finished servers with ``params``
+    (:func:`tuner.confirm.median_crossing`), as a ``near`` prediction
+    (:attr:`tuner.capacity.Start.near`: the search walks by narrow steps from there, up after a
+    hold, down after a loss), or None. On
     an H100 (docs/gpu-runs/2026-12-06-long-docs-kv-h100-2.md) the fp8 cache's second long_docs
     server started at the defaults' 18 in flight, held there and at 22, lost at 24: 3 steps of
     ~2 minutes after its own replay, where its first had crossed between 21 and 23."""
-    factors = sorted(
-        f
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if _same_params(params, t.params)
-        and (f := stored_trial.metric(t, "capacity_factor")) is not None
-        and f > 0
-        and (stored_trial.metric(t, "capacity_censored") or 0.0) == 0.0
-    )
-    if not factors:
-        return None
-    return Start(factors[(len(factors) - 1) // 2], None, binding=False, near=True)
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    own = median_crossing(stored_trial.metrics(t) for t in done if _same_params(params, t.params))
+    return None if own is None else own._replace(rps=None, binding=False)
 
 
 async def trial_start(
