@@ -159,6 +159,18 @@ def confirm_servers(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _against_median(runs: list[dict[str, Any]], after_pruned: bool) -> dict[str, float]:
+    """The spread of the confirm servers' capacities against their config's median, over those
+    set (or not) right after a pruned step, with how many."""
+    v = [
+        x["vs_median"]
+        for run in runs
+        for x in run["confirm_servers"]
+        if x["after_pruned"] is after_pruned
+    ]
+    return _spread(v) | {"servers": len(v)}
+
+
 def analyse(run_dir: Path) -> dict[str, Any]:
     rows = [row for cj in sorted(run_dir.rglob("capacity.json")) for row in steps_of(cj)]
     busy = [r["busy_vs_little"] for r in rows if r["busy_vs_little"] is not None]
@@ -193,19 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": sum(run["steps"] for run in runs),
         "with_busy_window": sum(run["with_busy_window"] for run in runs),
         "confirm_vs_median": {
-            key: _spread(
-                [
-                    x["vs_median"]
-                    for run in runs
-                    for x in run["confirm_servers"]
-                    if x["after_pruned"] is after
-                ]
-            )
-            | {
-                "servers": sum(
-                    x["after_pruned"] is after for run in runs for x in run["confirm_servers"]
-                )
-            }
+            key: _against_median(runs, after)
             for key, after in (("after_pruned", True), ("otherwise", False))
         },
     }
