@@ -112,12 +112,35 @@ class Lease:
             self.path(directory).unlink()
 
 
-def _pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int, before: float | None = None) -> bool:
+    """Whether a tuner runs as ``pid``; with ``before`` (epoch seconds: when the dead tuner wrote
+    its lease or started its trial), only one that started by then. A reused pid counts as
+    dead: a process that is no tuner, or a tuner started later (every GPU machine lent here is
+    called ``vm`` and its tuners get similar pids, so a study carried to the next machine once
+    found its new tuner, or the ``timeout`` that runs it, under the old trial's pid)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return b"tuner" in cmdline  # a reused pid that is not a tuner counts as dead
+    if b"tuner" not in cmdline:
+        return False
+    started = _started(pid)
+    return before is None or started is None or started <= before + 1.0  # btime: whole seconds
+
+
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (epoch seconds, from ``/proc``), None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        btime = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        ticks = int(stat.rpartition(")")[2].split()[19])  # field 22, after the command's ")"
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return btime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _marked_groups(lease_id: str) -> set[int]:
@@ -209,7 +232,7 @@ def recover(
         if lease.study != study.study_name or lease.host != host:
             continue
         leased.add(lease.trial)
-        if _pid_alive(lease.tuner_pid):
+        if _pid_alive(lease.tuner_pid, before=lease.started):
             continue  # another tuner on this host is running this trial right now
         boxes: list[str] = []
         if lease.container_program:  # before the CLI's group: the container outlives it
@@ -246,7 +269,7 @@ def recover(
         if moved and w_host and w_host != host:
             detail = f"its tuner ran on host {w_host}; this SQLite study was copied here since"
             note = detail
-        elif w_host == host and w_pid.isdigit() and not _pid_alive(int(w_pid)):
+        elif w_host == host and w_pid.isdigit() and not _pid_alive(int(w_pid), _began(t)):
             detail = f"the tuner (pid {w_pid}) died before launching"
             note = "its tuner died before launching"
         else:
@@ -256,6 +279,11 @@ def recover(
             out.interrupted.append(Interrupted(t.number, params, detail, worker))
         out.notes.append(f"trial {t.number}: {note}; marked failed")
     return out
+
+
+def _began(t: optuna.trial.FrozenTrial) -> float | None:
+    """When trial ``t`` started (epoch seconds; Optuna stores the local time), None if unknown."""
+    return t.datetime_start.timestamp() if t.datetime_start is not None else None
 
 
 def _dead(worker: str) -> str | None:

@@ -5,11 +5,15 @@ interrupted, so a grid runs that cell again and the trial's state is true."""
 from __future__ import annotations
 
 import socket
+import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
 
-from tuner.recovery import recover
+from tuner.recovery import _pid_alive, recover
 from tuner.stored_trial import failure_reason, mark_worker
 
 DISTS = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
@@ -48,3 +52,29 @@ def test_this_hosts_dead_tuner_is_told_apart_from_a_move(tmp_path: Path) -> None
     study = _study_with_running(tmp_path, socket.gethostname())
     recover(study, tmp_path / "leases", [], moved=True)
     assert "died before launching" in study.trials[0].user_attrs["failure_detail"]
+
+
+def test_a_tuner_started_after_the_trial_under_its_pid_is_not_its_tuner(tmp_path: Path) -> None:
+    """Every GPU machine lent here is called ``vm``: a study carried to the next one found a
+    tuner alive under the stored pid, its own new one. A tuner started after the trial began
+    cannot be the one that ran it, so the trial is marked interrupted; a tuner that started
+    before it still counts as running it."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "tuner"])
+    try:
+        time.sleep(0.2)  # the process is exec'd: its cmdline names a tuner
+        assert _pid_alive(proc.pid)
+        assert _pid_alive(proc.pid, before=time.time() + 5)
+        assert not _pid_alive(proc.pid, before=time.time() - 60)
+        study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}")
+        mark_worker(study.ask(DISTS), f"{socket.gethostname()}:{proc.pid}")
+        recover(study, tmp_path / "leases", [], moved=True)
+        assert study.trials[0].state == optuna.trial.TrialState.RUNNING  # its tuner may run it
+        with sqlite3.connect(tmp_path / "o.db") as db:  # the trial began a minute before it
+            db.execute("UPDATE trials SET datetime_start = datetime(datetime_start, '-60 seconds')")
+        recover(study, tmp_path / "leases", [], moved=True)
+        (t,) = study.trials
+        assert t.state == optuna.trial.TrialState.FAIL
+        assert failure_reason(t) == "interrupted"
+    finally:
+        proc.kill()
+        proc.wait()
