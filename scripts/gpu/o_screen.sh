@@ -24,7 +24,9 @@
 #     T=1130 PER=330
 # Its follow-up, SERVERS=3 EVERY=2 DB=docs/gpu-runs/2026-12-06-long-docs-kv-h100/optuna.db T=1450
 # PER=360 on a second H100, ran D kv kv there (docs/gpu-runs/2026-12-06-long-docs-kv-h100-2.md):
-# +14.4 % (95 % CI -22.1 ... +68.0 %) on 3 + 2 servers; next, SERVERS=4 with that run's optuna.db.
+# +14.4 % (95 % CI -22.1 ... +68.0 %) on 3 + 2 servers. SERVERS=4 with that run's optuna.db
+# T=1470 PER=420 ran one defaults' server on a third H100 before the machine went back
+# (docs/gpu-runs/2026-12-06-long-docs-kv-h100-3.md); next, SERVERS=4 with that run's optuna.db.
 # On the simulator its screen of four levers (LEVERS=quant_fp8,kv_fp8,mnbt_2048,mnbt_16384
 # EVERY=4, 1 + 2 simulated servers each, 2026-12-06 at 111e0a6; 6.9 minutes on 2 cores): kv_fp8
 # +17.8 %, quant_fp8 +12.9 %, mnbt_2048 -6.1 %, mnbt_16384 -0.4 % (the defaults 1.04 req/s twice).
