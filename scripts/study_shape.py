@@ -6,8 +6,9 @@ change behaviour, and compare (``--compare OLD.json``).
     python scripts/study_shape.py --compare before.json
 
 The study is issue 20's check: ``+workload=chat engine=sim objective=throughput
-'study.enqueue=[{max_num_seqs:64},{gpu_memory_utilization:0.85}]' study.n_trials=3
-confirm.enabled=false``, in a fresh folder.
+'study.enqueue=[{max_num_batched_tokens:4096},{block_size:32}]' study.n_trials=3
+confirm.enabled=false``, in a fresh folder (until the default space was rebuilt from the lever
+screen, issue #30, it enqueued ``max_num_seqs`` and ``gpu_memory_utilization``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ ARGS = [
     # one replay a trial: a capacity search (the default objective) takes as many as its
     # loads need, so its capacity_K folders would vary from run to run
     "objective=throughput",
-    "study.enqueue=[{max_num_seqs:64},{gpu_memory_utilization:0.85}]",
+    "study.enqueue=[{max_num_batched_tokens:4096},{block_size:32}]",
     "study.n_trials=3",
     "confirm.enabled=false",
 ]

@@ -26,6 +26,9 @@ def test_two_studies_share_the_compile_cache_and_launch_warm_keys_first(tmp_path
         f"engine.cache_root={cache}",
         "study.baseline_first=false",
         "confirm.enabled=false",
+        # off in the default space; neither is in vLLM's compile key
+        "space.params.gpu_memory_utilization.enabled=true",
+        "space.params.max_num_seqs.enabled=true",
         *FAST,
     ]
     first, second = tmp_path / "a", tmp_path / "b"

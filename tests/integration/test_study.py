@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -103,6 +102,7 @@ def test_infeasible_trials_are_recorded_not_crashed(
     # room for KV blocks. Enqueued, so the sampler's own choices cannot mix in other failures.
     cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
+        "space=full",  # the default space has no infeasible corner
         "study.n_trials=2",
         "study.name=tiny",
         "study.baseline_first=false",
@@ -365,6 +365,7 @@ def test_precheck_skips_certain_failures_and_counts_gpu_time(
 ) -> None:
     cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
+        "space=full",  # the default space has no infeasible corner
         "study.n_trials=3",
         "study.name=pre",
         "study.enqueue=[{gpu_memory_utilization:0.11},"
@@ -410,6 +411,7 @@ def test_rejections_count_past_max_rejected(
     # every config of this space is refused before launch (gmu <= 0.11 does not hold the weights)
     cfg = make_cfg(  # in this process: the CLI is not what is tested
         "+workload=chat",
+        "space=full",  # the default space has no infeasible corner
         "study.n_trials=2",
         "study.max_rejected=3",
         "study.baseline_first=false",
@@ -799,7 +801,8 @@ def test_dry_run_prints_the_plan_and_launches_nothing(
     assert (
         "/models/qwen3-8b-dummy --host 127.0.0.1 --port <free port> --served-model-name m "
         "--load-format dummy searched trials: the same plus their value of "
-        "--gpu-memory-utilization --max-model-len" in out
+        "--block-size --max-num-batched-tokens -cc.cudagraph_mode --kv-cache-dtype "
+        "--quantization" in out
     )
     assert (
         "then confirm capacity, latency, knee, baseline at 2x load, 1x duration, seeds [1], "
@@ -809,7 +812,8 @@ def test_dry_run_prints_the_plan_and_launches_nothing(
     assert not list(tmp_path.glob("outputs/runs/*/trial_*"))
     assert "prescreen" not in out  # off by default
     assert "do not count toward study.n_trials (at most study.max_rejected=50 per run)" in out
-    assert re.search(r"precheck: refuses \d+% of 1000 random configs .*invalid_config", out)
+    # the default space has no infeasible corner left (conf/space/default.yaml): nothing refused
+    assert "precheck: refuses 0% of 1000 random configs from this space" in out
     assert "study created in memory" not in stdout + stderr  # its Optuna study is quiet
     # workload.client_processes=auto (tests/unit/test_client_choice.py has the rule's figures)
     assert "replay client on asyncio: " in out and " (auto)" in out

@@ -20,21 +20,21 @@ FIXED = ["+model.fixed_args.gpu-memory-utilization=0.352", "+model.fixed_args.kv
 
 
 def test_the_precheck_predicts_with_the_fixed_flags(make_cfg: Callable[..., TunerConfig]) -> None:
-    cfg = make_cfg("+workload=chat", *FIXED)
+    cfg = make_cfg("+workload=chat", "space=full", *FIXED)
     assert fixed_params(cfg.model) == {"gpu_memory_utilization": 0.352, "kv_cache_dtype": "fp8"}
     # the baseline passes no searched flag: the fixed ones hold (vLLM logged 473,216 tokens on
     # the H200; 817,184 was predicted with vLLM's defaults in their place)
     v = precheck(cfg, SHAPE, DEFAULTS, [], baseline=True)
     assert v.kv_tokens == pytest.approx(473_216, rel=0.01)
     # a searched flag follows the fixed ones on the command line: it wins
-    plain = precheck(make_cfg("+workload=chat"), SHAPE, DEFAULTS, [])
+    plain = precheck(make_cfg("+workload=chat", "space=full"), SHAPE, DEFAULTS, [])
     assert precheck(cfg, SHAPE, DEFAULTS, []).kv_tokens == plain.kv_tokens
 
 
 def test_no_kv_flags_in_fixed_args_change_nothing(make_cfg: Callable[..., TunerConfig]) -> None:
     cfg = make_cfg("+workload=chat", "+model.fixed_args.no-enable-log-requests=true")
     assert fixed_params(cfg.model) == {"enable_log_requests": False}  # --no-x: x false
-    plain = precheck(make_cfg("+workload=chat"), SHAPE, DEFAULTS, [], baseline=True)
+    plain = precheck(make_cfg("+workload=chat", "space=full"), SHAPE, DEFAULTS, [], baseline=True)
     assert precheck(cfg, SHAPE, DEFAULTS, [], baseline=True).kv_tokens == plain.kv_tokens
 
 
@@ -50,7 +50,7 @@ def test_the_start_line_names_the_fixed_flags(make_cfg: Callable[..., TunerConfi
     assert fixed_note(cfg.model) == "; every server also runs with quantization=fp8"
     tokens = make_cfg("+workload=chat", "+model.fixed_args.max-num-batched-tokens=4096").model
     assert fixed_note(tokens) == "; every server also runs with max_num_batched_tokens=4096"
-    assert fixed_note(make_cfg("+workload=chat").model) == ""
+    assert fixed_note(make_cfg("+workload=chat", "space=full").model) == ""
     # and the precheck predicts its KV cache with fp8 weights (vLLM logged 861,024 tokens)
     v = precheck(cfg, SHAPE, DEFAULTS, [], baseline=True)
     assert v.kv_tokens == pytest.approx(861_024, rel=0.01)

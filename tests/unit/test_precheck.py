@@ -31,7 +31,7 @@ def spec(n: int) -> RequestSpec:
     ],
 )
 def test_tuner_limits_always_apply(make_cfg, gpus, params, needle) -> None:
-    cfg = make_cfg("+workload=chat", f"engine.gpus={gpus}")
+    cfg = make_cfg("+workload=chat", "space=full", f"engine.gpus={gpus}")
     for veto in (True, False):
         with pytest.raises(TrialFailed) as e:
             precheck(cfg, SHAPE, {**DEFAULTS, **params}, [spec(8000), spec(300)] * 5, veto=veto)
@@ -43,7 +43,7 @@ def test_h200_reference_points(make_cfg) -> None:
     """The hand-made reference runs (docs/gpu-runs/2026-11-30-h200-reference.md): defaults start
     (814,368 KV tokens logged); gmu 0.12 fails; the GPU run of 2026-11-30: gmu 0.15 at
     max_model_len 40960 fails (4.5 GiB KV < 5.62 needed)."""
-    cfg = make_cfg("+workload=chat")
+    cfg = make_cfg("+workload=chat", "space=full")
     ok = precheck(cfg, SHAPE, DEFAULTS, [])
     assert ok.kv_tokens == pytest.approx(814_368, rel=0.02)
     for gmu in (0.12, 0.15):
@@ -58,7 +58,7 @@ def test_h200_reference_points(make_cfg) -> None:
 
 def test_borderline_configs_still_launch(make_cfg) -> None:
     """A predicted KV-too-small within the model's error margin is launched, not vetoed."""
-    cfg = make_cfg("+workload=chat")
+    cfg = make_cfg("+workload=chat", "space=full")
     gpu = GPU_PROFILES["h200"]
     # find the gmu where the predicted KV just falls short of one 40960-token request
     gmu = 0.20
@@ -78,7 +78,7 @@ def test_borderline_configs_still_launch(make_cfg) -> None:
     ],
 )
 def test_vllm_validation_rules(make_cfg, params, needle) -> None:
-    cfg = make_cfg("+workload=chat")
+    cfg = make_cfg("+workload=chat", "space=full")
     with pytest.raises(TrialFailed) as e:
         precheck(cfg, SHAPE, {**DEFAULTS, **params}, [])
     assert e.value.reason is FailureReason.INVALID_CONFIG
@@ -89,7 +89,7 @@ def test_vllm_validation_rules(make_cfg, params, needle) -> None:
 
 def test_vllm_validation_message_is_vllms(make_cfg) -> None:
     """The detail is vLLM's own text after "predicted before launch: " (tuner.vllm_rules)."""
-    cfg = make_cfg("+workload=chat")
+    cfg = make_cfg("+workload=chat", "space=full")
     with pytest.raises(TrialFailed) as e:
         precheck(
             cfg,
@@ -141,7 +141,7 @@ def _sim_refuses(params: dict[str, Any]) -> bool:
 def test_vetoes_exactly_what_the_simulated_server_refuses(make_cfg) -> None:
     """Over a grid of passed flags (vLLM's defaults for the rest), the precheck's invalid_config
     is exactly the simulated server's refusal — no more (nothing vLLM accepts is vetoed)."""
-    cfg = make_cfg("+workload=chat")
+    cfg = make_cfg("+workload=chat", "space=full")
     vetoed = refused = 0
     for combo in itertools.product(*GRID.values()):
         params = {k: v for k, v in zip(GRID, combo, strict=True) if v is not None}
@@ -160,23 +160,25 @@ def test_vetoes_exactly_what_the_simulated_server_refuses(make_cfg) -> None:
 def test_a_disabled_param_is_not_passed(make_cfg) -> None:
     """A disabled param stays at vLLM's default, which vLLM derives from what *is* passed."""
     params = {"enable_chunked_prefill": False}
-    on = make_cfg("+workload=chat")
+    on = make_cfg("+workload=chat", "space=full")
     with pytest.raises(TrialFailed) as e:  # passed: --max-num-batched-tokens 8192 < 40960
         precheck(on, SHAPE, resolved(on.space, params), [])
     assert e.value.reason is FailureReason.INVALID_CONFIG
-    off = make_cfg("+workload=chat", "space.params.max_num_batched_tokens.enabled=false")
+    off = make_cfg(
+        "+workload=chat", "space=full", "space.params.max_num_batched_tokens.enabled=false"
+    )
     # not passed: vLLM makes the budget max(max_model_len, 8192) and starts
     precheck(off, SHAPE, resolved(off.space, params), [])
     assert not _sim_refuses({"enable_chunked_prefill": False})
     # likewise an unpassed max_num_seqs is clamped to the budget
-    seqs_off = make_cfg("+workload=chat", "space.params.max_num_seqs.enabled=false")
+    seqs_off = make_cfg("+workload=chat", "space=full", "space.params.max_num_seqs.enabled=false")
     precheck(seqs_off, SHAPE, resolved(seqs_off.space, {"max_num_batched_tokens": 512}), [])
     with pytest.raises(TrialFailed):
         precheck(on, SHAPE, resolved(on.space, {"max_num_batched_tokens": 512}), [])
 
 
 def test_a_flag_whose_when_fails_is_not_passed(make_cfg) -> None:
-    cfg = make_cfg("+workload=chat")
+    cfg = make_cfg("+workload=chat", "space=full")
     cfg.space.params["max_num_batched_tokens"].when = {"enable_chunked_prefill": True}
     params = {**DEFAULTS, "enable_chunked_prefill": False, "max_num_batched_tokens": 2048}
     precheck(cfg, SHAPE, params, [])  # --max-num-batched-tokens is not passed
@@ -189,7 +191,7 @@ def test_rules_the_model_is_unsure_of_are_not_vetoed(make_cfg) -> None:
     """The simulated server refuses these, but real vLLM may accept them: a max_model_len above
     max_position_embeddings (RoPE scaling raises vLLM's derived limit) and a KV-cache dtype the
     simulator has no backend for."""
-    cfg = make_cfg("+workload=chat")
+    cfg = make_cfg("+workload=chat", "space=full")
     precheck(cfg, SHAPE, {**DEFAULTS, "max_model_len": 50000}, [])
     precheck(cfg, SHAPE, {**DEFAULTS, "kv_cache_dtype": "nvfp4"}, [])
     assert _sim_refuses({"max_model_len": 50000})
@@ -199,7 +201,10 @@ def test_rules_the_model_is_unsure_of_are_not_vetoed(make_cfg) -> None:
 def test_unknown_gpu_vetoes_only_what_fails_with_either_defaults(make_cfg) -> None:
     """Without a GPU profile vLLM's default budget (8192 on big GPUs, 2048 on small) is unknown."""
     cfg = make_cfg(
-        "+workload=chat", "engine.gpu=unknown", "space.params.max_num_batched_tokens.enabled=false"
+        "+workload=chat",
+        "space=full",
+        "engine.gpu=unknown",
+        "space.params.max_num_batched_tokens.enabled=false",
     )
     full = resolved(cfg.space, {"max_num_seqs": 4096})
     assert precheck(cfg, SHAPE, full, []).estimate is None  # accepted on a big GPU
