@@ -286,13 +286,18 @@ def _began(t: optuna.trial.FrozenTrial) -> float | None:
     return t.datetime_start.timestamp() if t.datetime_start is not None else None
 
 
-def _dead(worker: str) -> str | None:
-    """Why tuner ``worker`` (``host:pid``) counts as dead, or None while it may live (another
-    host's is left to that host)."""
+def _dead(worker: str, started: float | None = None) -> str | None:
+    """Why tuner ``worker`` (``host:pid``) of a run ``started`` then (epoch seconds) counts as
+    dead, or None while it may live (another host's is left to that host). A tuner under that
+    pid started after the run, this one included, is not the run's (:func:`_pid_alive`)."""
     host, _, pid = worker.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return None
-    if int(pid) == os.getpid() or _pid_alive(int(pid)):
+    if int(pid) == os.getpid():
+        mine = _started(os.getpid())
+        if started is None or mine is None or mine <= started + 1.0:
+            return None
+    elif _pid_alive(int(pid), started):
         return None
     return f"its tuner ({worker}) no longer runs; closed by the next run ({worker_id()})"
 

@@ -387,11 +387,12 @@ def find_parent(uri: str, experiment: str, worker: str) -> str | None:
 
 
 def close_open_runs(
-    uri: str, experiment: str, study: str, dead: Callable[[str], str | None]
+    uri: str, experiment: str, study: str, dead: Callable[[str, float | None], str | None]
 ) -> list[str]:
     """End KILLED every run of ``study`` in ``experiment`` still RUNNING whose tuner is gone:
-    ``dead(worker)`` says why (the tag :data:`KILLED_REASON`), or None for a live one. Runs
-    without a :data:`WORKER` tag are left alone. Returns a line per run closed."""
+    ``dead(worker, started)`` (the run's start, epoch seconds) says why (the tag
+    :data:`KILLED_REASON`), or None for a live one. Runs without a :data:`WORKER` tag are left
+    alone. Returns a line per run closed."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
@@ -414,7 +415,8 @@ def close_open_runs(
     done: list[str] = []
     for run in found:
         worker = run.data.tags.get(WORKER)
-        why = dead(worker) if worker else None
+        begun = run.info.start_time / 1000 if run.info.start_time else None
+        why = dead(worker, begun) if worker else None
         if why is None:
             continue
         rid = run.info.run_id

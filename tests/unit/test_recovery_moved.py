@@ -4,6 +4,7 @@ interrupted, so a grid runs that cell again and the trial's state is true."""
 
 from __future__ import annotations
 
+import os
 import socket
 import sqlite3
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import optuna
 
-from tuner.recovery import _pid_alive, recover
+from tuner.recovery import _dead, _pid_alive, recover
 from tuner.stored_trial import failure_reason, mark_worker
 
 DISTS = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
@@ -75,6 +76,24 @@ def test_a_tuner_started_after_the_trial_under_its_pid_is_not_its_tuner(tmp_path
         (t,) = study.trials
         assert t.state == optuna.trial.TrialState.FAIL
         assert failure_reason(t) == "interrupted"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_an_mlflow_run_older_than_the_tuner_under_its_pid_is_a_dead_tuners() -> None:
+    """MLflow's side (``close_open_runs``' judge): a RUNNING run tagged with this host and a pid
+    whose tuner started after the run, this very process included, was left by a dead tuner."""
+    me = f"{socket.gethostname()}:{os.getpid()}"
+    assert _dead(me) is None and _dead(me, time.time()) is None  # a run this tuner opened
+    why = _dead(me, time.time() - 86_400)  # a day before this process started
+    assert why is not None and "no longer runs" in why
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "tuner"])
+    try:
+        time.sleep(0.2)
+        other = f"{socket.gethostname()}:{proc.pid}"
+        assert _dead(other, time.time() + 5) is None  # it may be that run's tuner
+        assert _dead(other, time.time() - 60) is not None
     finally:
         proc.kill()
         proc.wait()
