@@ -64,8 +64,16 @@ def test_consecutive_trials_leave_nothing_behind(tmp_path: Path) -> None:
         assert marked_pids(mark) == [], f"processes left after {name}"
         return p
 
-    # infeasible corners (those of space=full: the default space has none), launched
-    run("launch-failures", 6, "space=full", "study.precheck=false")
+    # infeasible corners (those of space=full: the default space has none), launched: two of
+    # them enqueued (random draws of 6 trials once found none, in CI), then the sampler's
+    run(
+        "launch-failures",
+        6,
+        "space=full",
+        "study.precheck=false",
+        "study.enqueue=[{gpu_memory_utilization:0.1},"
+        "{enable_chunked_prefill:false,max_num_batched_tokens:2048}]",
+    )
     # the engine dies 0.1 s after it is ready, while a 30-request replay runs
     run("deaths", 6, "+engine.env.TUNER_SIM_DIE_AFTER_S=0.1", "workload.num_requests=30")
     run("timeouts", 6, "+engine.env.TUNER_SIM_HANG=1", "engine.startup_timeout_s=0.5")
