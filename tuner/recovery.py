@@ -122,10 +122,14 @@ def _pid_alive(pid: int, before: float | None = None) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    if b"tuner" not in cmdline:
-        return False
+    return b"tuner" in cmdline and _started_by(pid, before)
+
+
+def _started_by(pid: int, before: float | None) -> bool:
+    """Whether process ``pid`` started by ``before`` (epoch seconds; True if either is unknown),
+    to a second: ``/proc/stat``'s boot time is in whole seconds."""
     started = _started(pid)
-    return before is None or started is None or started <= before + 1.0  # btime: whole seconds
+    return before is None or started is None or started <= before + 1.0
 
 
 def _started(pid: int) -> float | None:
@@ -293,9 +297,8 @@ def _dead(worker: str, started: float | None = None) -> str | None:
     host, _, pid = worker.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return None
-    if int(pid) == os.getpid():
-        mine = _started(os.getpid())
-        if started is None or mine is None or mine <= started + 1.0:
+    if int(pid) == os.getpid():  # this tuner (whose argv need not name it: a run in-process)
+        if _started_by(os.getpid(), started):
             return None
     elif _pid_alive(int(pid), started):
         return None

@@ -433,8 +433,8 @@ def _own_crossing(study: optuna.Study, params: dict[str, Any]) -> Start | None:
     """The median crossing of the finished servers with ``params``
     (:func:`tuner.confirm.median_crossing`), as a ``near`` prediction
     (:attr:`tuner.capacity.Start.near`: the search walks by narrow steps from there, up after a
-    hold, down after a loss), or None. On
-    an H100 (docs/gpu-runs/2026-12-06-long-docs-kv-h100-2.md) the fp8 cache's second long_docs
+    hold, down after a loss), or None. On an H100
+    (docs/gpu-runs/2026-12-06-long-docs-kv-h100-2.md) the fp8 cache's second long_docs
     server started at the defaults' 18 in flight, held there and at 22, lost at 24: 3 steps of
     ~2 minutes after its own replay, where its first had crossed between 21 and 23."""
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))

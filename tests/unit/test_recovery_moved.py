@@ -10,9 +10,11 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
+import pytest
 
 from tuner.recovery import _dead, _pid_alive, recover
 from tuner.stored_trial import failure_reason, mark_worker
@@ -55,45 +57,47 @@ def test_this_hosts_dead_tuner_is_told_apart_from_a_move(tmp_path: Path) -> None
     assert "died before launching" in study.trials[0].user_attrs["failure_detail"]
 
 
-def test_a_tuner_started_after_the_trial_under_its_pid_is_not_its_tuner(tmp_path: Path) -> None:
+@pytest.fixture
+def later_tuner() -> Iterator[int]:
+    """The pid of a process started now whose argv names a tuner (as a new tuner's would)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "tuner"])
+    time.sleep(0.2)  # the process is exec'd: its cmdline names a tuner
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_a_tuner_started_after_the_trial_under_its_pid_is_not_its_tuner(
+    tmp_path: Path, later_tuner: int
+) -> None:
     """Every GPU machine lent here is called ``vm``: a study carried to the next one found a
     tuner alive under the stored pid, its own new one. A tuner started after the trial began
     cannot be the one that ran it, so the trial is marked interrupted; a tuner that started
     before it still counts as running it."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "tuner"])
-    try:
-        time.sleep(0.2)  # the process is exec'd: its cmdline names a tuner
-        assert _pid_alive(proc.pid)
-        assert _pid_alive(proc.pid, before=time.time() + 5)
-        assert not _pid_alive(proc.pid, before=time.time() - 60)
-        study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}")
-        mark_worker(study.ask(DISTS), f"{socket.gethostname()}:{proc.pid}")
-        recover(study, tmp_path / "leases", [], moved=True)
-        assert study.trials[0].state == optuna.trial.TrialState.RUNNING  # its tuner may run it
-        with sqlite3.connect(tmp_path / "o.db") as db:  # the trial began a minute before it
-            db.execute("UPDATE trials SET datetime_start = datetime(datetime_start, '-60 seconds')")
-        recover(study, tmp_path / "leases", [], moved=True)
-        (t,) = study.trials
-        assert t.state == optuna.trial.TrialState.FAIL
-        assert failure_reason(t) == "interrupted"
-    finally:
-        proc.kill()
-        proc.wait()
+    assert _pid_alive(later_tuner)
+    assert _pid_alive(later_tuner, before=time.time() + 5)
+    assert not _pid_alive(later_tuner, before=time.time() - 60)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}")
+    mark_worker(study.ask(DISTS), f"{socket.gethostname()}:{later_tuner}")
+    recover(study, tmp_path / "leases", [], moved=True)
+    assert study.trials[0].state == optuna.trial.TrialState.RUNNING  # its tuner may run it
+    with sqlite3.connect(tmp_path / "o.db") as db:  # the trial began a minute before it
+        db.execute("UPDATE trials SET datetime_start = datetime(datetime_start, '-60 seconds')")
+    recover(study, tmp_path / "leases", [], moved=True)
+    (t,) = study.trials
+    assert t.state == optuna.trial.TrialState.FAIL
+    assert failure_reason(t) == "interrupted"
 
 
-def test_an_mlflow_run_older_than_the_tuner_under_its_pid_is_a_dead_tuners() -> None:
+def test_an_mlflow_run_older_than_the_tuner_under_its_pid_is_a_dead_tuners(
+    later_tuner: int,
+) -> None:
     """MLflow's side (``close_open_runs``' judge): a RUNNING run tagged with this host and a pid
     whose tuner started after the run, this very process included, was left by a dead tuner."""
     me = f"{socket.gethostname()}:{os.getpid()}"
     assert _dead(me) is None and _dead(me, time.time()) is None  # a run this tuner opened
     why = _dead(me, time.time() - 86_400)  # a day before this process started
     assert why is not None and "no longer runs" in why
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "tuner"])
-    try:
-        time.sleep(0.2)
-        other = f"{socket.gethostname()}:{proc.pid}"
-        assert _dead(other, time.time() + 5) is None  # it may be that run's tuner
-        assert _dead(other, time.time() - 60) is not None
-    finally:
-        proc.kill()
-        proc.wait()
+    other = f"{socket.gethostname()}:{later_tuner}"
+    assert _dead(other, time.time() + 5) is None  # it may be that run's tuner
+    assert _dead(other, time.time() - 60) is not None
