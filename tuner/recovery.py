@@ -274,8 +274,10 @@ def recover(
             detail = f"its tuner ran on host {w_host}; this SQLite study was copied here since"
             note = detail
         elif w_host == host and w_pid.isdigit() and not _pid_alive(int(w_pid), _began(t)):
-            detail = f"the tuner (pid {w_pid}) died before launching"
-            note = "its tuner died before launching"
+            # no lease here: it died before launching, or the study was copied from another
+            # machine under the same host name (every lent GPU machine is called `vm`)
+            detail = f"the tuner (pid {w_pid}) no longer runs and left no server lease here"
+            note = "its tuner no longer runs (no server lease here)"
         else:
             continue
         params = _fail_trial(study, t.number, detail)

@@ -42,7 +42,7 @@ from tuner.errors import ConfigError, EngineError
 from tuner.quality_guard import screen_quality
 from tuner.score import needs_capacity
 from tuner.space import defaults, disable_real_weights
-from tuner.stored_study import screen_levers, store_screen
+from tuner.stored_study import screen_levers, store_screen, stored_rel_width
 from tuner.telemetry.gpu import gpu_memory, machine_of, nvml_available
 from tuner.verdict import Gain, gain, gain_in_blocks, gain_of_one
 from tuner.vllm_rules import numerics_changes
@@ -362,8 +362,8 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
     """The screen's table from the stored trials: one row per lever the study has enqueued
     (:func:`tuner.stored_study.screen_levers`), in the order of ``screen.levers``. The floor of
     the one-server interval is the capacity search's resolution: a capacity is known within its
-    bracket (``objective.capacity.rel_width``), a uniform error of sd
-    ``log(1 + rel_width) / √12``."""
+    bracket (``objective.capacity.rel_width`` as the study stored it, else ``cfg``'s), a uniform
+    error of sd ``log(1 + rel_width) / √12``."""
     described = screen_levers(study) or {
         name: _described(lever) for name, lever in chosen_levers(cfg.screen).items()
     }
@@ -386,7 +386,10 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
         for t in trials
         if _capacity(t) is not None
     }
-    floor = math.log1p(cfg.objective.capacity.rel_width) / math.sqrt(12)
+    rel_width = stored_rel_width(study)
+    if rel_width is None:
+        rel_width = cfg.objective.capacity.rel_width
+    floor = math.log1p(rel_width) / math.sqrt(12)
     out = []
     for name in order:
         d = described[name]

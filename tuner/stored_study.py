@@ -58,6 +58,7 @@ __all__ = [
     "store_recommended",
     "store_screen",
     "screen_levers",
+    "stored_rel_width",
     "workload_name",
 ]
 
@@ -69,14 +70,25 @@ _PRESCREEN = "prescreen"
 _CONFIRM = "confirm"
 _RECOMMENDED = "recommended_trial"
 _SCREEN = "screen"
+_REL_WIDTH = "capacity_rel_width"
 
 
 def store_names(study: optuna.Study, cfg: TunerConfig) -> None:
-    """The workload, the model and the engine kind of the run that opened the study."""
+    """The workload, the model and the engine kind of the run that opened the study, and the
+    capacity search's bracket width it measured with (:func:`stored_rel_width`)."""
     study.set_user_attr(_WORKLOAD, cfg.workload.name)
     study.set_user_attr(_MODEL, cfg.model.name)
     study.set_user_attr(_ENGINE, cfg.engine.kind)
     study.set_user_attr(_OBJECTIVE, objective_of(cfg))
+    study.set_user_attr(_REL_WIDTH, cfg.objective.capacity.rel_width)
+
+
+def stored_rel_width(study: optuna.Study) -> float | None:
+    """``objective.capacity.rel_width`` of the last run that measured the study (None: stored
+    before it was recorded). The screen's intervals take their floor from it, so that ``report``
+    gives the run's verdict without being told the run's overrides."""
+    value = study.user_attrs.get(_REL_WIDTH)
+    return float(value) if isinstance(value, int | float) else None
 
 
 def objective_of(cfg: TunerConfig) -> list[str]:

@@ -26,7 +26,9 @@
 # PER=360 on a second H100, ran D kv kv there (docs/gpu-runs/2026-12-06-long-docs-kv-h100-2.md):
 # +14.4 % (95 % CI -22.1 ... +68.0 %) on 3 + 2 servers. SERVERS=4 with that run's optuna.db
 # T=1470 PER=420 ran one defaults' server on a third H100 before the machine went back
-# (docs/gpu-runs/2026-12-06-long-docs-kv-h100-3.md); next, SERVERS=4 with that run's optuna.db.
+# (docs/gpu-runs/2026-12-06-long-docs-kv-h100-3.md); with that run's optuna.db, T=1560 ran
+# D kv D on a fourth: +14.2 % (95 % CI +4.2 ... +25.1 %), 4 + 4, a gain
+# (docs/gpu-runs/2026-12-06-long-docs-kv-h100-4.md). fp8 weights there: LEVERS=quant_fp8, a new DB.
 # On the simulator its screen of four levers (LEVERS=quant_fp8,kv_fp8,mnbt_2048,mnbt_16384
 # EVERY=4, 1 + 2 simulated servers each, 2026-12-06 at 111e0a6; 6.9 minutes on 2 cores): kv_fp8
 # +17.8 %, quant_fp8 +12.9 %, mnbt_2048 -6.1 %, mnbt_16384 -0.4 % (the defaults 1.04 req/s twice).

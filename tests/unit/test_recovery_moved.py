@@ -54,7 +54,10 @@ def test_this_hosts_dead_tuner_is_told_apart_from_a_move(tmp_path: Path) -> None
     tuner: dead), not as a moved file's."""
     study = _study_with_running(tmp_path, socket.gethostname())
     recover(study, tmp_path / "leases", [], moved=True)
-    assert "died before launching" in study.trials[0].user_attrs["failure_detail"]
+    assert (
+        "no longer runs and left no server lease here"
+        in study.trials[0].user_attrs["failure_detail"]
+    )
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tuner.plots import screen_data, screen_figure
 from tuner.publish import publish
 from tuner.records import TrialResult
 from tuner.space import defaults, distributions
-from tuner.stored_study import pareto_rows
+from tuner.stored_study import pareto_rows, store_names
 from tuner.stored_trial import (
     changes_numerics,
     is_baseline,
@@ -519,3 +519,36 @@ def test_an_export_of_a_config_that_changes_numerics_says_so(
     assert any(ln.startswith("kv-cache-dtype") and "fp8" in ln for ln in latency.splitlines())
     assert "changes numerics (kv_cache_dtype=fp8)" in latency
     assert "changes numerics" not in (tmp_path / "best-baseline.yaml").read_text()
+
+
+def test_report_reads_the_floor_the_study_was_measured_with(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    """The long_docs screen of 2026-12-06 ran with ``objective.capacity.rel_width=0.1``; its
+    ``report`` without that override gave +5.9 … +23.1 % against the run's +4.2 … +25.1 %. The
+    interval's floor now comes from the study (docs/gpu-runs/2026-12-06-long-docs-kv-h100-4.md)."""
+    opts = ("+workload=long_docs", "mode=screen", "tracking=none", "screen.only=[kv_fp8]")
+    ran = make_cfg(
+        *opts, "screen.servers=4", "screen.defaults_every=1", "objective.capacity.rel_width=0.1"
+    )
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    ran = screen.prepare(study, ran)
+    store_names(study, ran)
+    caps = {  # the four H100s' servers, each with its machine
+        D: [("A", 1.020), ("B", 0.966), ("C", 0.963), ("E", 0.975), ("E", 0.972)],
+        "kv_fp8": [("A", 1.119), ("B", 1.154), ("B", 1.103), ("E", 1.107)],
+    }
+    for t in list(study.get_trials(states=(optuna.trial.TrialState.WAITING,))):
+        on, c = caps[str(screen_arm(t))].pop(0)
+        _told(study, ran, c, on=on)
+    assert caps == {D: [], "kv_fp8": []}  # every server of the run was told
+    (live,) = screen.rows(study, ran)
+    later = make_cfg(*opts)  # the report's command, without the run's override
+    assert later.objective.capacity.rel_width != ran.objective.capacity.rel_width
+    (again,) = screen.rows(study, later)
+    assert live.change.low == pytest.approx(0.042, abs=2e-3)
+    assert live.change.high == pytest.approx(0.251, abs=2e-3)
+    assert (again.change.low, again.change.high) == (live.change.low, live.change.high)
+    study.set_user_attr("capacity_rel_width", None)  # a study stored before it was recorded
+    (old,) = screen.rows(study, later)
+    assert old.change.low == pytest.approx(0.059, abs=2e-3)  # the config's 0.05 then
