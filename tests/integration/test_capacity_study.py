@@ -14,6 +14,8 @@ import pytest
 from helpers.capacity import BINDING_SLOS
 from helpers.cli import mlflow_runs, storage, tuner
 
+from tuner.capacity_probe import OWN_REPLAY_LOST
+
 pytestmark = pytest.mark.integration
 
 # the SLOs bind at a few requests/s (helpers.capacity)
@@ -223,3 +225,30 @@ def test_a_stall_of_the_host_is_replayed_not_measured(tmp_path: Path) -> None:
     (stalled,) = [s for s in cap["steps"] if s["factor"] == 2.0]
     assert not stalled["held"] and stalled["sim_lag_max_ms"] >= 500, _steps_of(t)
     assert t.user_attrs["metrics"]["capacity_rps"] < 0.95 * replayed, _steps_of(t)
+
+
+def test_a_loss_in_the_workloads_own_replay_is_measured_again_as_a_step(tmp_path: Path) -> None:
+    # the simulated server stops for 1 s at the 50th request, in the workload's own replay (8 in
+    # flight, 100 measured, the middle 84 counted): the ~8 requests decoding then fail the TPOT
+    # SLO (10 ms: +30-60 ms each), 9-10 % of those counted, and that replay loses at a load far
+    # below the capacity (~18 in flight). Stalls are not voided here (stall_ms=0): the workload's
+    # own replay is measured as no step is (the quick start's lost first replays, on TTFT with
+    # no stall over 500 ms, capacity_probe.OWN_REPLAY_LOST), and its loss is measured again
+    # as a step at the same load, from which the search goes on.
+    name = "own"
+    p = tuner(
+        tmp_path, *SMALL, "workload.arrival.concurrency=8", "space=none", "study.n_trials=1",
+        "objective.capacity.incumbent_probe=false", "objective.capacity.predict_start=false",
+        "objective.capacity.stall_ms=0", "tracking=none", f"study.name={name}",
+        "+engine.env.TUNER_SIM_STALL=50:1", timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    (t,) = optuna.load_study(study_name=name, storage=storage(tmp_path)).trials
+    cap = json.loads((Path(t.user_attrs["trial_dir"]) / "capacity.json").read_text())
+    (lost,) = cap["repeated"]
+    assert lost["why"] == OWN_REPLAY_LOST and lost["factor"] == 1.0 and not lost["held"], lost
+    assert lost["replay"] == "." and lost["sim_lag_max_ms"] >= 500, lost
+    assert "measured again there as a capacity step" in p.stdout + p.stderr
+    first = cap["steps"][0]
+    assert first["factor"] == 1.0 and first["held"], _steps_of(t)
+    assert t.user_attrs["metrics"]["capacity_factor"] > 1.5, _steps_of(t)  # ~2.1 (18 / 8)
