@@ -16,6 +16,17 @@
 #   T=1660 N=5 EXTRA="study.name=chat-tpot15-levers space=levers ~space.params.stream_interval
 #   study=grid confirm.rounds=3 workload.arrival.concurrency=64 workload.num_requests=400
 #   workload.slo.tpot_ms=15"
+# Issue #30's goal on long_docs, the simulator's pick (docs/levers.md: fp8 weights and fp8 KV,
+# +41.5 % on 2 + 2 simulated servers): the tuner's grid over those two flags on the GPU,
+# continued over sessions with DB= (each long_docs server takes 6-8 minutes on an H100). N=4 with
+# study.baseline_first=false: the grid's 4 cells, vLLM's defaults among them (with the baseline
+# first the grid measures the defaults twice: 5 servers on the simulator, 2026-12-06); a grid
+# ends once its cells are done, so the same N continues it:
+#   WL=long_docs T=1560 N=4 EXTRA="study.name=ld-grid study=grid study.baseline_first=false
+#   space.params.block_size.enabled=false
+#   space.params.max_num_batched_tokens.enabled=false space.params.cudagraph_mode.enabled=false
+#   confirm.rounds=3 workload.arrival.concurrency=16 objective.capacity.rel_width=0.1
+#   objective.capacity.max_steps=4"
 set -u
 T="${T:-1700}"
 source "$(dirname "$0")/common.sh"
@@ -26,10 +37,16 @@ case "${1:-run}" in
     pack_study cs
     exit 0 ;;
 esac
-mkdir -p "$W/cs" && cd "$W/cs"
+mkdir -p "$W/cs/outputs/state" && cd "$W/cs"
+# DB=path: continue a stored study (a `keep`'s optuna.db, committed under docs/gpu-runs/) on a
+# new machine: the same command adds the trials and confirm servers it lacks
+if [ -n "${DB:-}" ] && [ ! -f outputs/state/optuna.db ]; then cp "$ROOT/$DB" outputs/state/optuna.db; fi
+# WL=long_docs (or image_heavy, on the Qwen3-VL-8B shape): that profile as shipped
+WL="${WL:-chat}"
+if [ "$WL" = image_heavy ]; then MODEL="${MODEL:-qwen3-vl-8b}"; else MODEL="${MODEL:-qwen3-8b}"; fi
 # shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
-timeout --foreground -s INT -k 60 $(( T - SECONDS - 30 )) python3 -m tuner +workload=chat "engine=$ENGINE" \
-  model=qwen3-8b objective=capacity "study.n_trials=${N:-8}" 'confirm.picks=[capacity,baseline]' \
+timeout --foreground -s INT -k 60 $(( T - SECONDS - 30 )) python3 -m tuner "+workload=$WL" "engine=$ENGINE" \
+  "model=$MODEL" objective=capacity "study.n_trials=${N:-8}" 'confirm.picks=[capacity,baseline]' \
   confirm.rounds=2 ${EXTRA:-} > "$LOGS/cs.log" 2>&1
 echo "$(date -u +%T) study: rc=$?"
 grep -h "SLO capacity\|verdict\|Recommended" "$LOGS/cs.log" | cut -c1-240 | tail -20
