@@ -36,6 +36,9 @@
 # is in the checkout, models/qwen3-vl-8b-dummy). On the simulator, 2026-12-06, D F D from 4 in
 # flight, 60 requests (LOCAL_TEST=1 ENGINE=sim WL=image_heavy CONC=4 REQS=60 T=400 PER=40
 # LEVERS=quant_fp8 SERVERS=1 EVERY=1): fp8 weights 29.5 req/s against 22.3 and 22.2, 2 minutes.
+# On an H100 the defaults' server took 3.1 minutes (13.49 req/s, STEPS=4;
+# docs/gpu-runs/2026-12-06-image-heavy-probe-h100.md): next, LEVERS=quant_fp8,kv_fp8 EVERY=2
+# SERVERS=1 STEPS=6 (D F K D).
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
 #   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
 #   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
