@@ -47,6 +47,18 @@ keep() {  # keep NAME PATTERN: the study's storage ($W/NAME/outputs/state) and l
   cp "$LOGS/$1.log" "$OUT/$1.log" 2>/dev/null
   grep -h -e "$2" "$LOGS/$1.log" 2>/dev/null | cut -c1-220 | tail -25
 }
+stored_db() {  # stored_db DIR: DB=path (a `keep`'s optuna.db committed under docs/gpu-runs/,
+  # relative to the checkout) becomes DIR/outputs/state/optuna.db unless a study is there already:
+  # the same command then continues that study on a new machine, adding what it lacks
+  mkdir -p "$1/outputs/state"
+  if [ -n "${DB:-}" ] && [ ! -f "$1/outputs/state/optuna.db" ]; then
+    cp "$ROOT/$DB" "$1/outputs/state/optuna.db"
+  fi
+}
+model_of() {  # model_of WL: the model a workload runs on, the Qwen3-VL-8B shape for image_heavy
+  # (its images need a vision model), else Qwen3-8B's
+  if [ "$1" = image_heavy ]; then echo qwen3-vl-8b; else echo qwen3-8b; fi
+}
 pack_study() {  # pack_study NAME: the study's storage into $OUT, then pack NAME's run folders and the logs
   cp "$W/$1/outputs/state/optuna.db" "$OUT/optuna.db" 2>/dev/null
   pack "$1" "$1/outputs/runs" logs

@@ -49,17 +49,15 @@ case "${1:-run}" in  # after each bg.sh wait: keep (storage + log into $OUT); at
   keep) keep scr "SLO capacity\|launching\|ready in"; exit 0 ;;
   pack) pack_study scr; exit 0 ;;
 esac
-mkdir -p "$W/scr/outputs/state" && cd "$W/scr"
 # DB=path: continue a stored screen (e.g. docs/gpu-runs/2026-12-03-levers-screen/optuna.db): the
 # same command then adds only the servers it lacks, and the table pools them with the stored ones
-if [ -n "${DB:-}" ] && [ ! -f outputs/state/optuna.db ]; then cp "$ROOT/$DB" outputs/state/optuna.db; fi
+stored_db "$W/scr" && cd "$W/scr"
 PER="${PER:-240}"  # seconds a server is planned to take (start-up, 4-6 replays, stop)
 # shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
 # WL=long_docs (or image_heavy): that profile as shipped, from its own load unless CONC / REQS
 # are given; chat's defaults here are 256 in flight and 800 requests
 WL="${WL:-chat}"
-# the model: the Qwen3-VL-8B shape for image_heavy (its images need a vision model), else Qwen3-8B's
-if [ "$WL" = image_heavy ]; then MODEL="${MODEL:-qwen3-vl-8b}"; else MODEL="${MODEL:-qwen3-8b}"; fi
+MODEL="${MODEL:-$(model_of "$WL")}"
 LOAD=()
 if [ "$WL" = chat ] || [ -n "${CONC:-}" ]; then LOAD+=("workload.arrival.concurrency=${CONC:-256}"); fi
 if [ "$WL" = chat ] || [ -n "${REQS:-}" ]; then LOAD+=("workload.num_requests=${REQS:-800}"); fi

@@ -37,13 +37,11 @@ case "${1:-run}" in
     pack_study cs
     exit 0 ;;
 esac
-mkdir -p "$W/cs/outputs/state" && cd "$W/cs"
-# DB=path: continue a stored study (a `keep`'s optuna.db, committed under docs/gpu-runs/) on a
-# new machine: the same command adds the trials and confirm servers it lacks
-if [ -n "${DB:-}" ] && [ ! -f outputs/state/optuna.db ]; then cp "$ROOT/$DB" outputs/state/optuna.db; fi
+# DB=path: continue a stored study on a new machine (the trials and confirm servers it lacks)
+stored_db "$W/cs" && cd "$W/cs"
 # WL=long_docs (or image_heavy, on the Qwen3-VL-8B shape): that profile as shipped
 WL="${WL:-chat}"
-if [ "$WL" = image_heavy ]; then MODEL="${MODEL:-qwen3-vl-8b}"; else MODEL="${MODEL:-qwen3-8b}"; fi
+MODEL="${MODEL:-$(model_of "$WL")}"
 # shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
 timeout --foreground -s INT -k 60 $(( T - SECONDS - 30 )) python3 -m tuner "+workload=$WL" "engine=$ENGINE" \
   "model=$MODEL" objective=capacity "study.n_trials=${N:-8}" 'confirm.picks=[capacity,baseline]' \
