@@ -190,14 +190,15 @@ async def probe_capacity(
     elif not first_step.held and not base.steady:
         # measured as no step is (right after start-up, fewer requests, a steady span that the
         # closed loop's start still reaches): a loss there is measured again as a step before
-        # the search takes it (:data:`OWN_REPLAY_LOST`)
+        # the search takes it (:data:`OWN_REPLAY_LOST`), as any step is: a stall of the
+        # measuring side there voids it too
         repeated.append({**first_step.row(), "replay": base.subdir or ".", "why": OWN_REPLAY_LOST})
         log.info(
             "trial %d: lost at the workload's own load in its own replay (margin %+.3f): "
             "measured again there as a capacity step before the search takes it",
             number, first_step.margin,
         )  # fmt: skip
-        first_step, _ = await replay_at(1.0)
+        first_step = await probe(1.0)
 
     def said(_: float) -> None:  # only where the start is replayed: not past a loss below it
         assert start is not None

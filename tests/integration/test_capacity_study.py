@@ -252,3 +252,30 @@ def test_a_loss_in_the_workloads_own_replay_is_measured_again_as_a_step(tmp_path
     first = cap["steps"][0]
     assert first["factor"] == 1.0 and first["held"], _steps_of(t)
     assert t.user_attrs["metrics"]["capacity_factor"] > 1.5, _steps_of(t)  # ~2.1 (18 / 8)
+
+
+def test_a_stall_while_the_own_replays_loss_is_measured_again_is_replayed(tmp_path: Path) -> None:
+    # as above, the workload's own replay loses on a 1 s stall, kept as a loss (under stall_ms,
+    # here 1.5 s); then a 3 s stall strikes its measurement again, a capacity step at 1x (the
+    # 170th request: the own replay sends ~110, the step a warm-up and then its counted span).
+    # That step is measured as any other: voided and replayed once (capacity_probe.probe), so
+    # the search goes on from a held 1x. Until 2026-12-07 it was measured once, as is: the
+    # stalled step lost, and the capacity read below the workload's own load.
+    name = "own_stalled"
+    p = tuner(
+        tmp_path, *SMALL, "workload.arrival.concurrency=8", "space=none", "study.n_trials=1",
+        "objective.capacity.incumbent_probe=false", "objective.capacity.predict_start=false",
+        "objective.capacity.stall_ms=1500", "tracking=none", f"study.name={name}",
+        "+engine.env.TUNER_SIM_STALL='50:1,170:3'", timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    (t,) = optuna.load_study(study_name=name, storage=storage(tmp_path)).trials
+    cap = json.loads((Path(t.user_attrs["trial_dir"]) / "capacity.json").read_text())
+    lost, voided = cap["repeated"]
+    assert lost["why"] == OWN_REPLAY_LOST and 500 <= lost["sim_stall_ms"] < 1500, lost
+    assert voided["factor"] == 1.0 and voided["stall_ms"] >= 1500, voided
+    assert voided["replay"] == "capacity_1" and not voided["held"], voided
+    assert "replaying it once" in p.stdout + p.stderr
+    first = cap["steps"][0]
+    assert first["factor"] == 1.0 and first["held"] and first["sim_stall_ms"] < 100, _steps_of(t)
+    assert t.user_attrs["metrics"]["capacity_factor"] > 1.5, _steps_of(t)  # ~2.1 (18 / 8)

@@ -9,5 +9,5 @@ Environment knobs (sim only): ``TUNER_SIM_GPU``, ``TUNER_SIM_GPU_MEMORY_GIB``,
 ``CUDA_VISIBLE_DEVICES`` (GPU count), ``TUNER_SIM_USED_GIB``, ``TUNER_SIM_SPEEDUP``,
 ``TUNER_SIM_STREAM_MS`` (:mod:`.runtime`), ``TUNER_SIM_STARTUP_S``, ``TUNER_SIM_DIE_AFTER_S``,
 ``TUNER_SIM_HANG``, ``TUNER_SIM_STALL`` (``N:S``: the host stops the server for S seconds at
-the N-th request).
+the N-th request; several comma-separated).
 """

@@ -350,11 +350,13 @@ class _Server:
     def stall_at_request(self) -> None:
         """``TUNER_SIM_STALL=N:S``: when the N-th generate request arrives, block this process
         for S seconds, as a host that stops the server once (another process on its core, a
-        swap): the engine's tokens then leave late, and its lag metrics say so."""
+        swap): the engine's tokens then leave late, and its lag metrics say so. Several stalls
+        are comma-separated (``50:1,180:2``)."""
         self.requests_seen += 1
-        n, _, seconds = self.env.get("TUNER_SIM_STALL", "").partition(":")
-        if n and self.requests_seen == int(n):
-            time.sleep(float(seconds or 1.0))  # blocking on purpose: the whole server stalls
+        for stall in filter(None, self.env.get("TUNER_SIM_STALL", "").split(",")):
+            n, _, seconds = stall.partition(":")
+            if self.requests_seen == int(n):
+                time.sleep(float(seconds or 1.0))  # blocking on purpose: the whole server stalls
 
     async def handle_generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         engine = self.engine
