@@ -180,6 +180,23 @@ def _steps(study: optuna.Study) -> list[str]:
     return [line for t in study.trials for line in _steps_of(t)]
 
 
+def _stalled_trial(
+    tmp_path: Path, name: str, *extra: str
+) -> tuple[optuna.trial.FrozenTrial, dict[str, Any], str]:
+    """One trial of vLLM's defaults on the small workload, its capacity searched from its own
+    load without a start (``extra``: the load, ``TUNER_SIM_STALL``, ``stall_ms``): the trial,
+    its ``capacity.json`` and the run's output."""
+    p = tuner(
+        tmp_path, *SMALL, "space=none", "study.n_trials=1", "objective.capacity.incumbent_probe=false",
+        "objective.capacity.predict_start=false", "tracking=none", f"study.name={name}", *extra,
+        timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    (t,) = optuna.load_study(study_name=name, storage=storage(tmp_path)).trials
+    cap = json.loads((Path(t.user_attrs["trial_dir"]) / "capacity.json").read_text())
+    return t, cap, p.stdout + p.stderr
+
+
 def test_a_stall_of_the_host_is_replayed_not_measured(tmp_path: Path) -> None:
     # the simulated server stops for 1 s at the 162nd request, as a busy CI host stops it: in the
     # search's step at 2x the workload's load (12 in flight; the workload's own replay sends 101
@@ -195,16 +212,13 @@ def test_a_stall_of_the_host_is_replayed_not_measured(tmp_path: Path) -> None:
     # of 4 in flight (8), where the 5-7 requests it struck of 100 counted put the step's TPOT
     # p95 on the SLO's edge.
     def run(name: str, *extra: str) -> tuple[optuna.trial.FrozenTrial, dict[str, Any], str]:
-        p = tuner(
-            tmp_path, *SMALL, "workload.arrival.concurrency=6", "space=none", "study.n_trials=1",
-            "objective.capacity.incumbent_probe=false", "objective.capacity.predict_start=false",
-            "tracking=none", f"study.name={name}", "+engine.env.TUNER_SIM_STALL=162:1", *extra,
-            timeout=600,
-        )  # fmt: skip
-        assert p.returncode == 0, p.stderr[-3000:]
-        (t,) = optuna.load_study(study_name=name, storage=storage(tmp_path)).trials
-        cap = json.loads((Path(t.user_attrs["trial_dir"]) / "capacity.json").read_text())
-        return t, cap, p.stdout + p.stderr
+        return _stalled_trial(
+            tmp_path,
+            name,
+            "workload.arrival.concurrency=6",
+            "+engine.env.TUNER_SIM_STALL=162:1",
+            *extra,
+        )
 
     t, cap, out = run("stalled")
     assert len(cap["repeated"]) == 1, (cap["repeated"], _steps_of(t))
@@ -235,20 +249,14 @@ def test_a_loss_in_the_workloads_own_replay_is_measured_again_as_a_step(tmp_path
     # own replay is measured as no step is (the quick start's lost first replays, on TTFT with
     # no stall over 500 ms, capacity_probe.OWN_REPLAY_LOST), and its loss is measured again
     # as a step at the same load, from which the search goes on.
-    name = "own"
-    p = tuner(
-        tmp_path, *SMALL, "workload.arrival.concurrency=8", "space=none", "study.n_trials=1",
-        "objective.capacity.incumbent_probe=false", "objective.capacity.predict_start=false",
-        "objective.capacity.stall_ms=0", "tracking=none", f"study.name={name}",
-        "+engine.env.TUNER_SIM_STALL=50:1", timeout=600,
+    t, cap, out = _stalled_trial(
+        tmp_path, "own", "workload.arrival.concurrency=8", "objective.capacity.stall_ms=0",
+        "+engine.env.TUNER_SIM_STALL=50:1",
     )  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
-    (t,) = optuna.load_study(study_name=name, storage=storage(tmp_path)).trials
-    cap = json.loads((Path(t.user_attrs["trial_dir"]) / "capacity.json").read_text())
     (lost,) = cap["repeated"]
     assert lost["why"] == OWN_REPLAY_LOST and lost["factor"] == 1.0 and not lost["held"], lost
     assert lost["replay"] == "." and lost["sim_lag_max_ms"] >= 500, lost
-    assert "measured again there as a capacity step" in p.stdout + p.stderr
+    assert "measured again there as a capacity step" in out
     first = cap["steps"][0]
     assert first["factor"] == 1.0 and first["held"], _steps_of(t)
     assert t.user_attrs["metrics"]["capacity_factor"] > 1.5, _steps_of(t)  # ~2.1 (18 / 8)
@@ -261,21 +269,15 @@ def test_a_stall_while_the_own_replays_loss_is_measured_again_is_replayed(tmp_pa
     # That step is measured as any other: voided and replayed once (capacity_probe.probe), so
     # the search goes on from a held 1x. Until 2026-12-07 it was measured once, as is: the
     # stalled step lost, and the capacity read below the workload's own load.
-    name = "own_stalled"
-    p = tuner(
-        tmp_path, *SMALL, "workload.arrival.concurrency=8", "space=none", "study.n_trials=1",
-        "objective.capacity.incumbent_probe=false", "objective.capacity.predict_start=false",
-        "objective.capacity.stall_ms=1500", "tracking=none", f"study.name={name}",
-        "+engine.env.TUNER_SIM_STALL='50:1,170:3'", timeout=600,
+    t, cap, out = _stalled_trial(
+        tmp_path, "own_stalled", "workload.arrival.concurrency=8", "objective.capacity.stall_ms=1500",
+        "+engine.env.TUNER_SIM_STALL='50:1,170:3'",
     )  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
-    (t,) = optuna.load_study(study_name=name, storage=storage(tmp_path)).trials
-    cap = json.loads((Path(t.user_attrs["trial_dir"]) / "capacity.json").read_text())
     lost, voided = cap["repeated"]
     assert lost["why"] == OWN_REPLAY_LOST and 500 <= lost["sim_stall_ms"] < 1500, lost
     assert voided["factor"] == 1.0 and voided["stall_ms"] >= 1500, voided
     assert voided["replay"] == "capacity_1" and not voided["held"], voided
-    assert "replaying it once" in p.stdout + p.stderr
+    assert "replaying it once" in out
     first = cap["steps"][0]
     assert first["factor"] == 1.0 and first["held"] and first["sim_stall_ms"] < 100, _steps_of(t)
     assert t.user_attrs["metrics"]["capacity_factor"] > 1.5, _steps_of(t)  # ~2.1 (18 / 8)
