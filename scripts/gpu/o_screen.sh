@@ -38,7 +38,10 @@
 # LEVERS=quant_fp8 SERVERS=1 EVERY=1): fp8 weights 29.5 req/s against 22.3 and 22.2, 2 minutes.
 # On an H100 the defaults' server took 3.1 minutes (13.49 req/s, STEPS=4;
 # docs/gpu-runs/2026-12-06-image-heavy-probe-h100.md): next, LEVERS=quant_fp8,kv_fp8 EVERY=2
-# SERVERS=1 STEPS=6 (D F K D).
+# SERVERS=1 STEPS=6 (D F K D). Two tries of it (2026-12-06 night, T=1040 and a D F at T=570) lost
+# their H100s in the first wait (docs/gpu-staging.md). The simulator's screen of the same queue
+# and mnbt_16384 (the small load above, EVERY=2, 1 + 3 servers, 2026-12-07, 3.8 minutes on 2
+# cores): quant_fp8 +31.6 %, kv_fp8 +5.1 %, mnbt_16384 +0.1 % (the defaults 22.1-22.2 req/s).
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
 #   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
 #   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
