@@ -267,7 +267,7 @@ def test_a_stall_while_the_own_replays_loss_is_measured_again_is_replayed(tmp_pa
     # here 1.5 s); then a 3 s stall strikes its measurement again, a capacity step at 1x (the
     # 170th request: the own replay sends ~110, the step a warm-up and then its counted span).
     # That step is measured as any other: voided and replayed once (capacity_probe.probe), so
-    # the search goes on from a held 1x. Until 2026-12-07 it was measured once, as is: the
+    # the search goes on from a held 1x. Until 2026-12-06 (24528ea) it was measured once, as is: the
     # stalled step lost, and the capacity read below the workload's own load.
     t, cap, out = _stalled_trial(
         tmp_path, "own_stalled", "workload.arrival.concurrency=8", "objective.capacity.stall_ms=1500",
