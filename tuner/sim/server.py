@@ -107,6 +107,12 @@ class _Server:
         self.engine: AsyncEngine | None = None
         self.exit_code = 0
         self.requests_seen = 0  # generate requests, for TUNER_SIM_STALL
+        self.stalls = {  # TUNER_SIM_STALL=N:S[,N:S...]: the N-th request -> S seconds
+            int(n): float(seconds or 1.0)
+            for n, _, seconds in (
+                stall.partition(":") for stall in env.get("TUNER_SIM_STALL", "").split(",") if stall
+            )
+        }
         self._tokenizer: Any = None
         self._segments: Any = None
         self._template: Any = None
@@ -353,10 +359,8 @@ class _Server:
         swap): the engine's tokens then leave late, and its lag metrics say so. Several stalls
         are comma-separated (``50:1,180:2``)."""
         self.requests_seen += 1
-        for stall in filter(None, self.env.get("TUNER_SIM_STALL", "").split(",")):
-            n, _, seconds = stall.partition(":")
-            if self.requests_seen == int(n):
-                time.sleep(float(seconds or 1.0))  # blocking on purpose: the whole server stalls
+        if self.requests_seen in self.stalls:  # blocking on purpose: the whole server stalls
+            time.sleep(self.stalls[self.requests_seen])
 
     async def handle_generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         engine = self.engine
