@@ -53,7 +53,9 @@ request throughput of a closed loop): ``low`` is the rate of the highest load th
 the estimated crossing. A closed loop's served rate saturates as its concurrency grows, so the
 failed step's own rate is used, not the held one's scaled in proportion to the load (that read
 2–3 % high in three simulator trials and moved with where the bracket ended). A failed step
-that was pruned has no full rate: there the held step's rate scaled to its load stands in.
+that was pruned has no full rate: there the least bound on it stands in (:func:`_stand_in`:
+the held step's rate scaled to its load, the line through the held step and the full one below
+it, a rate served in full at a higher load).
 """
 
 from __future__ import annotations
@@ -466,6 +468,27 @@ def _interpolate(lo: Step, hi: Step) -> float:
     return lo.factor
 
 
+def _stand_in(lo: Step, hi: Step, steps: Sequence[Step]) -> float:
+    """The rate a failed step ``hi`` that was pruned (it has no full rate of its own) stands in
+    for, above the held ``lo``. The served rate grows with the load, and ever more slowly (a
+    closed loop saturates; an open loop's offered rate is its load's exactly), so three lines
+    bound it from above at ``hi``'s load: ``lo``'s rate scaled to it (the line through zero),
+    the line through ``lo`` and the highest step below it measured in full (tighter where the
+    rate has begun to saturate), and any rate measured in full at a load at or above ``hi``'s.
+    The least of them stands in. Scaling alone read an image_heavy server on an H100 at
+    17.05 req/s, from its own replay at 1x (6.85) to a pruned step at 3.06x, where a full step
+    at 3.31x had served 9.06 and no server of its config served more than 9.6
+    (docs/gpu-runs/2026-12-07-image-heavy-screen-h100.md)."""
+    full = [s for s in steps if s.pruned is None]
+    top = lo.rps / lo.factor * hi.factor
+    below = [s for s in full if s.factor < lo.factor]
+    if below:
+        b = max(below, key=lambda s: s.factor)
+        slope = max(0.0, (lo.rps - b.rps) / (lo.factor - b.factor))
+        top = min(top, lo.rps + slope * (hi.factor - lo.factor))
+    return min([top, *(s.rps for s in full if s.factor >= hi.factor)])
+
+
 def _answer(
     lo: Step | None, hi: Step | None, steps: Sequence[Step], ceiling: float | None = None
 ) -> Capacity:
@@ -477,13 +500,13 @@ def _answer(
     # requests/s on the line between the two steps' own rates, at the crossing: a closed loop's
     # served rate grows more slowly than its concurrency (it saturates), so scaling the held
     # step's rate in proportion to the load overstates it. A failed step stopped early (pruned)
-    # has no full rate of its own: its load's share of the held step's rate stands in. Never
+    # has no full rate of its own: :func:`_stand_in`'s bound on it stands in. Never
     # below the rate that held: that one was served within the SLOs; never above ``ceiling``
     # (an incumbent's rate where this server lost) when given.
     if hi.factor <= lo.factor:  # one load held and failed (a noisy server): the capacity is there
         return Capacity(lo.rps, lo.rps, max(hi.rps, lo.rps), lo.factor, tuple(steps))
     f = _interpolate(lo, hi)
-    top = hi.rps if hi.pruned is None else lo.rps / lo.factor * hi.factor
+    top = hi.rps if hi.pruned is None else _stand_in(lo, hi, steps)
     top = max(top, lo.rps)
     if ceiling is not None:
         top = max(min(top, ceiling), lo.rps)

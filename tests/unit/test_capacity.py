@@ -136,6 +136,65 @@ async def test_a_pruned_failed_step_stands_in_by_its_load() -> None:
     assert cap.rps == pytest.approx(15.0, rel=0.02)
 
 
+# An H100's image_heavy servers, 16 in flight at 1x (docs/gpu-runs/2026-12-07-image-heavy-screen-h100/):
+# (load factor, req/s, margin, held, pruned) per replay, as capacity.json recorded them.
+H100_IMAGE_KV = [  # trial 4: a prediction at 3.56x lost, and each narrow step down lost too
+    (1.0, 6.847, 0.612, True, False),
+    (3.5625, 10.307, -0.207, False, True),
+    (3.4375, 8.797, -0.216, False, True),
+    (3.3125, 9.064, -0.015, False, False),
+    (3.0625, 8.187, -0.235, False, True),
+]
+H100_IMAGE_DEFAULTS = [  # trial 0: the served rate saturates from 2x
+    (1.0, 6.426, 0.585, True, False),
+    (2.0, 8.074, 0.388, True, False),
+    (4.0, 7.795, -0.727, False, True),
+    (3.0, 7.986, -0.089, False, True),
+    (2.5, 8.443, 0.307, True, False),
+]
+
+
+def _recorded(rows: list[tuple[float, float, float, bool, bool]]) -> list[Step]:
+    return [Step(f, r, m, h, pruned="ttft" if p else None) for f, r, m, h, p in rows]
+
+
+def test_a_pruned_step_never_stands_in_above_a_rate_served_in_full_at_a_higher_load() -> None:
+    # scaling the own replay's rate (6.85 at 1x) to the pruned 3.06x read 20.97, and the answer
+    # 17.05 req/s; the full step at 3.31x served 9.06, and the served rate grows with the load
+    cap = from_steps(_recorded(H100_IMAGE_KV))
+    assert cap.low == pytest.approx(6.847) and cap.high == pytest.approx(9.064)
+    assert cap.low < cap.rps < cap.high
+    assert cap.factor == pytest.approx(2.49, abs=0.01)
+
+
+def test_a_pruned_step_stands_in_on_the_line_through_the_two_highest_full_steps() -> None:
+    # the rate saturates: 8.07 at 2x, 8.44 at 2.5x; their line reaches 8.81 at the pruned 3x,
+    # where scaling 8.44 by 3 / 2.5 read 10.13, above every rate any server of it served
+    cap = from_steps(_recorded(H100_IMAGE_DEFAULTS))
+    assert cap.low == pytest.approx(8.443)
+    assert cap.high == pytest.approx(8.443 + (8.443 - 8.074) / 0.5 * 0.5)
+    assert cap.rps == pytest.approx(8.73, abs=0.01)
+    # a full step below serving more than the held one: the line is flat, not falling
+    rows = [(2.0, 9.0, 0.4, True, False), *H100_IMAGE_DEFAULTS[2:]]
+    assert from_steps(_recorded(rows)).high == pytest.approx(8.443)
+
+
+async def test_a_saturating_rate_with_pruned_failures_is_read_near_the_crossing() -> None:
+    # as above, but each failed step stopped early: its stand-in follows the saturating rate
+    def served(f: float) -> float:
+        return 40 * (1 - math.exp(-f / 3))
+
+    async def probe(f: float) -> Step:
+        m = 1 - (f / 4.6) ** 3
+        if m >= 0:
+            return Step(factor=f, rps=served(f), margin=m, held=True)
+        return Step(factor=f, rps=1.0, margin=m, held=False, pruned="ttft")
+
+    cap = await search(probe, CapacityConfig(rel_width=0.25, max_steps=12))
+    assert cap.low <= cap.rps <= cap.high
+    assert cap.rps == pytest.approx(served(4.6), rel=0.03)
+
+
 async def test_a_pruned_failed_end_is_bisected_not_read_on_its_margin_line() -> None:
     # the H200's fp8 server (docs/gpu-runs/2026-12-02-screen-fp8.md): held at 256 in flight with
     # margin 0.385; every step above failed, pruned, with partial-replay margins not monotone in
