@@ -42,6 +42,9 @@
 # their H100s in the first wait (docs/gpu-staging.md). The simulator's screen of the same queue
 # and mnbt_16384 (the small load above, EVERY=2, 1 + 3 servers, 2026-12-07, 3.8 minutes on 2
 # cores): quant_fp8 +31.6 %, kv_fp8 +5.1 %, mnbt_16384 +0.1 % (the defaults 22.1-22.2 req/s).
+# On an H100 on 2026-12-07, SERVERS=2 EVERY=2 LEVERS=quant_fp8,kv_fp8 STEPS=5 T=1480 PER=220 ran
+# D F K D K F in 23 minutes: quant_fp8 +0.6 %, kv_fp8 +1.0 %, 2 + 2, no significant change
+# (docs/gpu-runs/2026-12-07-image-heavy-screen-h100.md; re-derived by scripts/gpu/screen_again.py)
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
 #   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
 #   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
