@@ -80,6 +80,7 @@ __all__ = [
     "from_steps",
     "search",
     "shown",
+    "unsettled",
 ]
 
 
@@ -180,6 +181,24 @@ class Capacity:
         if gpus is not None:
             out[PER_GPU] = self.rps / max(1, gpus)
         return out
+
+
+def unsettled(cap: Capacity, settings: CapacityConfig) -> float | None:
+    """How wide the bracket was left, ``high / low − 1``, where the search ran out of replays
+    (``max_steps``) with it wider than ``rel_width``; None where it closed, held everywhere or was
+    capped. An image_heavy server on an H100 spent 4 of its 5 replays walking down from a
+    prediction that lost and ended 32 % wide (6.85–9.06 req/s), against the 5 % asked
+    (docs/gpu-runs/2026-12-07-image-heavy-screen-h100.md).
+
+    >>> s = CapacityConfig(rel_width=0.05, max_steps=2)
+    >>> wide = Capacity(8.4, 6.85, 9.06, 2.5, (Step(1.0, 6.85, 0.6, True),) * 2)
+    >>> round(unsettled(wide, s), 3), unsettled(wide, CapacityConfig(rel_width=0.05))
+    (0.323, None)
+    """
+    if cap.censored or cap.capped or cap.low <= 0 or len(cap.steps) < settings.max_steps:
+        return None
+    width = cap.high / cap.low - 1.0
+    return width if width > settings.rel_width else None
 
 
 def rps_text(rps: float) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.artifacts import TrialFolder, write_json, write_requests
-from tuner.capacity import Capacity, Start, Step, search, start_factor
+from tuner.capacity import Capacity, Start, Step, search, start_factor, unsettled
 from tuner.config import ObjectiveConfig, SLOConfig, WorkloadConfig
 from tuner.measure import Measured, Replay, reset_caches, unsteady_indices
 from tuner.records import RequestSpec
@@ -229,8 +229,9 @@ async def probe_capacity(
         folder.capacity,
         {"capacity": cap.metrics(), "steps": [s.row() for s in cap.steps], "repeated": repeated},
     )
+    wide = unsettled(cap, objective.capacity)
     log.info(
-        "trial %d: SLO capacity %s req/s (bracket %.2f-%.2f req/s, %d replays)",
+        "trial %d: SLO capacity %s req/s (bracket %.2f-%.2f req/s, %d replays%s)",
         number,
         f">= {cap.rps:.2f}"
         if cap.censored
@@ -240,6 +241,10 @@ async def probe_capacity(
         cap.low,
         cap.high,
         len(cap.steps),
+        ""
+        if wide is None
+        else f"; {wide:.0%} wide where objective.capacity.rel_width asks "
+        f"{objective.capacity.rel_width:.0%}: max_steps ran out",
     )
     return cap
 

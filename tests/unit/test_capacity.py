@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from helpers.capacity import probe_of
 
-from tuner.capacity import Start, Step, from_steps, search, shown
+from tuner.capacity import Start, Step, from_steps, search, shown, unsettled
 from tuner.config import CapacityConfig
 
 
@@ -177,6 +177,19 @@ def test_a_pruned_step_stands_in_on_the_line_through_the_two_highest_full_steps(
     # a full step below serving more than the held one: the line is flat, not falling
     rows = [(2.0, 9.0, 0.4, True, False), *H100_IMAGE_DEFAULTS[2:]]
     assert from_steps(_recorded(rows)).high == pytest.approx(8.443)
+
+
+def test_a_bracket_left_wide_when_the_replays_ran_out_is_told() -> None:
+    # trial 4 ended 32 % wide after its 5 replays; trial 0 closed within 5 % in as many
+    wide = unsettled(from_steps(_recorded(H100_IMAGE_KV)), CapacityConfig(max_steps=5))
+    assert wide == pytest.approx(9.064 / 6.847 - 1)
+    assert (
+        unsettled(from_steps(_recorded(H100_IMAGE_DEFAULTS)), CapacityConfig(max_steps=5)) is None
+    )
+    # replays left over, or a wider width asked: the search stopped for another reason
+    assert unsettled(from_steps(_recorded(H100_IMAGE_KV)), CapacityConfig(max_steps=6)) is None
+    cap = from_steps(_recorded(H100_IMAGE_KV))
+    assert unsettled(cap, CapacityConfig(max_steps=5, rel_width=0.35)) is None
 
 
 async def test_a_saturating_rate_with_pruned_failures_is_read_near_the_crossing() -> None:
