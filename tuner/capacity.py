@@ -496,7 +496,7 @@ def _stand_in(lo: Step, hi: Step, steps: Sequence[Step]) -> float:
     rate has begun to saturate), and any rate measured in full at a load at or above ``hi``'s.
     The least of them stands in. Scaling alone read an image_heavy server on an H100 at
     17.05 req/s, from its own replay at 1x (6.85) to a pruned step at 3.06x, where a full step
-    at 3.31x had served 9.06 and no server of its config served more than 9.6
+    at 3.31x had served 9.06 and no replay of its config measured in full served more than 9.6
     (docs/gpu-runs/2026-12-07-image-heavy-screen-h100.md)."""
     full = [s for s in steps if s.pruned is None]
     top = lo.rps / lo.factor * hi.factor
