@@ -169,7 +169,7 @@ def test_a_pruned_step_never_stands_in_above_a_rate_served_in_full_at_a_higher_l
 
 def test_a_pruned_step_stands_in_on_the_line_through_the_two_highest_full_steps() -> None:
     # the rate saturates: 8.07 at 2x, 8.44 at 2.5x; their line reaches 8.81 at the pruned 3x,
-    # where scaling 8.44 by 3 / 2.5 read 10.13, above every rate any server of it served
+    # where scaling 8.44 by 3 / 2.5 read 10.13, above every rate its config served in full
     cap = from_steps(_recorded(H100_IMAGE_DEFAULTS))
     assert cap.low == pytest.approx(8.443)
     assert cap.high == pytest.approx(8.443 + (8.443 - 8.074) / 0.5 * 0.5)
@@ -193,7 +193,8 @@ def test_a_bracket_left_wide_when_the_replays_ran_out_is_told() -> None:
 
 
 async def test_a_saturating_rate_with_pruned_failures_is_read_near_the_crossing() -> None:
-    # as above, but each failed step stopped early: its stand-in follows the saturating rate
+    # test_a_saturating_served_rate_is_read_between_the_two_steps's landscape, each failed step
+    # stopped early: its stand-in follows the saturating rate
     def served(f: float) -> float:
         return 40 * (1 - math.exp(-f / 3))
 
