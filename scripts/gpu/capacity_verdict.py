@@ -23,7 +23,8 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tuner import stored_trial  # noqa: E402
-from tuner.capacity import Step, from_steps  # noqa: E402
+from tuner.capacity import from_steps  # noqa: E402
+from tuner.study_card import read_steps  # noqa: E402
 from tuner.verdict import gain, pct  # noqa: E402
 
 
@@ -37,9 +38,9 @@ def capacities(db: str, name: str, steps_dir: Path | None = None) -> list[dict[s
         if steps_dir is not None:
             tdir = stored_trial.trial_dir(t, here=False)
             assert tdir is not None, f"trial {t.number} of {name} has no trial folder"
-            path = steps_dir / tdir.parent.name / tdir.name / "capacity.json"
-            recorded = json.loads(path.read_text())["steps"]
-            row.update(from_steps([Step.from_row(r) for r in recorded]).metrics())
+            recorded = read_steps(steps_dir / tdir.parent.name / tdir.name)
+            assert recorded, f"trial {t.number} of {name} has no capacity.json under {steps_dir}"
+            row.update(from_steps(recorded).metrics())
         rows.append(row)
     return rows
 

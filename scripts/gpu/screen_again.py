@@ -21,9 +21,10 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tuner import stored_trial  # noqa: E402
-from tuner.capacity import Step, from_steps, rps_text  # noqa: E402
+from tuner.capacity import from_steps, rps_text  # noqa: E402
 from tuner.screen import DEFAULTS, change, word  # noqa: E402
 from tuner.stored_study import stored_rel_width  # noqa: E402
+from tuner.study_card import read_steps  # noqa: E402
 from tuner.verdict import pct  # noqa: E402
 
 
@@ -47,13 +48,13 @@ def main() -> None:
         stored = stored_trial.metric(t, "capacity_rps")
         if stored is None:
             continue
-        path = args.runs / tdir.parent.name / tdir.name / "capacity.json"
-        if not path.is_file():  # its steps were not kept: the stored value, said so
+        steps = read_steps(args.runs / tdir.parent.name / tdir.name)
+        if not steps:  # its steps were not kept: the stored value, said so
             arms.setdefault(arm, []).append((stored_trial.machine(t), stored))
             print(f"trial {t.number} {arm}: {rps_text(stored)} req/s as stored (no capacity.json)")
             servers.append({"trial": t.number, "arm": arm, "stored": stored, "steps": False})
             continue
-        again = from_steps([Step.from_row(r) for r in json.loads(path.read_text())["steps"]])
+        again = from_steps(steps)
         arms.setdefault(arm, []).append((stored_trial.machine(t), again.rps))
         print(
             f"trial {t.number} {arm}: {rps_text(again.rps)} req/s"
