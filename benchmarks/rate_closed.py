@@ -1,6 +1,6 @@
-"""A candidate rule, measured and not adopted: a closed loop's bracket closing on its rates
-though its failed end was pruned. The search would stop once the held step's rate and the bound
-on the pruned step's (``tuner.capacity_answer._stand_in``) lie within ``rel_width``, as it already does
+"""A candidate rule, measured and not adopted: a closed loop's bracket closing on its rates though
+its failed end was pruned. The search would stop once the held step's rate and the bound on the
+pruned step's (``tuner.capacity_answer._stand_in``) lie within ``rel_width``, as it already does
 where the failed step ran in full. Replays the GPU's recorded searches (``capacity.json`` steps
 in the order they ran, from ``docs/gpu-runs``, packed ones included) cut at the first step where
 the rule would have stopped them: the replays saved, and how far the answer moves from the one
