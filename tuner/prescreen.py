@@ -19,9 +19,10 @@ from measurements as usual; the prescreen only chooses where the search starts.
 Limits: the landscape replays closed loop (``workload.arrival.kind=concurrency``); it knows the
 metrics of :data:`METRICS` (not E2E or ITL); its speed model was fitted on Qwen3-8B on one H200 and
 is scaled for other shapes, GPUs and TP (``tuner.sim.engine.SpeedModel``), so elsewhere its ranking
-is a guess to be checked by the real trials, which is what they do. Known blind spot: it overstates
-what an fp8 KV cache saves at short contexts (on chat at 256 in flight it picked fp8 configs that
-measured no better than the defaults; docs/sim-calibration.md).
+is a guess to be checked by the real trials, which is what they do. Known blind spot: it has no
+vision encoder (an image costs only its prompt tokens), so it ranks configs for image requests as
+for text; on image_heavy it predicted fp8 weights +31.6 % where an H100 measured +0.6 %
+(docs/sim-calibration.md). The prescreen says so when the workload has images.
 """
 
 from __future__ import annotations
@@ -147,6 +148,13 @@ def _key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, round(v, 2) if isinstance(v, float) else v) for k, v in params.items()))
 
 
+IMAGES_NOTE = (
+    "study.prescreen ranks configs for image requests as for text: the simulator has no vision "
+    "encoder (an image costs only its prompt tokens); on image_heavy it predicted fp8 weights "
+    "+31.6 % where an H100 measured +0.6 % (docs/sim-calibration.md)"
+)
+
+
 def landscape_gpu(cfg: TunerConfig) -> tuple[GpuProfile | None, str]:
     """The GPU the simulator's landscape models for ``cfg``, and what this machine's is: the
     leased GPU's profile (NVML, with ``engine.kind: vllm``; else ``engine.gpu``) where its speed
@@ -175,6 +183,8 @@ def prescreen(
             ", ".join(GPU_PROFILES), source, cfg.engine.gpu.upper(),
         )  # fmt: skip
         gpu = GPU_PROFILES[cfg.engine.gpu]
+    if w.images is not None:
+        log.warning(IMAGES_NOTE)
     space = cfg.space
     dists = distributions(space)
     objective = cfg.objective
