@@ -220,6 +220,9 @@ def publish(
         study_card.print_card(card, console)
     if levers is not None:
         screen_report.print_table(levers, console)
+        if cfg.engine.kind == "sim":
+            note = screen_report.simulated_note(cfg.workload.images is not None)
+            console.print(note, markup=False)
         more = screen_report.follow_up(levers)
         if more:
             only = ",".join(more)

@@ -18,7 +18,7 @@ from tuner.quality_guard import describe
 from tuner.screen import LeverRow
 from tuner.verdict import CONFIDENCE, pct
 
-__all__ = ["follow_up", "metrics", "print_table", "row_verdict", "write_json"]
+__all__ = ["follow_up", "metrics", "print_table", "row_verdict", "simulated_note", "write_json"]
 
 
 def _interval(r: LeverRow) -> str:
@@ -93,6 +93,20 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
             else ""
         )
     )
+
+
+def simulated_note(images: bool) -> str:
+    """What a screen on the simulator is: its model's reading, and where it is known wrong."""
+    note = (
+        "simulated (engine=sim): the simulator's model of an H200 (docs/sim-calibration.md), "
+        "which chooses what to measure; measure on a GPU with engine=vllm."
+    )
+    if images:
+        note += (
+            " It has no vision encoder (an image costs its prompt tokens only): on image_heavy "
+            "it read fp8 weights +31.6 % where an H100 measured +0.6 % (2 + 2 servers)."
+        )
+    return note
 
 
 def write_json(rows: Sequence[LeverRow], out_dir: Path) -> Path:

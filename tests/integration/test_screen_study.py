@@ -44,10 +44,13 @@ def _with_levers(cfg: TunerConfig) -> TunerConfig:
 
 
 def test_a_tiny_screen_on_the_simulator(
-    make_cfg: Callable[..., TunerConfig], tmp_path: Path
+    make_cfg: Callable[..., TunerConfig], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = _with_levers(make_cfg(*SMALL))
     outcome = study_mod.run(cfg)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "simulated (engine=sim)" in printed  # the table is the simulator's reading
+    assert "no vision encoder" not in printed  # chat sends no images
     study = outcome.study
     assert study.study_name == "chat-qwen3-8b-sim-capacity-screen"
     arms = [screen_arm(t) for t in study.trials]

@@ -552,3 +552,10 @@ def test_report_reads_the_floor_the_study_was_measured_with(
     study.set_user_attr("capacity_rel_width", None)  # a study stored before it was recorded
     (old,) = screen.rows(study, later)
     assert old.change.low == pytest.approx(0.059, abs=2e-3)  # the config's 0.05 then
+
+
+def test_a_screen_on_the_simulator_says_it_and_its_blind_spot_with_images() -> None:
+    text = screen_report.simulated_note(images=False)
+    assert "engine=vllm" in text and "vision encoder" not in text
+    # image_heavy on an H100: fp8 weights +0.6 % where the simulator read +31.6 %
+    assert "+31.6 %" in screen_report.simulated_note(images=True)
