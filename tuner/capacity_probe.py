@@ -241,12 +241,25 @@ async def probe_capacity(
         cap.low,
         cap.high,
         len(cap.steps),
-        ""
-        if wide is None
-        else f"; {wide:.0%} wide where objective.capacity.rel_width asks "
-        f"{objective.capacity.rel_width:.0%}: max_steps ran out",
+        "" if wide is None else "; " + wide_note(wide, objective.capacity.rel_width),
     )
     return cap
+
+
+def wide_note(wide: float, rel_width: float) -> str:
+    """A search's bracket left ``wide`` (:func:`tuner.capacity_answer.unsettled`) against the
+    ``rel_width`` asked, with a decimal below 10 %: a bracket 5.2 % wide against 5 % read
+    "5% wide where ... asks 5%" with none.
+
+    >>> wide_note(0.052, 0.05)
+    '5.2% wide where objective.capacity.rel_width asks 5%: max_steps ran out'
+    >>> wide_note(0.323, 0.05)
+    '32% wide where objective.capacity.rel_width asks 5%: max_steps ran out'
+    """
+    shown = f"{wide:.1%}" if wide < 0.1 else f"{wide:.0%}"
+    return f"{shown} wide where objective.capacity.rel_width asks {rel_width * 100:g}%: " + (
+        "max_steps ran out"
+    )
 
 
 def served_at_most(incumbent_at: float | None, start: Start | None, factor: float) -> float | None:

@@ -40,9 +40,9 @@ from tuner.config import TunerConfig, chosen_levers
 from tuner.engine.argv import flag_args
 from tuner.errors import ConfigError, EngineError
 from tuner.quality_guard import screen_quality
-from tuner.score import needs_capacity
+from tuner.score import PER_GPU, needs_capacity
 from tuner.space import defaults, disable_real_weights
-from tuner.stored_study import screen_levers, store_screen, stored_rel_width
+from tuner.stored_study import objective_names, screen_levers, store_screen, stored_rel_width
 from tuner.telemetry.gpu import gpu_memory, machine_of, nvml_available
 from tuner.verdict import Gain, gain, gain_in_blocks, gain_of_one
 from tuner.vllm_rules import numerics_changes
@@ -51,6 +51,7 @@ __all__ = [
     "DEFAULTS",
     "FOLLOW_UP_SERVERS",
     "METRIC",
+    "METRICS",
     "WORDS",
     "LeverRow",
     "change",
@@ -67,6 +68,10 @@ log = logging.getLogger("tuner")
 DEFAULTS = "defaults"
 """The arm of vLLM's defaults (no flag passed)."""
 METRIC = "capacity_rps"
+METRICS = (METRIC, PER_GPU)
+"""What a screen compares: SLO capacity (``objective=capacity``, the default), or SLO capacity
+per GPU (``objective=capacity_per_gpu``: a layout screen, ``screen=layouts``, where a lever
+changes the GPUs a server uses)."""
 FOLLOW_UP_SERVERS = 3
 """Fresh servers per arm that decide a lever (issue #30's follow-up: 3 + 3)."""
 WORDS = ("gain", "loss", "no significant change", "no interval", "failed", "not run yet")
@@ -88,10 +93,11 @@ def check(cfg: TunerConfig) -> None:
         raise ConfigError("screen.servers and screen.defaults_every must be >= 1")
     if not chosen_levers(sc):
         raise ConfigError("the screen has no lever (screen.levers, screen.only)")
-    if not needs_capacity(cfg.objective) or cfg.objective.objectives[0].metric != METRIC:
+    if not needs_capacity(cfg.objective) or cfg.objective.objectives[0].metric not in METRICS:
         raise ConfigError(
             "mode=screen measures SLO capacity: its objective must start with capacity_rps "
-            "(objective=capacity, which mode=screen selects)"
+            "(objective=capacity, which mode=screen selects) or capacity_per_gpu_rps "
+            "(objective=capacity_per_gpu)"
         )
 
 
@@ -300,6 +306,9 @@ class LeverRow:
     """How many machines the screen's measured servers ran on (:func:`tuner.stored_trial.machine`;
     trials without a record count as one): on more than one, each lever server is compared with
     the defaults of its own machine (:func:`change`)."""
+    metric: str = METRIC
+    """What ``capacities``, ``base`` and ``change`` are (:data:`METRICS`): requests/s, or
+    requests/s per GPU in a layout screen."""
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -352,10 +361,18 @@ def word(g: Gain, failed: bool = False, zero: bool = False) -> str:
     return "no significant change"
 
 
-def _capacity(t: optuna.trial.FrozenTrial) -> float | None:
+def screen_metric(study: optuna.Study, cfg: TunerConfig) -> str:
+    """What the screen compares (:data:`METRICS`): the first objective the study was measured
+    with (so ``report`` needs no ``objective=``), else ``cfg``'s."""
+    stored = objective_names(study)
+    first = stored[0].split(":")[0] if stored else cfg.objective.objectives[0].metric
+    return first if first in METRICS else METRIC
+
+
+def _capacity(t: optuna.trial.FrozenTrial, metric: str = METRIC) -> float | None:
     if t.state != optuna.trial.TrialState.COMPLETE or stored_trial.failure_reason(t):
         return None
-    return stored_trial.metric(t, METRIC)
+    return stored_trial.metric(t, metric)
 
 
 def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
@@ -367,6 +384,7 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
     described = screen_levers(study) or {
         name: _described(lever) for name, lever in chosen_levers(cfg.screen).items()
     }
+    metric = screen_metric(study, cfg)
     order = [n for n in cfg.screen.levers if n in described]
     order += [n for n in described if n not in order]
     by_arm: dict[str, list[optuna.trial.FrozenTrial]] = {}
@@ -377,14 +395,14 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
     measured = [
         (stored_trial.machine(t), c)
         for t in by_arm.get(DEFAULTS, [])
-        if (c := _capacity(t)) is not None
+        if (c := _capacity(t, metric)) is not None
     ]
     base = tuple(c for _, c in measured)
     machines = {
         stored_trial.machine(t)
         for trials in by_arm.values()
         for t in trials
-        if _capacity(t) is not None
+        if _capacity(t, metric) is not None
     }
     rel_width = stored_rel_width(study)
     if rel_width is None:
@@ -394,12 +412,14 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
     for name in order:
         d = described[name]
         trials = by_arm.get(name, [])
-        mine = [(stored_trial.machine(t), c) for t in trials if (c := _capacity(t)) is not None]
+        mine = [
+            (stored_trial.machine(t), c) for t in trials if (c := _capacity(t, metric)) is not None
+        ]
         caps = tuple(c for _, c in mine)
         failures = tuple(
             stored_trial.failure_reason(t) or t.state.name.lower()
             for t in trials
-            if _capacity(t) is None
+            if _capacity(t, metric) is None
         )
         g = (
             change(mine, measured, floor)
@@ -409,7 +429,7 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
         acceptance = tuple(
             a
             for t in trials
-            if _capacity(t) is not None
+            if _capacity(t, metric) is not None
             and (a := stored_trial.metric(t, "spec_decode_acceptance")) is not None
         )
         censored = any((stored_trial.metric(t, "capacity_censored") or 0) > 0 for t in trials)
@@ -440,6 +460,7 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
                 and g.value >= cfg.screen.follow_up
                 and len(caps) < max(FOLLOW_UP_SERVERS, cfg.screen.servers),
                 len(machines) or 1,
+                metric,
             )
         )
     return out

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from tuner.capacity import rps_text
 from tuner.quality_guard import describe
+from tuner.score import PER_GPU
 from tuner.screen import LeverRow
 from tuner.verdict import CONFIDENCE, pct
 
@@ -57,13 +58,15 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     base = rows[0].base if rows else ()
     shown = ", ".join(rps_text(c) for c in base) or "none measured"
     machines = rows[0].machines if rows else 1
+    per_gpu = bool(rows) and rows[0].metric == PER_GPU
+    what, unit = ("SLO capacity per GPU", "req/s per GPU") if per_gpu else ("SLO capacity", "req/s")
     table = Table(
-        title=f"Lever screen: SLO capacity vs vLLM's defaults ({shown} req/s on "
+        title=f"Lever screen: {what} vs vLLM's defaults ({shown} {unit} on "
         f"{len(base)} server{'s' if len(base) != 1 else ''}"
         + (f", {machines} machines" if machines > 1 else "")
         + ")"
     )
-    for col in ("lever", "flag", "capacity req/s", "change", f"{CONFIDENCE:.0%} interval"):
+    for col in ("lever", "flag", f"capacity {unit}", "change", f"{CONFIDENCE:.0%} interval"):
         table.add_column(col)
     table.add_column("servers", justify="right")
     table.add_column("verdict")
@@ -113,7 +116,7 @@ def write_json(rows: Sequence[LeverRow], out_dir: Path) -> Path:
     """``screen.json``: every row (:meth:`LeverRow.as_dict`)."""
     path = out_dir / "screen.json"
     data = {
-        "metric": "capacity_rps",
+        "metric": rows[0].metric if rows else "capacity_rps",
         "confidence": CONFIDENCE,
         "levers": [r.as_dict() for r in rows],
     }

@@ -559,3 +559,61 @@ def test_a_screen_on_the_simulator_says_it_and_its_blind_spot_with_images() -> N
     assert "engine=vllm" in text and "vision encoder" not in text
     # image_heavy on an H100: fp8 weights +0.6 % where the simulator read +31.6 %
     assert "+31.6 %" in screen_report.simulated_note(images=True)
+
+
+def test_a_layout_screen_compares_capacity_per_gpu(make_cfg: Callable[..., TunerConfig]) -> None:
+    # issue #33: TP=2 and DP=2 against one GPU, at equal hardware (objective=capacity_per_gpu)
+    cfg = make_cfg(
+        "+workload=chat",
+        "mode=screen",
+        "screen=layouts",
+        "objective=capacity_per_gpu",
+        "engine.gpus=[0,1]",
+        "tracking=none",
+        "screen.servers=1",
+    )
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    store_names(study, cfg)
+    cfg = screen.prepare(study, cfg)
+    arms = [screen_arm(t) for t in study.trials]
+    assert arms == [D, "tp_2", "dp_2", D]
+    per_server = {D: [68.0, 70.0], "tp_2": [72.0], "dp_2": [130.0]}  # req/s of the whole server
+    for arm in arms:
+        trial = study.ask(distributions(cfg.space))
+        rps = per_server[arm].pop(0)
+        per_gpu = rps / (1 if arm == D else 2)
+        metrics = {"capacity_rps": rps, "capacity_per_gpu_rps": per_gpu, "ttft_p95_ms": 100.0}
+        argv = (*command_prefix(cfg.engine), "m", *trial_argv_words(cfg, dict(trial.params)))
+        result = TrialResult(trial.number, dict(trial.params), argv, (per_gpu, 100.0), {}, metrics)
+        tell(study, trial, result, cfg, Path("."))
+    rows = {r.lever: r for r in screen.rows(study, cfg)}
+    assert rows["tp_2"].capacities == (36.0,) and rows["dp_2"].capacities == (65.0,)
+    assert rows["tp_2"].base == (68.0, 70.0) and rows["tp_2"].word == "loss"
+    assert rows["dp_2"].change.value == pytest.approx(65.0 / math.sqrt(68.0 * 70.0) - 1)
+    assert {r.metric for r in rows.values()} == {"capacity_per_gpu_rps"}
+    # report, without objective=: the study says what it was measured with
+    plain = make_cfg("+workload=chat", "mode=screen", "screen=layouts", "tracking=none")
+    assert screen.screen_metric(study, plain) == "capacity_per_gpu_rps"
+    console = Console(width=200, record=True)
+    screen_report.print_table(list(rows.values()), console)
+    assert "SLO capacity per GPU" in console.export_text()
+    with pytest.raises(ConfigError, match="capacity_per_gpu_rps"):
+        make_cfg("+workload=chat", "mode=screen", "objective=throughput")
+
+
+def test_every_layout_lever_is_a_vllm_0_24_flag_the_simulator_accepts(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    import json
+
+    from tuner.sim.cli import parse_args
+    from tuner.space import flag_name
+
+    root = Path(__file__).resolve().parents[2]
+    dump = json.loads((root / "tests/data/vllm-0.24.0-serve-flags.json").read_text())["options"]
+    cfg = make_cfg("+workload=chat", "mode=screen", "screen=layouts")
+    assert set(cfg.screen.levers) == {"tp_2", "dp_2"}
+    for name, lever in cfg.screen.levers.items():
+        words = flag_args(flag_name(lever.param, cfg.space.params[lever.param]), lever.value)
+        assert dump[words[0]]["dest"] == lever.param, name
+        assert parse_args(["serve", "m", *words]).user_set, name

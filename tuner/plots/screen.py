@@ -81,7 +81,7 @@ def screen_data(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(out, columns=_COLUMNS)
 
 
-def screen_figure(frame: pd.DataFrame, title: str) -> go.Figure:
+def screen_figure(frame: pd.DataFrame, title: str, per_gpu: bool = False) -> go.Figure:
     """Capacity change (%) per lever, a point with its interval as error bars, one trace per
     verdict word; failed levers are listed at 0 with their reason in the hover; a dashed line at
     0 (the defaults)."""
@@ -127,7 +127,11 @@ def screen_figure(frame: pd.DataFrame, title: str) -> go.Figure:
     fig.add_vline(x=0, line_dash="dash", line_color="#444")
     fig.update_layout(
         title={"text": title},
-        xaxis={"title": "SLO capacity vs vLLM's defaults (%), 95 % interval", "zeroline": False},
+        xaxis={
+            "title": f"SLO capacity{' per GPU' if per_gpu else ''} vs vLLM's defaults (%), "
+            "95 % interval",
+            "zeroline": False,
+        },
         yaxis={"categoryorder": "array", "categoryarray": labels[::-1]},
         template="plotly_white",
         height=max(320, 40 * len(frame) + 140),

@@ -180,7 +180,9 @@ def write_figures(
         assert screen is not None
         frame = screen_data(screen)
         csv("screen.csv", frame)
-        html("screen.html", screen_figure(frame, f"{study.study_name}: lever screen"))
+        per_gpu = bool(screen) and screen[0].get("metric") == "capacity_per_gpu_rps"
+        title = f"{study.study_name}: lever screen"
+        html("screen.html", screen_figure(frame, title, per_gpu=per_gpu))
 
     jobs: list[tuple[str, Callable[[], None]]] = [
         ("pareto", pareto),
