@@ -60,6 +60,7 @@ __all__ = [
     "prepare",
     "real_weights_only",
     "rows",
+    "screen_metric",
     "word",
 ]
 

@@ -27,6 +27,7 @@ from tuner.plots.pareto import pareto_figure
 from tuner.plots.points import trial_labels, trial_points
 from tuner.plots.screen import screen_data, screen_figure
 from tuner.plots.timeline import timeline_data, timeline_figure
+from tuner.score import PER_GPU
 from tuner.stored_study import baseline_trials
 
 __all__ = ["PLOTLY_JS", "self_contained", "write_figures"]
@@ -180,7 +181,7 @@ def write_figures(
         assert screen is not None
         frame = screen_data(screen)
         csv("screen.csv", frame)
-        per_gpu = bool(screen) and screen[0].get("metric") == "capacity_per_gpu_rps"
+        per_gpu = bool(screen) and screen[0].get("metric") == PER_GPU
         title = f"{study.study_name}: lever screen"
         html("screen.html", screen_figure(frame, title, per_gpu=per_gpu))
 
