@@ -310,6 +310,9 @@ class LeverRow:
     metric: str = METRIC
     """What ``capacities``, ``base`` and ``change`` are (:data:`METRICS`): requests/s, or
     requests/s per GPU in a layout screen."""
+    server_rps: tuple[float, ...] = ()
+    """In a screen per GPU: each measured server's capacity in requests/s, whatever its GPUs
+    (``capacities`` are per GPU); empty otherwise."""
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -364,7 +367,7 @@ def word(g: Gain, failed: bool = False, zero: bool = False) -> str:
 
 def screen_metric(study: optuna.Study, cfg: TunerConfig) -> str:
     """What the screen compares (:data:`METRICS`): the first objective the study was measured
-    with (so ``report`` needs no ``objective=``), else ``cfg``'s."""
+    with (a report that opens it by ``study.name`` reads it the same), else ``cfg``'s."""
     stored = objective_names(study)
     first = stored[0].split(":")[0] if stored else cfg.objective.objectives[0].metric
     return first if first in METRICS else METRIC
@@ -462,6 +465,13 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
                 and len(caps) < max(FOLLOW_UP_SERVERS, cfg.screen.servers),
                 len(machines) or 1,
                 metric,
+                ()
+                if metric == METRIC
+                else tuple(
+                    r
+                    for t in trials
+                    if _capacity(t, metric) is not None and (r := _capacity(t, METRIC)) is not None
+                ),
             )
         )
     return out

@@ -68,17 +68,21 @@ def print_table(rows: Sequence[LeverRow], console: Console) -> None:
     )
     for col in ("lever", "flag", f"capacity {unit}", "change", f"{CONFIDENCE:.0%} interval"):
         table.add_column(col)
+    if per_gpu:
+        table.add_column("req/s a server")
     table.add_column("servers", justify="right")
     table.add_column("verdict")
     for r in rows:
         caps = ", ".join(rps_text(c) for c in r.capacities) + (" (≥)" if r.censored else "")
         verdict = row_verdict(r)
+        server = [", ".join(rps_text(c) for c in r.server_rps) or "-"] if per_gpu else []
         table.add_row(
             escape(r.lever) + (" *" if r.numerics else ""),
             escape(r.flag),
             caps or "-",
             "-" if r.change.value is None else f"{pct(r.change.value)} %",
             _interval(r),
+            *server,
             f"{len(r.capacities)}/{r.change.n_base}",
             verdict,
         )

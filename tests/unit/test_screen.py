@@ -591,12 +591,14 @@ def test_a_layout_screen_compares_capacity_per_gpu(make_cfg: Callable[..., Tuner
     assert rows["tp_2"].base == (68.0, 70.0) and rows["tp_2"].word == "loss"
     assert rows["dp_2"].change.value == pytest.approx(65.0 / math.sqrt(68.0 * 70.0) - 1)
     assert {r.metric for r in rows.values()} == {"capacity_per_gpu_rps"}
-    # report, without objective=: the study says what it was measured with
+    assert rows["dp_2"].server_rps == (130.0,)  # the server's own rate beside its rate per GPU
+    # a report that opens the study by name, without objective=: the study says what it compared
     plain = make_cfg("+workload=chat", "mode=screen", "screen=layouts", "tracking=none")
     assert screen.screen_metric(study, plain) == "capacity_per_gpu_rps"
     console = Console(width=200, record=True)
     screen_report.print_table(list(rows.values()), console)
-    assert "SLO capacity per GPU" in console.export_text()
+    text = console.export_text()
+    assert "SLO capacity per GPU" in text and "req/s a server" in text and "130" in text
     with pytest.raises(ConfigError, match="capacity_per_gpu_rps"):
         make_cfg("+workload=chat", "mode=screen", "objective=throughput")
 
