@@ -43,12 +43,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tuner.screen import bracket_floor  # noqa: E402
 from tuner.verdict import Gain, gain, gain_in_blocks, gain_of_one  # noqa: E402
 
 REL_WIDTH = 0.05
 """The capacity search's bracket (``objective.capacity.rel_width``): each server's capacity
 errs by up to this much, uniformly, on top of the server-to-server spread."""
-FLOOR = math.log1p(REL_WIDTH) / math.sqrt(12)
+FLOOR = bracket_floor(REL_WIDTH)
 """The screen's floor on the spread (``tuner.screen``): a bracket's uniform error's sd."""
 
 
@@ -255,7 +256,7 @@ def records(out: Callable[[str], None] = print) -> dict[str, dict[str, list[floa
     """Each of :data:`RECORDS` under the tuner's interval and the candidate."""
     got: dict[str, dict[str, list[float | None]]] = {}
     for name, (lever, base, rel_width) in RECORDS.items():
-        floor = math.log1p(rel_width) / math.sqrt(12)
+        floor = bracket_floor(rel_width)
         shipped = gain_in_blocks(lever, base, higher=True, floor=floor)
         cand = welch_blocks(lever, base, floor=floor)
         got[name] = {

@@ -257,9 +257,8 @@ def wide_note(wide: float, rel_width: float) -> str:
     '32% wide where objective.capacity.rel_width asks 5%: max_steps ran out'
     """
     shown = f"{wide:.1%}" if wide < 0.1 else f"{wide:.0%}"
-    return f"{shown} wide where objective.capacity.rel_width asks {rel_width * 100:g}%: " + (
-        "max_steps ran out"
-    )
+    asked = f"{rel_width * 100:g}%"
+    return f"{shown} wide where objective.capacity.rel_width asks {asked}: max_steps ran out"
 
 
 def served_at_most(incumbent_at: float | None, start: Start | None, factor: float) -> float | None:

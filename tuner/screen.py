@@ -54,6 +54,7 @@ __all__ = [
     "METRICS",
     "WORDS",
     "LeverRow",
+    "bracket_floor",
     "change",
     "check",
     "plan",
@@ -365,6 +366,13 @@ def word(g: Gain, failed: bool = False, zero: bool = False) -> str:
     return "no significant change"
 
 
+def bracket_floor(rel_width: float) -> float:
+    """The least spread between servers a screen's interval assumes: a capacity is known within
+    its bracket (``objective.capacity.rel_width``), a uniform error of sd
+    ``log(1 + rel_width) / √12`` on the log scale."""
+    return math.log1p(rel_width) / math.sqrt(12)
+
+
 def screen_metric(study: optuna.Study, cfg: TunerConfig) -> str:
     """What the screen compares (:data:`METRICS`): the first objective the study was measured
     with (a report that opens it by ``study.name`` reads it the same), else ``cfg``'s."""
@@ -411,19 +419,18 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
     rel_width = stored_rel_width(study)
     if rel_width is None:
         rel_width = cfg.objective.capacity.rel_width
-    floor = math.log1p(rel_width) / math.sqrt(12)
+    floor = bracket_floor(rel_width)
     out = []
     for name in order:
         d = described[name]
         trials = by_arm.get(name, [])
-        mine = [
-            (stored_trial.machine(t), c) for t in trials if (c := _capacity(t, metric)) is not None
-        ]
+        done = [(t, c) for t in trials if (c := _capacity(t, metric)) is not None]
+        mine = [(stored_trial.machine(t), c) for t, c in done]
         caps = tuple(c for _, c in mine)
         failures = tuple(
             stored_trial.failure_reason(t) or t.state.name.lower()
             for t in trials
-            if _capacity(t, metric) is None
+            if t.number not in {m.number for m, _ in done}
         )
         g = (
             change(mine, measured, floor)
@@ -432,9 +439,8 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
         )
         acceptance = tuple(
             a
-            for t in trials
-            if _capacity(t, metric) is not None
-            and (a := stored_trial.metric(t, "spec_decode_acceptance")) is not None
+            for t, _ in done
+            if (a := stored_trial.metric(t, "spec_decode_acceptance")) is not None
         )
         censored = any((stored_trial.metric(t, "capacity_censored") or 0) > 0 for t in trials)
         flag = d.get("flag") or "--" + str(d["param"]).replace("_", "-")
@@ -467,11 +473,7 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
                 metric,
                 ()
                 if metric == METRIC
-                else tuple(
-                    r
-                    for t in trials
-                    if _capacity(t, metric) is not None and (r := _capacity(t, METRIC)) is not None
-                ),
+                else tuple(r for t, _ in done if (r := _capacity(t, METRIC)) is not None),
             )
         )
     return out

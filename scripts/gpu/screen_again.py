@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tuner import stored_trial  # noqa: E402
 from tuner.capacity import from_steps, rps_text  # noqa: E402
-from tuner.screen import DEFAULTS, change, word  # noqa: E402
+from tuner.screen import DEFAULTS, bracket_floor, change, word  # noqa: E402
 from tuner.stored_study import stored_rel_width  # noqa: E402
 from tuner.study_card import read_steps  # noqa: E402
 from tuner.verdict import pct  # noqa: E402
@@ -63,7 +62,7 @@ def main() -> None:
         servers.append({"trial": t.number, "arm": arm, "stored": stored, **again.metrics()})
     out: dict[str, object] = {"servers": servers}
     rel_width = stored_rel_width(study) or args.rel_width
-    floor = math.log1p(rel_width) / math.sqrt(12)
+    floor = bracket_floor(rel_width)
     base = arms.get(DEFAULTS, [])
     for arm, caps in arms.items():
         if arm == DEFAULTS:
