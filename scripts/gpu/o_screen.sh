@@ -1,50 +1,31 @@
 #!/usr/bin/env bash
-# Device work (nvidia-h200), issue 30's follow-up through the tuner's own screen (mode=screen): a
-# lever that moved on one server (fp8 weights, quant_fp8: +20.7 %, docs/gpu-runs/2026-12-02-levers-chat.md)
-# on SERVERS fresh servers against as many of vLLM's defaults, interleaved (defaults_every=2: D L L
-# D L D for 3). Chat at its own SLO (p95 TTFT <= 2 s, TPOT <= 50 ms), the search from 256 in flight.
-# The first run of mode=screen, and of the capacity steps counted in their steady state, on real
-# vLLM. study.timeout_s stops asking for servers when one more would not end before T; the one
-# running finishes. The screen's table is screen.json / screen.csv / screen.html in the run folder.
-#   bash /tmp/stage/bin/bg.sh start scr env T=1500 bash $PWD/scripts/gpu/o_screen.sh   (carry .whl),
-#   then bash /tmp/stage/bin/bg.sh wait scr 520; bash scripts/gpu/o_screen.sh keep   (each call),
-#   finally bash scripts/gpu/o_screen.sh pack: $OUT/scr.tgz.part-*. SERVERS=1 EVERY=3
-#   LEVERS=a,b,... screens several levers at one server each (D L L L D L L L D ...)
-#   (copy the log out on every wait: a machine lost mid-job takes the job's files with it,
-#   docs/gpu-runs/2026-12-02-screen-fp8.md; `keep` without OUT= writes to the call's own $OUT, and
-#   waits of ~230 s lose at most one call's servers: on 2026-12-05 a machine taken back during a
-#   480 s wait returned nothing, docs/gpu-runs/2026-12-05-levers-chat-h100-2.md)
-# WL=long_docs screens that profile. As shipped (from 4 in flight, 40 requests) one server took
-# over 8 minutes on an H100 without finishing its search (docs/gpu-runs/2026-12-06-levers-h100.md):
-# each capacity step measures >= 100 requests at ~1 req/s. On 2026-12-06 (two H100s,
-# docs/gpu-runs/2026-12-06-long-docs-kv-h100.md) this ran D kv (5.8 and 7.1 minutes a server) and
-# a second D stopped by device time: kv_fp8 +9.7 % on 1 + 1, the defaults held at 16-18 in flight
-# and lost at 20:
-#   WL=long_docs CONC=16 SERVERS=1 EVERY=1 LEVERS=kv_fp8 STEPS=4 EXTRA="objective.capacity.rel_width=0.1"
-#     T=1130 PER=330
-# Its follow-up, SERVERS=3 EVERY=2 DB=docs/gpu-runs/2026-12-06-long-docs-kv-h100/optuna.db T=1450
-# PER=360 on a second H100, ran D kv kv there (docs/gpu-runs/2026-12-06-long-docs-kv-h100-2.md):
-# +14.4 % (95 % CI -22.1 ... +68.0 %) on 3 + 2 servers. SERVERS=4 with that run's optuna.db
-# T=1470 PER=420 ran one defaults' server on a third H100 before the machine went back
-# (docs/gpu-runs/2026-12-06-long-docs-kv-h100-3.md); with that run's optuna.db, T=1560 ran
-# D kv D on a fourth: +14.2 % (95 % CI +4.2 ... +25.1 %), 4 + 4, a gain
-# (docs/gpu-runs/2026-12-06-long-docs-kv-h100-4.md). fp8 weights there: LEVERS=quant_fp8, a new DB.
-# On the simulator its screen of four levers (LEVERS=quant_fp8,kv_fp8,mnbt_2048,mnbt_16384
-# EVERY=4, 1 + 2 simulated servers each, 2026-12-06 at 111e0a6; 6.9 minutes on 2 cores): kv_fp8
-# +17.8 %, quant_fp8 +12.9 %, mnbt_2048 -6.1 %, mnbt_16384 -0.4 % (the defaults 1.04 req/s twice).
-# WL=image_heavy screens that profile on the Qwen3-VL-8B shape (MODEL= for another; the shape
-# is in the checkout, models/qwen3-vl-8b-dummy). On the simulator, 2026-12-06, D F D from 4 in
-# flight, 60 requests (LOCAL_TEST=1 ENGINE=sim WL=image_heavy CONC=4 REQS=60 T=400 PER=40
-# LEVERS=quant_fp8 SERVERS=1 EVERY=1): fp8 weights 29.5 req/s against 22.3 and 22.2, 2 minutes.
-# On an H100 the defaults' server took 3.1 minutes (13.49 req/s, STEPS=4;
-# docs/gpu-runs/2026-12-06-image-heavy-probe-h100.md): next, LEVERS=quant_fp8,kv_fp8 EVERY=2
-# SERVERS=1 STEPS=6 (D F K D). Two tries of it (2026-12-06 night, T=1040 and a D F at T=570) lost
-# their H100s in the first wait (docs/gpu-staging.md). The simulator's screen of the same queue
-# and mnbt_16384 (the small load above, EVERY=2, 1 + 3 servers, 2026-12-07, 3.8 minutes on 2
-# cores): quant_fp8 +31.6 %, kv_fp8 +5.1 %, mnbt_16384 +0.1 % (the defaults 22.1-22.2 req/s).
-# On an H100 on 2026-12-07, SERVERS=2 EVERY=2 LEVERS=quant_fp8,kv_fp8 STEPS=5 T=1480 PER=220 ran
-# D F K D K F in 23 minutes: quant_fp8 +0.6 %, kv_fp8 +1.0 %, 2 + 2, no significant change
-# (docs/gpu-runs/2026-12-07-image-heavy-screen-h100.md; re-derived by scripts/gpu/screen_again.py)
+# Device work (issue #30): levers against vLLM's defaults through the tuner's own screen
+# (mode=screen, docs/levers.md), each lever on fresh servers interleaved with the defaults'
+# (EVERY=2, SERVERS=3: D L L D L D). The table is screen.json / screen.csv / screen.html in the
+# run folder. Variables, all optional:
+#   WL       workload profile: chat (default), long_docs, image_heavy (on the Qwen3-VL-8B shape;
+#            MODEL= for another model)
+#   CONC     in flight the search starts from; REQS requests a replay (chat: 256 and 800; the
+#            other profiles: their own unless given)
+#   LEVERS   screen levers, comma-separated (quant_fp8)   SERVERS  servers per lever (3)
+#   EVERY    levers between defaults' servers (2)         STEPS    replays a server at most (6)
+#   T        seconds the job may take (1500)              PER      seconds a server is planned (240)
+#   DB       a stored screen to continue (a `keep`'s optuna.db committed under docs/gpu-runs/): the
+#            same command adds only the servers it lacks, vLLM's defaults first on a new machine
+#   EXTRA    Hydra overrides, split on spaces
+# study.timeout_s stops asking for servers when one more would not end before T; the one running
+# finishes. Calls (carry .whl):
+#   bash /tmp/stage/bin/bg.sh start scr env T=1500 ... bash $PWD/scripts/gpu/o_screen.sh
+#   then, each call, bash /tmp/stage/bin/bg.sh wait scr 230; W=/tmp/w bash scripts/gpu/o_screen.sh keep
+#   finally bash scripts/gpu/o_screen.sh pack: $OUT/scr.tgz.part-*
+# `keep` copies the study's storage and log into the call's $OUT on every wait: a machine taken
+# back mid-job takes the job's files with it, and waits of ~230 s lose at most one call's servers
+# (a 480 s wait lost everything on 2026-12-05, docs/gpu-runs/2026-12-05-levers-chat-h100-2.md).
+# long_docs as shipped (from 4 in flight) took over 8 minutes a server on an H100 without finishing
+# its search (docs/gpu-runs/2026-12-06-levers-h100.md): run it with CONC=16 STEPS=4
+# EXTRA="objective.capacity.rel_width=0.1" and PER=420 (5.8-8 minutes a server). Each run's exact
+# variables are in its record under docs/gpu-runs/; what is left to run, with its variables, is in
+# docs/levers.md ("What is left of issue #30's table").
 # Here, on the simulator (the small workload of tests/helpers/capacity.py):
 #   LOCAL_TEST=1 ENGINE=sim CONC=4 REQS=60 T=400 PER=40 LEVERS=kv_fp8 EXTRA="workload.slo.tpot_ms=10
 #   workload.slo.ttft_ms=4000 workload.output_tokens.low=16 workload.output_tokens.high=32" bash scripts/gpu/o_screen.sh
