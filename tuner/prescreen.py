@@ -55,6 +55,7 @@ from tuner.score import (
     needs_capacity,
     objective_values,
 )
+from tuner.sim import IMAGES_BLIND_SPOT
 from tuner.sim.landscape import LandscapeResult, PreparedStream, evaluate, prepare_stream, records
 from tuner.space import defaults, distributions, resolved
 from tuner.workload import build_requests
@@ -148,11 +149,7 @@ def _key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, round(v, 2) if isinstance(v, float) else v) for k, v in params.items()))
 
 
-IMAGES_NOTE = (
-    "study.prescreen ranks configs for image requests as for text: the simulator has no vision "
-    "encoder (an image costs only its prompt tokens); on image_heavy it predicted fp8 weights "
-    "+31.6 % where an H100 measured +0.6 % (docs/sim-calibration.md)"
-)
+IMAGES_NOTE = "study.prescreen ranks configs for image requests as for text: " + IMAGES_BLIND_SPOT
 
 
 def landscape_gpu(cfg: TunerConfig) -> tuple[GpuProfile | None, str]:

@@ -427,10 +427,11 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
         done = [(t, c) for t in trials if (c := _capacity(t, metric)) is not None]
         mine = [(stored_trial.machine(t), c) for t, c in done]
         caps = tuple(c for _, c in mine)
+        measured_here = {t.number for t, _ in done}
         failures = tuple(
             stored_trial.failure_reason(t) or t.state.name.lower()
             for t in trials
-            if t.number not in {m.number for m, _ in done}
+            if t.number not in measured_here
         )
         g = (
             change(mine, measured, floor)
@@ -473,7 +474,7 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
                 metric,
                 ()
                 if metric == METRIC
-                else tuple(r for t, _ in done if (r := _capacity(t, METRIC)) is not None),
+                else tuple(r for t, _ in done if (r := stored_trial.metric(t, METRIC)) is not None),
             )
         )
     return out

@@ -16,7 +16,8 @@ from rich.table import Table
 from tuner.capacity import rps_text
 from tuner.quality_guard import describe
 from tuner.score import PER_GPU
-from tuner.screen import LeverRow
+from tuner.screen import METRIC, LeverRow
+from tuner.sim import IMAGES_BLIND_SPOT
 from tuner.verdict import CONFIDENCE, pct
 
 __all__ = ["follow_up", "metrics", "print_table", "row_verdict", "simulated_note", "write_json"]
@@ -109,10 +110,7 @@ def simulated_note(images: bool) -> str:
         "which chooses what to measure; measure on a GPU with engine=vllm."
     )
     if images:
-        note += (
-            " It has no vision encoder (an image costs its prompt tokens only): on image_heavy "
-            "it read fp8 weights +31.6 % where an H100 measured +0.6 % (2 + 2 servers)."
-        )
+        note += f" With images: {IMAGES_BLIND_SPOT}."
     return note
 
 
@@ -120,7 +118,7 @@ def write_json(rows: Sequence[LeverRow], out_dir: Path) -> Path:
     """``screen.json``: every row (:meth:`LeverRow.as_dict`)."""
     path = out_dir / "screen.json"
     data = {
-        "metric": rows[0].metric if rows else "capacity_rps",
+        "metric": rows[0].metric if rows else METRIC,
         "confidence": CONFIDENCE,
         "levers": [r.as_dict() for r in rows],
     }

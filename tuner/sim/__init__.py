@@ -11,3 +11,12 @@ Environment knobs (sim only): ``TUNER_SIM_GPU``, ``TUNER_SIM_GPU_MEMORY_GIB``,
 ``TUNER_SIM_HANG``, ``TUNER_SIM_STALL`` (``N:S``: the host stops the server for S seconds at
 the N-th request; several comma-separated).
 """
+
+IMAGES_BLIND_SPOT = (
+    "the simulator has no vision encoder (an image costs only its prompt tokens): on image_heavy "
+    "it predicted fp8 weights +31.6 % where an H100 measured +0.6 %, 2 + 2 servers "
+    "(docs/sim-calibration.md)"
+)
+"""Where the simulator is known wrong for requests with images, told by the prescreen
+(:data:`tuner.prescreen.IMAGES_NOTE`) and under a simulated screen's table
+(:func:`tuner.screen_report.simulated_note`)."""
