@@ -48,11 +48,15 @@ keep() {  # keep NAME PATTERN: the study's storage ($W/NAME/outputs/state) and l
   grep -h -e "$2" "$LOGS/$1.log" 2>/dev/null | cut -c1-220 | tail -25
 }
 stored_db() {  # stored_db DIR: DB=path (a `keep`'s optuna.db committed under docs/gpu-runs/,
-  # relative to the checkout) becomes DIR/outputs/state/optuna.db unless a study is there already:
-  # the same command then continues that study on a new machine, adding what it lacks
+  # relative to the checkout; gzipped as optuna.db.gz, ~5x smaller) becomes
+  # DIR/outputs/state/optuna.db unless a study is there already: the same command then continues
+  # that study on a new machine, adding what it lacks
   mkdir -p "$1/outputs/state"
   if [ -n "${DB:-}" ] && [ ! -f "$1/outputs/state/optuna.db" ]; then
-    cp "$ROOT/$DB" "$1/outputs/state/optuna.db"
+    case "$DB" in
+      *.gz) gunzip -c "$ROOT/$DB" > "$1/outputs/state/optuna.db" ;;
+      *) cp "$ROOT/$DB" "$1/outputs/state/optuna.db" ;;
+    esac
   fi
 }
 model_of() {  # model_of WL: the model a workload runs on, the Qwen3-VL-8B shape for image_heavy
