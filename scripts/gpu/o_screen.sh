@@ -10,8 +10,9 @@
 #   LEVERS   screen levers, comma-separated (quant_fp8)   SERVERS  servers per lever (3)
 #   EVERY    levers between defaults' servers (2)         STEPS    replays a server at most (6)
 #   T        seconds the job may take (1500)              PER      seconds a server is planned (240)
-#   DB       a stored screen to continue (a `keep`'s optuna.db, or optuna.db.gz, under docs/gpu-runs/): the
-#            same command adds only the servers it lacks, vLLM's defaults first on a new machine
+#   DB       a stored screen to continue (a `keep`'s optuna.db, or optuna.db.gz, under
+#            docs/gpu-runs/): the same command adds only the servers it lacks, vLLM's defaults
+#            first on a new machine
 #   EXTRA    Hydra overrides, split on spaces
 # study.timeout_s stops asking for servers when one more would not end before T; the one running
 # finishes. Calls (carry .whl):
