@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -19,6 +20,8 @@ import pytest
 from helpers.trials import counted
 
 from tuner import stored_trial
+from tuner.config import TunerConfig
+from tuner.space import defaults
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +36,7 @@ if not (URL and MLFLOW_URL):
     )
 
 
-def test_two_workers_share_one_study(tmp_path: Path) -> None:
+def test_two_workers_share_one_study(tmp_path: Path, make_cfg: Callable[..., TunerConfig]) -> None:
     name = f"pg-{uuid.uuid4().hex[:8]}"
     args = [
         sys.executable,
@@ -91,8 +94,8 @@ def test_two_workers_share_one_study(tmp_path: Path) -> None:
     assert sum("fixed_params" in t.system_attrs for t in bases) == 1, [
         (t.number, t.params, t.system_attrs) for t in bases
     ]
-    defaults = {"kv_cache_dtype": "auto", "quantization": None}
-    assert [t.number for t in study.trials if t.params == defaults] == [t.number for t in bases]
+    at_defaults = defaults(make_cfg(*args[3:]).space)  # the searched params' vLLM defaults
+    assert [t.number for t in study.trials if t.params == at_defaults] == [t.number for t in bases]
 
     from mlflow import MlflowClient
 
