@@ -10,8 +10,9 @@ in another project is not one. In the run records (``docs/gpu-runs/*.md``) and i
 too, of a file in the record's folder, except the names of the tuner's per-trial files
 (``result.json``: cite a kept one as ``runs.tgz:PATH``), of a model's files and of programs.
 ``{a,b}`` and ``*`` expand; ``X.tgz:MEMBER`` must
-be a member of ``X.tgz``; ``FILE:Name`` (a symbol in a file) checks ``FILE``. Words with shell
-variables or placeholders (``$W``, ``<pick>``, ``…``) are not checked.
+be a member of ``X.tgz``; ``FILE:Name`` (a symbol in a file) checks ``FILE``; in a code block
+that unpacks ``X.gz`` first (``gunzip -k X.gz``), ``X`` (``sqlite:///X`` too) cites ``X.gz``.
+Words with shell variables or placeholders (``$W``, ``<pick>``, ``…``) are not checked.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ GENERIC = re.compile(
     r"|^(config|tokenizer|tokenizer_config)\.json$|\.(py|sh)$"
 )
 SKIP = ("$", "<", ">", "…", "...", "://", "@", "~")
+GUNZIP = re.compile(r"\bgunzip\s+(?:-\S+\s+)*(\S+\.gz)\b")
 
 
 def documents(root: Path = ROOT) -> list[Path]:
@@ -66,7 +68,9 @@ def citations(text: str) -> list[tuple[str, bool]]:
     out: list[tuple[str, bool]] = []
     fence = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
     for block in fence.finditer(text):
-        out += [(w, False) for w in _words(block[1])]
+        # a file the block unpacks first (`gunzip -k X.gz`) is cited as the stored X.gz
+        unpacked = {g[: -len(".gz")]: g for g in GUNZIP.findall(block[1])}
+        out += [(unpacked.get(w.removeprefix("sqlite:///"), w), False) for w in _words(block[1])]
     prose = fence.sub("", text)
     for m in re.finditer(r"\]\(([^)\s]+)\)", prose):
         out.append((m[1].split("#")[0], True))
@@ -175,6 +179,7 @@ def _repo(tmp_path: Path) -> Path:
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
     (tmp_path / "benchmarks" / "results" / "a.json").write_text("{}")
     (tmp_path / "docs" / "gpu-runs" / "run" / "call1.log").write_text("")
+    (tmp_path / "docs" / "gpu-runs" / "run" / "s.db.gz").write_bytes(b"")
     tgz = tmp_path / "docs" / "gpu-runs" / "run" / "runs.tgz"
     src = tmp_path / "result.json"
     src.write_text("{}")
@@ -193,6 +198,15 @@ def _repo(tmp_path: Path) -> Path:
         ("[x](gpu-runs/run/call2.log)", False),
         ("```bash\npython x.py --out benchmarks/results/a.json\n```", True),
         ("```bash\npython x.py --out benchmarks/results/{a,c}.json\n```", False),
+        (
+            "```bash\ngunzip -k gpu-runs/run/s.db.gz\nx storage=sqlite:///gpu-runs/run/s.db\n```",
+            True,
+        ),
+        ("```bash\nx storage=sqlite:///gpu-runs/run/s.db\n```", False),
+        (
+            "```bash\ngunzip -k gpu-runs/run/t.db.gz\nx storage=sqlite:///gpu-runs/run/t.db\n```",
+            False,
+        ),
         ("`gpu-runs/run/runs.tgz:runs/trial_0001/result.json`", True),
         ("`gpu-runs/run/runs.tgz:runs/trial_0002/result.json`", False),
         ("`gpu-runs/run/call*.log`", True),
