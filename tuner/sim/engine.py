@@ -68,8 +68,10 @@ gave 0.95 and 1.05: most of the gain is the GEMMs'."""
 TP_EXPONENT = 0.25
 
 
-GraphKind = Literal["full", "piecewise", "eager"]
-"""How vLLM runs one engine step: a FULL CUDA graph, PIECEWISE graphs, or eagerly."""
+GraphKind = Literal["full", "compiled", "eager"]
+"""How vLLM runs one engine step: a FULL CUDA graph; the torch.compile'd model (PIECEWISE graphs
+where the mode has them and the step's tokens fit a capture size, else no graph); or eagerly
+(``--enforce-eager``, which in vLLM 0.24 turns off torch.compile as well as CUDA graphs)."""
 
 
 def graph_kind(
@@ -78,15 +80,21 @@ def graph_kind(
     """The step's :data:`GraphKind` under the resolved ``cudagraph_mode``.
 
     A decode-only step of at most ``max_graph_batch`` (the largest capture size) sequences
-    replays a FULL graph in the FULL* modes; every other step runs PIECEWISE graphs where the mode
-    has them (FULL_AND_PIECEWISE, PIECEWISE; PIECEWISE also for decode-only steps), else eagerly.
+    replays a FULL graph in the FULL* modes; every other step runs the compiled model: with
+    PIECEWISE graphs where the mode has them (FULL_AND_PIECEWISE, PIECEWISE) and its tokens fit a
+    capture size, else without graphs (the mixed steps of FULL_DECODE_ONLY and FULL). Both cost
+    ``overhead_piecewise_s``: vLLM 0.24 runs a step of more tokens than the largest capture size
+    (512 by default) without graphs in every mode (``vllm/v1/cudagraph_dispatcher.py``), so the
+    defaults' mixed steps the constant was fitted on were mostly such steps, and on two H100
+    screens FULL_DECODE_ONLY served what the defaults did (docs/sim-calibration.md). NONE is
+    charged as eager: the simulator does not tell it from ``--enforce-eager``.
     """
     mode = cudagraph_mode.upper()
     if mode == "NONE" or max_graph_batch <= 0:
         return "eager"
     if mode.startswith("FULL") and prefill_tokens == 0 and 0 < decode_seqs <= max_graph_batch:
         return "full"
-    return "piecewise" if "PIECEWISE" in mode else "eager"
+    return "compiled"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +107,11 @@ class SpeedModel:
     key tokens; the last term only with an fp8 KV cache).
     ``overhead`` depends on how vLLM runs the step (:func:`graph_kind`): ``overhead_graph_s`` for
     a decode-only step whose batch fits a captured FULL CUDA graph, ``overhead_piecewise_s`` for
-    any other step when ``cudagraph_mode`` includes PIECEWISE graphs (FULL_AND_PIECEWISE, the
-    default, and PIECEWISE), else ``overhead_eager_s`` (``--enforce-eager``, ``cudagraph_mode``
-    NONE, and the mixed steps of FULL_DECODE_ONLY / FULL). The reference constants were fitted
-    (2026-11-30, ``benchmarks/sim_calibration.py --fit``, see ``docs/sim-calibration.md``) to 31
-    real TP=1 runs in ``benchmarks/calibration/h200-qwen3-8b.json``: the chat profile at 256 in
+    any other step of the compiled model (whether PIECEWISE graphs or none run it), and
+    ``overhead_eager_s`` under ``--enforce-eager`` or ``cudagraph_mode`` NONE (until 2026-12-07
+    the mixed steps of FULL_DECODE_ONLY / FULL were charged eager). The reference constants
+    were fitted (2026-11-30, ``benchmarks/sim_calibration.py --fit``, see
+    ``docs/sim-calibration.md``) to 31 real TP=1 runs in ``benchmarks/calibration/h200-qwen3-8b.json``: the chat profile at 256 in
     flight (10 configs plus repeats), at 64 in flight (defaults and 5 searched configs),
     ``/v1/completions`` 512-token prompts at 8 and 64 in flight, ``vllm bench serve`` random
     512/256 at 256 in flight (defaults, ``--enforce-eager``, gmu 0.30), and the long_docs profile
@@ -201,7 +209,7 @@ class SpeedModel:
         ``narrow_kv_from`` (``per_short_ctx_s``)."""
         if graph == "full":
             overhead = self.overhead_graph_s
-        elif graph == "piecewise":
+        elif graph == "compiled":
             overhead = self.overhead_piecewise_s
         else:
             overhead = self.overhead_eager_s
