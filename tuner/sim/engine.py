@@ -111,8 +111,9 @@ class SpeedModel:
     ``overhead_eager_s`` under ``--enforce-eager`` or ``cudagraph_mode`` NONE (until 2026-12-07
     the mixed steps of FULL_DECODE_ONLY / FULL were charged eager). The reference constants
     were fitted (2026-11-30, ``benchmarks/sim_calibration.py --fit``, see
-    ``docs/sim-calibration.md``) to 31 real TP=1 runs in ``benchmarks/calibration/h200-qwen3-8b.json``: the chat profile at 256 in
-    flight (10 configs plus repeats), at 64 in flight (defaults and 5 searched configs),
+    ``docs/sim-calibration.md``) to 31 real TP=1 runs in
+    ``benchmarks/calibration/h200-qwen3-8b.json``: the chat profile at 256 in flight (10 configs
+    plus repeats), at 64 in flight (defaults and 5 searched configs),
     ``/v1/completions`` 512-token prompts at 8 and 64 in flight, ``vllm bench serve`` random
     512/256 at 256 in flight (defaults, ``--enforce-eager``, gmu 0.30), and the long_docs profile
     (4k-32k-token documents) at 32 in flight (4 configs, 2 with an fp8 KV cache, plus 2 repeats):
