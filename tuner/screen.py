@@ -34,15 +34,22 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import optuna
+from optuna.distributions import CategoricalDistribution
 
 from tuner import stored_trial
-from tuner.config import TunerConfig, chosen_levers
+from tuner.config import LeverSpec, TunerConfig, chosen_levers, screen_space
 from tuner.engine.argv import flag_args
 from tuner.errors import ConfigError, EngineError
 from tuner.quality_guard import screen_quality
 from tuner.score import PER_GPU, needs_capacity
 from tuner.space import defaults, disable_real_weights
-from tuner.stored_study import objective_names, screen_levers, store_screen, stored_rel_width
+from tuner.stored_study import (
+    objective_names,
+    screen_levers,
+    store_screen,
+    stored_distributions,
+    stored_rel_width,
+)
 from tuner.telemetry.gpu import gpu_memory, machine_of, nvml_available
 from tuner.verdict import Gain, gain, gain_in_blocks, gain_of_one
 from tuner.vllm_rules import numerics_changes
@@ -59,9 +66,11 @@ __all__ = [
     "check",
     "plan",
     "prepare",
+    "queued_levers",
     "real_weights_only",
     "rows",
     "screen_metric",
+    "stored_choices",
     "word",
 ]
 
@@ -140,7 +149,17 @@ def plan(levers: Sequence[str], need: Mapping[str, int], defaults_every: int) ->
 def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
     """Enqueue the servers the screen still needs (each lever ``screen.servers`` times, counting
     those run, running or waiting; an interrupted one again) and return ``cfg`` with
-    ``study.n_trials`` the screen's waiting trials (no sampled trial: ``max_rejected`` 0)."""
+    ``study.n_trials`` the screen's waiting trials (no sampled trial: ``max_rejected`` 0) and
+    each param the study has stored asked from its stored choices (:func:`stored_choices`).
+
+    The servers a run before queued and did not run still run, those of levers this run's
+    ``screen.only`` leaves out too (:func:`queued_levers`): the space covers their levers'
+    params, and every waiting server asks each param of it at its arm's value (None, vLLM's
+    default, for every param but its lever's): Optuna ignores a fixed param that is not in the
+    space and samples a param of the space that a trial's fixed params do not name."""
+    queued = queued_levers(study, cfg)
+    cfg = _covering(cfg, queued)
+    cfg = stored_choices(study, cfg, queued)
     levers = chosen_levers(cfg.screen)
     live = study.get_trials(deepcopy=False, states=stored_trial.LIVE)
     have = Counter(stored_trial.screen_arm(t) for t in live)
@@ -171,8 +190,118 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
             moved,
         )
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-    n = sum(stored_trial.screen_arm(t) is not None for t in waiting)
-    return replace(cfg, study=replace(cfg.study, n_trials=n, max_rejected=0))
+    mine = [t for t in waiting if stored_trial.screen_arm(t) is not None]
+    for t in mine:  # queued by a run whose space had other params: each of this one's named
+        fixed = stored_trial.fixed_params(t)
+        if any(name not in fixed for name in base):
+            stored_trial.set_fixed_params(study, t, {**base, **fixed})
+    if queued:
+        log.info(
+            "  the waiting servers of %s (queued before, not among this run's levers) run too",
+            ", ".join(queued),
+        )
+    return replace(cfg, study=replace(cfg.study, n_trials=len(mine), max_rejected=0))
+
+
+def queued_levers(study: optuna.Study, cfg: TunerConfig) -> dict[str, LeverSpec]:
+    """The levers of the screen's WAITING servers (queued by a run before, not run yet) that
+    ``screen.only`` leaves out, from ``screen.levers``. A ConfigError (one line) where such a
+    lever is no longer in ``screen.levers``, or a waiting server of any lever was queued with
+    another value than ``screen.levers`` gives it now: it would run unlabelled or mislabelled."""
+    chosen = chosen_levers(cfg.screen)
+    described = screen_levers(study) or {}
+    out: dict[str, LeverSpec] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        arm = stored_trial.screen_arm(t)
+        if arm is None or arm == DEFAULTS:
+            continue
+        lever = cfg.screen.levers.get(arm)
+        if lever is None:
+            d = described.get(arm, {})
+            back = (
+                f" (+screen.levers.{arm}={{param:{d['param']},value:{_hydra(d['value'])}}})"
+                if "param" in d and "value" in d
+                else ""
+            )
+            raise ConfigError(
+                f"study {study.study_name!r} has waiting servers of lever {arm}, which "
+                f"screen.levers no longer has: put it back in screen.levers{back} to run them, "
+                "or screen under another study.name"
+            )
+        fixed = stored_trial.fixed_params(t)
+        if lever.param in fixed and fixed[lever.param] != lever.value:
+            raise ConfigError(
+                f"study {study.study_name!r} has a waiting server of lever {arm} (trial "
+                f"{t.number}) queued with {lever.param}={fixed[lever.param]!r}; screen.levers."
+                f"{arm} now sets {lever.value!r}: set screen.levers.{arm}.value back to "
+                f"{_hydra(fixed[lever.param])} to run it, or screen under another study.name"
+            )
+        if arm not in chosen:
+            out.setdefault(arm, lever)
+    return out
+
+
+def _hydra(value: Any) -> str:
+    """``value`` as a Hydra override writes it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _covering(cfg: TunerConfig, levers: Mapping[str, LeverSpec]) -> TunerConfig:
+    """``cfg`` whose screen space also holds the params of ``levers`` (each with its lever's
+    value among its choices, as :func:`tuner.config.screen_space` makes them)."""
+    if not levers:
+        return cfg
+    more = screen_space(replace(cfg.screen, only=list(levers))).params
+    params = dict(cfg.space.params)
+    for name, spec in more.items():
+        have = params.get(name)
+        if have is None:
+            params[name] = spec
+            continue
+        missing = [c for c in spec.choices or [] if c not in (have.choices or [])]
+        if missing:
+            params[name] = replace(have, choices=[*(have.choices or []), *missing])
+    return replace(cfg, space=replace(cfg.space, params=params))
+
+
+def stored_choices(
+    study: optuna.Study, cfg: TunerConfig, queued: Mapping[str, LeverSpec] | None = None
+) -> TunerConfig:
+    """``cfg`` with each screen param that ``study`` has stored asked from the stored choices
+    (the same order): Optuna keeps a categorical's choices for a study's life, and a screen
+    stored before :func:`tuner.config.screen_space` took every lever's value has narrower ones
+    (``cudagraph_mode``: ``[None, 'PIECEWISE']``). A ConfigError (one line) when they lack a
+    value this run needs (its levers' and those of ``queued``, the waiting servers'
+    :func:`queued_levers`): Optuna would refuse the ask."""
+    stored = stored_distributions(study)
+    chosen = {**chosen_levers(cfg.screen), **(queued or {})}
+    params = dict(cfg.space.params)
+    for name, spec in cfg.space.params.items():
+        if name not in stored:
+            continue
+        dist = stored[name]
+        have = list(dist.choices) if isinstance(dist, CategoricalDistribution) else None
+        levers = [n for n, lever in chosen.items() if lever.param == name]
+        lacking = [n for n in levers if have is None or chosen[n].value not in have]
+        if have is None or lacking or None not in have:
+            what = ", ".join(
+                f"{n} ({chosen[n].value!r}{', queued before' if n in (queued or {}) else ''})"
+                for n in lacking
+            )
+            names = lacking or levers
+            raise ConfigError(
+                f"study {study.study_name!r} stores {name} "
+                f"{f'as {dist}' if have is None else f'with choices {have}'}, and Optuna keeps "
+                f"a categorical's choices for a study's life: {what or 'the defaults (None)'} "
+                f"cannot run in it; screen {', '.join(names)} in a study of its own, under "
+                f"another study.name (e.g. study.name={study.study_name}-{'-'.join(names)})"
+            )
+        params[name] = replace(spec, choices=have)
+    return replace(cfg, space=replace(cfg.space, params=params))
 
 
 def here(cfg: TunerConfig) -> str | None:
@@ -257,7 +386,7 @@ def defaults_first(study: optuna.Study, params: dict[str, Any], machine: str | N
         (
             stored_trial.screen_arm(t) or DEFAULTS,
             stored_trial.is_baseline(t),
-            dict(t.system_attrs["fixed_params"]),
+            stored_trial.fixed_params(t),
         )
         for t in waiting
     ]

@@ -58,6 +58,7 @@ __all__ = [
     "store_recommended",
     "store_screen",
     "screen_levers",
+    "stored_distributions",
     "stored_rel_width",
     "workload_name",
 ]
@@ -313,6 +314,18 @@ def _verdict(data: Any) -> Verdict | None:
         return Verdict.from_dict(data)
     except (TypeError, ValueError, KeyError):
         return None
+
+
+def stored_distributions(study: optuna.Study) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Each param's distribution as the study stored it (its first trial that asked it): Optuna
+    refuses to ask a param again from a distribution of another kind or log scale, or, for a
+    categorical, from other choices (``CategoricalDistribution does not support dynamic value
+    space``); a range (low, high, step) may change."""
+    out: dict[str, optuna.distributions.BaseDistribution] = {}
+    for t in study.get_trials(deepcopy=False):
+        for name, dist in t.distributions.items():
+            out.setdefault(name, dist)
+    return out
 
 
 def store_screen(study: optuna.Study, levers: Mapping[str, Mapping[str, Any]]) -> None:

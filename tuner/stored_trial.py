@@ -61,6 +61,7 @@ __all__ = [
     "counted",
     "failure_reason",
     "feasible",
+    "fixed_params",
     "gpu_count",
     "is_baseline",
     "machine",
@@ -77,6 +78,7 @@ __all__ = [
     "requeue_screen",
     "serve_args",
     "server_s",
+    "set_fixed_params",
     "tell",
     "trial_dir",
     "tuner_error",
@@ -107,6 +109,7 @@ Stored = optuna.trial.FrozenTrial | optuna.Trial
 
 _NUMERICS = "changes_numerics"
 _MACHINE = "machine"
+_FIXED_PARAMS = "fixed_params"
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -178,10 +181,24 @@ def requeue_screen(
     ``fixed_params``, what :meth:`optuna.Study.enqueue_trial` stored), :data:`_SCREEN_ARM` and
     ``baseline``. Optuna runs waiting trials in their order, so this is how a queue is
     reordered (:func:`tuner.screen.prepare`)."""
-    storage = study._storage  # noqa: SLF001  # Optuna has no public setter for a system attribute
-    storage.set_trial_system_attr(t._trial_id, "fixed_params", params)  # noqa: SLF001
+    set_fixed_params(study, t, params)
+    storage = study._storage  # noqa: SLF001  # Optuna has no public setter for a user attribute
     storage.set_trial_user_attr(t._trial_id, _SCREEN_ARM, arm)  # noqa: SLF001
     storage.set_trial_user_attr(t._trial_id, "baseline", baseline)  # noqa: SLF001
+
+
+def fixed_params(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The params a WAITING trial was enqueued with (Optuna's ``fixed_params``; empty if none):
+    Optuna asks each param of the space it names at that value, and samples the others."""
+    return dict(t.system_attrs.get(_FIXED_PARAMS) or {})
+
+
+def set_fixed_params(
+    study: optuna.Study, t: optuna.trial.FrozenTrial, params: dict[str, Any]
+) -> None:
+    """Replace the fixed params of the WAITING trial ``t`` (:func:`fixed_params`)."""
+    storage = study._storage  # noqa: SLF001  # Optuna has no public setter for a system attribute
+    storage.set_trial_system_attr(t._trial_id, _FIXED_PARAMS, params)  # noqa: SLF001
 
 
 def mark_worker(trial: optuna.Trial, worker_id: str) -> None:

@@ -122,6 +122,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             log.warning("recovered: %s", note)
         if cfg.mode == "screen":  # the lever screen: its fixed trials only, no sampled one
             cfg = screen.prepare(study, cfg)
+            dists = distributions(cfg.space)  # the choices the study stored (screen.prepare)
         else:
             fill_queue(study, cfg, dists, shape, requests, n_stored)
     cache_dir = cache_root(cfg)

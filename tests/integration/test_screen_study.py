@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 from helpers.capacity import BINDING_SLOS
+from helpers.cli import main_in_process
 from rich.console import Console
 
 from tuner import report, screen, screen_report
 from tuner import study as study_mod
-from tuner.config import LeverSpec, TunerConfig, screen_space
+from tuner.config import LeverSpec, SpaceConfig, TunerConfig, screen_space
 from tuner.screen import DEFAULTS
+from tuner.storage import open_study
 from tuner.stored_trial import screen_arm
 
 pytestmark = pytest.mark.integration
@@ -132,3 +134,82 @@ def test_a_screen_on_real_weights_judges_a_numerics_lever_on_the_eval_set(
     # the n-gram row's cell (the table may wrap it): its quality and its drafts' acceptance
     cell = screen_report.row_verdict(rows[1])
     assert "exact match 1.00" in cell and f"drafts accepted {ngram['acceptance'][0]:.0%}" in cell
+
+
+def test_a_stored_screen_goes_on_with_another_lever_of_the_same_flag(
+    make_cfg: Callable[..., TunerConfig], tmp_path: Path
+) -> None:
+    """2026-12-07 on an H100: a stored screen of ``cg_piecewise`` continued with
+    ``cg_full_decode_only`` (the same study, the same flag) stopped at its first ask on Optuna's
+    "CategoricalDistribution does not support dynamic value space"; now a flag's choices are
+    every lever's, and the second run measures its servers."""
+    first = make_cfg(*SMALL, "screen.only=[cg_piecewise]", "objective.capacity.max_steps=2")
+    study_mod.run(first)
+    second = make_cfg(*SMALL, "screen.only=[cg_full_decode_only]", "objective.capacity.max_steps=2")
+    outcome = study_mod.run(replace(second, paths=replace(second.paths, output_dir=str(tmp_path))))
+    trials = outcome.study.trials
+    assert [screen_arm(t) for t in trials] == [
+        *(DEFAULTS, "cg_piecewise", DEFAULTS),
+        *(DEFAULTS, "cg_full_decode_only", DEFAULTS),
+    ]
+    assert [t.params["cudagraph_mode"] for t in trials[3:]] == [None, "FULL_DECODE_ONLY", None]
+    assert all(t.state.name == "COMPLETE" for t in trials)
+    assert "FULL_DECODE_ONLY" in " ".join(trials[4].user_attrs["serve_args"])
+
+
+def test_a_screen_stored_before_goes_on_where_its_choices_hold_and_says_why_not(
+    make_cfg: Callable[..., TunerConfig],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A screen stored before a flag's choices took every lever's value (``cudagraph_mode``:
+    ``[None, 'PIECEWISE']``): ``python -m tuner`` with ``cg_full_decode_only`` is refused in
+    one line, nothing stored; ``cg_piecewise`` on a second server runs, asked from the stored
+    choices."""
+    quick = [*SMALL, "objective.capacity.max_steps=2", f"paths.state_dir={tmp_path / 'state'}"]
+    old = make_cfg(*quick, "screen.only=[cg_piecewise]")
+    spec = replace(old.space.params["cudagraph_mode"], choices=[None, "PIECEWISE"])
+    study = study_mod.run(replace(old, space=SpaceConfig(params={"cudagraph_mode": spec}))).study
+    assert len(study.trials) == 3
+    code, out, err = main_in_process(
+        tmp_path,
+        *quick,
+        "screen.only=[cg_full_decode_only]",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert code == 2 and "Traceback" not in out + err, err[-3000:]
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert "cudagraph_mode with choices [None, 'PIECEWISE']" in err and "study.name=" in err
+    more = make_cfg(*quick, "screen.only=[cg_piecewise]", "screen.servers=2")
+    outcome = study_mod.run(replace(more, paths=replace(more.paths, output_dir=str(tmp_path))))
+    trials = outcome.study.trials
+    assert [screen_arm(t) for t in trials[3:]] == [DEFAULTS, "cg_piecewise", DEFAULTS]
+    assert all(t.state.name == "COMPLETE" for t in trials)
+
+
+def test_waiting_servers_of_a_lever_left_out_of_screen_only_run_with_its_flag(
+    make_cfg: Callable[..., TunerConfig], tmp_path: Path
+) -> None:
+    """A screen of ``kv_fp8`` stopped before its servers ran (all three WAITING), continued with
+    ``screen.only=[mns_256]``: the waiting kv_fp8 server ran without ``--kv-cache-dtype`` and
+    the waiting defaults' servers with ``max_num_seqs`` sampled, each stored under its arm. Now
+    each runs with its arm's flags, and the table has both levers."""
+    first = make_cfg(*SMALL, "screen.only=[kv_fp8]", "objective.capacity.max_steps=2")
+    screen.prepare(open_study(first), first)  # queued, then the run was stopped
+    second = make_cfg(*SMALL, "screen.only=[mns_256]", "objective.capacity.max_steps=2")
+    outcome = study_mod.run(replace(second, paths=replace(second.paths, output_dir=str(tmp_path))))
+    trials = outcome.study.trials
+    arms = [screen_arm(t) for t in trials]
+    assert arms == [DEFAULTS, "kv_fp8", DEFAULTS, DEFAULTS, "mns_256", DEFAULTS]
+    assert all(t.state.name == "COMPLETE" for t in trials)
+    lever = {"kv_fp8": {"kv_cache_dtype": "fp8"}, "mns_256": {"max_num_seqs": 256}}
+    none = {"kv_cache_dtype": None, "max_num_seqs": None}
+    assert [t.params for t in trials] == [{**none, **lever.get(a or "", {})} for a in arms]
+    args = [" ".join(t.user_attrs["serve_args"]) for t in trials]
+    assert ["--kv-cache-dtype fp8" in a for a in args] == [a == "kv_fp8" for a in arms]
+    assert ["--max-num-seqs" in a for a in args] == [a == "mns_256" for a in arms]
+    rows = {r["lever"]: r for r in json.loads((tmp_path / "screen.json").read_text())["levers"]}
+    assert set(rows) == {"kv_fp8", "mns_256"}
+    assert all(len(r["capacities"]) == 1 and len(r["base"]) == 4 for r in rows.values())

@@ -32,7 +32,8 @@ import tuner.study as study_mod
 from tuner import stored_trial
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError
-from tuner.storage import storage_url
+from tuner.space import distributions
+from tuner.storage import open_study, storage_url
 from tuner.stored_study import ConfirmRecord
 
 pytestmark = pytest.mark.integration
@@ -770,6 +771,32 @@ def test_cpu_pinning_keeps_the_tuner_on_its_reserved_cores(
     for r in launched:  # the server on the other cores, the client on the reserved one
         assert r["metrics"]["cpus_pinned"] == len(cores) - 1
         assert r["metrics"]["client_cpus"] == 1.0
+
+
+@pytest.mark.fast
+def test_a_study_continued_with_other_choices_is_one_line(
+    make_cfg: Callable[..., TunerConfig],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A stored search study continued after a categorical's choices changed: exit 2 with one
+    line, not Optuna's traceback at the first ask ("CategoricalDistribution does not support
+    dynamic value space"), and nothing more stored."""
+    state = f"paths.state_dir={tmp_path / 'state'}"
+    first = make_cfg("+workload=chat", state)
+    study = open_study(first)  # the study as a run of one trial left it
+    study.tell(study.ask(distributions(first.space)), [1.0, 1.0])
+    args = ["+workload=chat", state, "space.params.kv_cache_dtype.choices=[auto,fp8,fp8_e5m2]"]
+    code, out, err = main_in_process(tmp_path, *args, monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and "Traceback" not in out + err, err[-3000:]
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert "stores kv_cache_dtype with choices ['auto', 'fp8']; this run's are" in err
+    assert "space.params.kv_cache_dtype.choices=[auto,fp8]" in err and "study.name" in err
+    assert (
+        len(optuna.load_study(study_name=study.study_name, storage=storage_url(first)).trials) == 1
+    )
+    assert not (tmp_path / "outputs").exists(), "no run folder"
 
 
 @pytest.mark.fast

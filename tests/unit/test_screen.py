@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -14,7 +15,7 @@ from rich.console import Console
 from scipy import stats
 
 from tuner import screen, screen_report
-from tuner.config import TunerConfig, chosen_levers
+from tuner.config import TunerConfig, chosen_levers, screen_space
 from tuner.engine.argv import command_prefix, flag_args, passed
 from tuner.errors import ConfigError
 from tuner.plots import screen_data, screen_figure
@@ -28,6 +29,7 @@ from tuner.stored_trial import (
     machine,
     mark_interrupted,
     screen_arm,
+    screen_attrs,
     tell,
 )
 from tuner.telemetry.gpu import GpuMemory
@@ -328,6 +330,152 @@ def test_prepare_enqueues_each_lever_once_between_defaults(
     assert {k: v for k, v in fixed[2].items() if v is not None} == {"max_num_seqs": 256}
     again = screen.prepare(study, cfg)  # resumed: nothing more enqueued
     assert len(study.trials) == 5 and again.study.n_trials == 5
+
+
+def test_a_flags_choices_are_every_levers_value_whatever_screen_only_says(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    """Optuna keeps a categorical's choices for a study's life: a stored screen continued with
+    another lever of the same flag asks from the same choices (2026-12-07: ``cg_piecewise``,
+    then ``cg_full_decode_only``, stopped on "CategoricalDistribution does not support dynamic
+    value space")."""
+    cfg = make_cfg("+workload=chat", "mode=screen", "tracking=none")
+    spaces = [
+        screen_space(replace(cfg.screen, only=[lever]))
+        for lever in ("cg_piecewise", "cg_full_decode_only")
+    ]
+    assert [list(s.params) for s in spaces] == [["cudagraph_mode"], ["cudagraph_mode"]]
+    choices = [s.params["cudagraph_mode"].choices for s in spaces]
+    assert choices[0] == choices[1] == [None, "PIECEWISE", "FULL_DECODE_ONLY"]
+    assert distributions(spaces[0]) == distributions(spaces[1])
+
+
+def _stored_with(study: optuna.Study, choices: list[object], value: object) -> None:
+    """A screen trial asked from ``choices`` (as a screen stored before its choices took every
+    lever's value), told."""
+    study.enqueue_trial({"cudagraph_mode": value})
+    trial = study.ask({"cudagraph_mode": optuna.distributions.CategoricalDistribution(choices)})
+    study.tell(trial, [1.0, 1.0])
+
+
+def _screen_of(cfg: TunerConfig, *only: str) -> TunerConfig:
+    sc = replace(cfg.screen, only=list(only))
+    return replace(cfg, screen=sc, space=screen_space(sc))
+
+
+def test_a_screen_stored_with_narrow_choices_goes_on_where_they_hold_the_new_lever(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    """A screen stored before the choices took every lever's value (``[None, 'PIECEWISE']``):
+    a lever whose value is among them runs, asked from the stored choices; one whose value is
+    not is refused in one line before anything is enqueued, with the way out."""
+    cfg = make_cfg("+workload=chat", "mode=screen", "tracking=none")
+    study = optuna.create_study(study_name="s", directions=["maximize", "minimize"])
+    _stored_with(study, [None, "PIECEWISE"], "PIECEWISE")
+    with pytest.raises(ConfigError) as err:
+        screen.prepare(study, _screen_of(cfg, "cg_full_decode_only"))
+    text = str(err.value)
+    assert "\n" not in text and "cudagraph_mode" in text and "[None, 'PIECEWISE']" in text
+    assert "cg_full_decode_only ('FULL_DECODE_ONLY') cannot run" in text
+    assert "study.name=s-cg_full_decode_only" in text
+    assert len(study.trials) == 1  # nothing enqueued
+    piecewise = screen.prepare(study, _screen_of(cfg, "cg_piecewise"))
+    assert piecewise.space.params["cudagraph_mode"].choices == [None, "PIECEWISE"]
+    asked = [study.ask(distributions(piecewise.space)) for _ in range(piecewise.study.n_trials)]
+    assert [screen_arm(t) for t in asked] == [D, "cg_piecewise", D]
+    assert [t.params["cudagraph_mode"] for t in asked] == [None, "PIECEWISE", None]
+    # stored choices in another order than every lever's: asked in the stored order
+    other = optuna.create_study(directions=["maximize", "minimize"])
+    _stored_with(other, [None, "FULL_DECODE_ONLY", "PIECEWISE"], None)
+    fdo = screen.prepare(other, _screen_of(cfg, "cg_full_decode_only"))
+    assert fdo.space.params["cudagraph_mode"].choices == [None, "FULL_DECODE_ONLY", "PIECEWISE"]
+    asked = [other.ask(distributions(fdo.space)) for _ in range(fdo.study.n_trials)]
+    assert [t.params["cudagraph_mode"] for t in asked] == [None, "FULL_DECODE_ONLY", None]
+    # a study that stored the flag as a range (a search under the screen's name): refused too
+    ranged = optuna.create_study(directions=["maximize", "minimize"])
+    trial = ranged.ask({"max_num_seqs": optuna.distributions.IntDistribution(8, 512)})
+    ranged.tell(trial, [1.0, 1.0])
+    with pytest.raises(ConfigError, match=r"stores max_num_seqs as IntDistribution.*mns_256"):
+        screen.prepare(ranged, _screen_of(cfg, "mns_256"))
+
+
+def _interrupted_after_its_first_defaults(
+    make_cfg: Callable[..., TunerConfig], *only: str
+) -> tuple[optuna.Study, TunerConfig]:
+    """A screen of ``only`` whose first server (the defaults) ran and whose other servers wait:
+    a run stopped after its first trial."""
+    cfg = _screen_of(make_cfg("+workload=chat", "mode=screen", "tracking=none"), *only)
+    study = optuna.create_study(study_name="s", directions=["maximize", "minimize"])
+    first = screen.prepare(study, cfg)
+    _told(study, first, 60.0)
+    return study, cfg
+
+
+def test_waiting_servers_of_levers_left_out_of_screen_only_run_with_their_own_flags(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    """2026-12-07: a screen of ``kv_fp8`` stopped after its first defaults' server, continued with
+    ``screen.only=[mns_256]``: the waiting kv_fp8 server ran without ``--kv-cache-dtype`` (its
+    param was not in the space: Optuna ignores a fixed param it is not asked) and a waiting
+    defaults' server had ``max_num_seqs`` sampled (its fixed params did not name it), both stored
+    under their arms. Now the space covers every waiting arm's lever and every waiting server
+    asks each param of it at its arm's value (None: vLLM's default, the flag not passed)."""
+    study, cfg = _interrupted_after_its_first_defaults(make_cfg, "kv_fp8")
+    assert [screen_arm(t) for t in study.trials] == [D, "kv_fp8", D]
+    second = screen.prepare(study, _screen_of(cfg, "mns_256"))
+    assert set(second.space.params) == {"max_num_seqs", "kv_cache_dtype"}
+    assert second.space.params["kv_cache_dtype"].flag is None  # --kv-cache-dtype
+    assert second.study.n_trials == 5  # the two waiting, and D mns_256 D
+    dists = distributions(second.space)
+    asked = [study.ask(dists) for _ in range(second.study.n_trials)]
+    assert [screen_arm(t) for t in asked] == ["kv_fp8", D, D, "mns_256", D]
+    none = {"max_num_seqs": None, "kv_cache_dtype": None}
+    assert [t.params for t in asked] == [
+        {**none, "kv_cache_dtype": "fp8"},
+        none,
+        none,
+        {**none, "max_num_seqs": 256},
+        none,
+    ]
+    assert trial_argv_words(second, dict(asked[0].params)) == ["--kv-cache-dtype", "fp8"]
+    for t in asked:
+        study.tell(t, [50.0, 100.0])
+    # the table: the lever left out of screen.only is measured and shown as any other
+    rows = {r.lever: r for r in screen.rows(study, second)}
+    assert set(rows) == {"kv_fp8", "mns_256"}
+    assert rows["kv_fp8"].flag == "--kv-cache-dtype fp8" and rows["kv_fp8"].word != "not run yet"
+
+
+def test_a_waiting_server_of_a_lever_gone_from_the_catalogue_is_refused_in_one_line(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    study, cfg = _interrupted_after_its_first_defaults(make_cfg, "kv_fp8")
+    levers = {n: lever for n, lever in cfg.screen.levers.items() if n != "kv_fp8"}
+    gone = replace(cfg, screen=replace(cfg.screen, levers=levers))
+    with pytest.raises(ConfigError) as err:
+        screen.prepare(study, _screen_of(gone, "mns_256"))
+    text = str(err.value)
+    assert "\n" not in text and "kv_fp8" in text and "screen.levers" in text
+    assert "+screen.levers.kv_fp8={param:kv_cache_dtype,value:fp8}" in text
+    assert len(study.trials) == 3  # nothing enqueued
+    # a lever whose value changed since its server was queued: refused too
+    kv = replace(cfg.screen.levers["kv_fp8"], value="fp8_e5m2")
+    moved = replace(cfg, screen=replace(cfg.screen, levers={**cfg.screen.levers, "kv_fp8": kv}))
+    with pytest.raises(ConfigError, match=r"kv_fp8.*'fp8'.*'fp8_e5m2'"):
+        screen.prepare(study, _screen_of(moved, "mns_256"))
+    assert len(study.trials) == 3
+    # a waiting server whose value the study's stored choices lack (queued by a run that
+    # stopped at its ask): refused, not Optuna's traceback at the ask
+    cfg = make_cfg("+workload=chat", "mode=screen", "tracking=none")
+    narrow = optuna.create_study(study_name="n", directions=["maximize", "minimize"])
+    _stored_with(narrow, [None, "PIECEWISE"], "PIECEWISE")
+    narrow.enqueue_trial(
+        {"cudagraph_mode": "FULL_DECODE_ONLY"},
+        user_attrs=screen_attrs("cg_full_decode_only", False),
+    )
+    with pytest.raises(ConfigError, match=r"cg_full_decode_only \('FULL_DECODE_ONLY', queued"):
+        screen.prepare(narrow, _screen_of(cfg, "cg_piecewise"))
+    assert len(narrow.trials) == 2
 
 
 def test_rows_show_changes_failures_and_interruptions(

@@ -10,6 +10,8 @@ import pytest
 from tuner.config import EngineConfig
 from tuner.engine.argv import check_command
 from tuner.errors import ConfigError
+from tuner.screen import prepare
+from tuner.space import distributions
 from tuner.storage import open_study, sampler_seed, storage_url, study_name
 from tuner.stored_study import engine_kind
 
@@ -71,3 +73,57 @@ def test_the_seed_mixes_the_worker_in_only_on_a_shared_database(make_cfg, monkey
     monkeypatch.setattr(storage_mod, "worker_id", lambda: "host-b:1")
     assert sampler_seed(shared, 5) != a  # tuners starting together draw differently
     assert sampler_seed(sqlite, 5) == 12
+
+
+def _one_trial(cfg) -> optuna.Study:
+    """``cfg``'s study with one trial asked from ``cfg``'s space and told."""
+    study = open_study(cfg)
+    trial = study.ask(distributions(cfg.space))
+    study.tell(trial, [1.0, 1.0])
+    return study
+
+
+def test_a_study_continued_with_other_choices_is_refused_in_one_line(make_cfg) -> None:
+    """Optuna keeps a categorical's choices for a study's life: a study continued after
+    ``space.params.X.choices`` changed stopped at its first ask with a traceback ("CategoricalDistribution
+    does not support dynamic value space"); now it is refused when the study is opened, in one
+    line, nothing stored. A range may change; a param's kind or log scale may not."""
+    on = ["+workload=chat", "study.name=grown", "space.params.max_num_seqs.enabled=true"]
+    stored = _one_trial(make_cfg(*on))
+    other = make_cfg(*on, "space.params.block_size.choices=[16,32]")
+    with pytest.raises(ConfigError) as err:
+        open_study(other)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("study 'grown' in ")
+    assert "stores block_size with choices [16, 32, 64]; this run's are [16, 32]" in text
+    assert "space.params.block_size.choices=[16,32,64]" in text and "study.name" in text
+    with pytest.raises(ValueError, match="dynamic value space"):  # what Optuna would say
+        stored.ask(distributions(other.space))
+    assert len(optuna.load_study(study_name="grown", storage=storage_url(other)).trials) == 2
+    # the same choices, another order: Optuna refuses that too
+    with pytest.raises(ConfigError, match=r"this run's are \[64, 32, 16\]"):
+        open_study(make_cfg(*on, "space.params.block_size.choices=[64,32,16]"))
+    # a categorical of None and a string: the override to keep it writes null
+    quant = make_cfg(*on, "space.params.quantization.choices=[null,fp8,awq]")
+    with pytest.raises(ConfigError, match=r"quantization.choices=\[null,fp8\]"):
+        open_study(quant)
+    # an int range that moved: Optuna asks from it, the study goes on
+    wider = make_cfg(*on, "space.params.max_num_seqs.low=8", "space.params.max_num_seqs.high=512")
+    assert open_study(wider).ask(distributions(wider.space)).params["max_num_seqs"] <= 512
+    # another kind, or another scale: refused
+    linear = make_cfg(*on, "space.params.max_num_seqs.log=false")
+    with pytest.raises(ConfigError, match="stores max_num_seqs as an int range, log scale; this"):
+        open_study(linear)
+    # a param the study never asked (off before): nothing to compare
+    open_study(make_cfg(*on, "space.params.enforce_eager.enabled=true"))
+
+
+def test_a_screen_under_a_search_studys_name_is_left_to_the_screens_own_check(make_cfg) -> None:
+    """mode=screen asks from the choices the study stored where they hold its levers
+    (:func:`tuner.screen.stored_choices`), so opening it does not compare the spaces; the
+    screen's own check refuses it here (the stored choices lack the defaults, None)."""
+    _one_trial(make_cfg("+workload=chat", "study.name=both", "objective=capacity"))
+    cfg = make_cfg("+workload=chat", "study.name=both", "mode=screen", "screen.only=[block_32]")
+    study = open_study(cfg)
+    with pytest.raises(ConfigError, match=r"stores block_size with choices \[16, 32, 64\].*None"):
+        prepare(study, cfg)

@@ -68,16 +68,20 @@ def chosen_levers(screen: ScreenConfig) -> dict[str, LeverSpec]:
 
 
 def screen_space(screen: ScreenConfig) -> SpaceConfig:
-    """The screen's space: one categorical param per flag, its choices ``None`` (vLLM's default:
-    the flag is not passed) and each lever's value; its ``default`` is None, so a lever's trial
-    passes its one flag and nothing else."""
+    """The screen's space: one categorical param per flag of the chosen levers, its choices
+    ``None`` (vLLM's default: the flag is not passed) and the value of every lever of that flag
+    in ``screen.levers``, chosen or not, in their order: Optuna keeps a categorical's choices
+    for a study's life, so a stored screen continued with other levers (``screen.only``) asks
+    from the same choices. Its ``default`` is None, so a lever's trial passes its one flag and
+    nothing else."""
     params: dict[str, ParamSpec] = {}
     for lever in chosen_levers(screen).values():
-        spec = params.setdefault(
+        params.setdefault(
             lever.param,
             ParamSpec(type="categorical", flag=lever.flag, choices=[None], default=None),
         )
-        assert spec.choices is not None
-        if lever.value not in spec.choices:
+    for lever in screen.levers.values():
+        spec = params.get(lever.param)
+        if spec is not None and spec.choices is not None and lever.value not in spec.choices:
             spec.choices.append(lever.value)
     return SpaceConfig(params=params)
