@@ -42,7 +42,7 @@ from tuner.engine.argv import flag_args
 from tuner.errors import ConfigError, EngineError
 from tuner.quality_guard import screen_quality
 from tuner.score import PER_GPU, needs_capacity
-from tuner.space import defaults, disable_real_weights
+from tuner.space import defaults, disable_real_weights, override_value
 from tuner.stored_study import (
     objective_names,
     screen_levers,
@@ -218,11 +218,10 @@ def queued_levers(study: optuna.Study, cfg: TunerConfig) -> dict[str, LeverSpec]
         lever = cfg.screen.levers.get(arm)
         if lever is None:
             d = described.get(arm, {})
-            back = (
-                f" (+screen.levers.{arm}={{param:{d['param']},value:{_hydra(d['value'])}}})"
-                if "param" in d and "value" in d
-                else ""
-            )
+            back = ""
+            if "param" in d and "value" in d:
+                value = override_value(d["value"])
+                back = f" (+screen.levers.{arm}={{param:{d['param']},value:{value}}})"
             raise ConfigError(
                 f"study {study.study_name!r} has waiting servers of lever {arm}, which "
                 f"screen.levers no longer has: put it back in screen.levers{back} to run them, "
@@ -230,24 +229,16 @@ def queued_levers(study: optuna.Study, cfg: TunerConfig) -> dict[str, LeverSpec]
             )
         fixed = stored_trial.fixed_params(t)
         if lever.param in fixed and fixed[lever.param] != lever.value:
+            was = fixed[lever.param]
             raise ConfigError(
                 f"study {study.study_name!r} has a waiting server of lever {arm} (trial "
-                f"{t.number}) queued with {lever.param}={fixed[lever.param]!r}; screen.levers."
-                f"{arm} now sets {lever.value!r}: set screen.levers.{arm}.value back to "
-                f"{_hydra(fixed[lever.param])} to run it, or screen under another study.name"
+                f"{t.number}) queued with {lever.param}={was!r}; screen.levers.{arm} now sets "
+                f"{lever.value!r}: set screen.levers.{arm}.value back to {override_value(was)} "
+                "to run it, or screen under another study.name"
             )
         if arm not in chosen:
             out.setdefault(arm, lever)
     return out
-
-
-def _hydra(value: Any) -> str:
-    """``value`` as a Hydra override writes it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
 
 
 def _covering(cfg: TunerConfig, levers: Mapping[str, LeverSpec]) -> TunerConfig:

@@ -33,6 +33,7 @@ __all__ = [
     "flag_name",
     "numerics_flags",
     "numerics_params",
+    "override_value",
     "real_weights_only",
     "validate_space",
 ]
@@ -117,6 +118,15 @@ def _contains(spec: ParamSpec, value: Any) -> bool:
         return value in (spec.choices or [])
     assert spec.low is not None and spec.high is not None
     return isinstance(value, int | float) and spec.low <= value <= spec.high
+
+
+def override_value(value: Any) -> str:
+    """A param's value as a Hydra override writes it (``null``, ``true``, ``fp8``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
 
 
 def distributions(space: SpaceConfig) -> dict[str, od.BaseDistribution]:

@@ -41,7 +41,7 @@ from tuner.prescreen import predict_start, prescreen
 from tuner.records import RequestSpec
 from tuner.recovery import worker_id
 from tuner.score import capacity_metric, needs_capacity
-from tuner.space import defaults, defaults_outside, distributions, grid
+from tuner.space import defaults, defaults_outside, distributions, grid, override_value
 from tuner.stored_study import (
     baseline_trial,
     engine_kind,
@@ -320,15 +320,7 @@ def check_space(study: optuna.Study, cfg: TunerConfig, storage: str) -> None:
 
 def _override(dist: CategoricalDistribution) -> str:
     """A categorical's choices as a Hydra override's list (``[null,fp8]``)."""
-
-    def one(v: Any) -> str:
-        if v is None:
-            return "null"
-        if isinstance(v, bool):
-            return str(v).lower()
-        return str(v)
-
-    return "[" + ",".join(one(v) for v in dist.choices) + "]"
+    return "[" + ",".join(override_value(v) for v in dist.choices) + "]"
 
 
 def _shown(dist: optuna.distributions.BaseDistribution) -> str:
