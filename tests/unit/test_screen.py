@@ -414,8 +414,9 @@ def _interrupted_after_its_first_defaults(
 def test_waiting_servers_of_levers_left_out_of_screen_only_run_with_their_own_flags(
     make_cfg: Callable[..., TunerConfig],
 ) -> None:
-    """2026-12-07: a screen of ``kv_fp8`` stopped after its first defaults' server, continued with
-    ``screen.only=[mns_256]``: the waiting kv_fp8 server ran without ``--kv-cache-dtype`` (its
+    """Reproduced on the simulator (2026-12-07): a screen of ``kv_fp8`` stopped after its first
+    defaults' server, continued with ``screen.only=[mns_256]``: the waiting kv_fp8 server ran
+    without ``--kv-cache-dtype`` (its
     param was not in the space: Optuna ignores a fixed param it is not asked) and a waiting
     defaults' server had ``max_num_seqs`` sampled (its fixed params did not name it), both stored
     under their arms. Now the space covers every waiting arm's lever and every waiting server
