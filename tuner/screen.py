@@ -168,7 +168,18 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
     machine = here(cfg)
     arms = plan(list(levers), need, cfg.screen.defaults_every)
     ago = ended_on_defaults(study, machine, time.time())
-    if arms and ago is not None:
+    queue = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        if stored_trial.screen_arm(t) is not None
+    ]
+    if arms and queue and stored_trial.screen_arm(queue[-1]) == DEFAULTS:
+        arms = arms[1:]  # a second defaults' server right after it would measure nothing new
+        log.info(
+            "  a defaults' server queued by an earlier run waits last: the new servers start "
+            "with a lever after it"
+        )
+    elif arms and ago is not None:
         arms = arms[1:]
         log.info(
             "  vLLM's defaults were the last server on this machine's GPUs, %.0f s ago: the "

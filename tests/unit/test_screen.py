@@ -426,14 +426,14 @@ def test_waiting_servers_of_levers_left_out_of_screen_only_run_with_their_own_fl
     second = screen.prepare(study, _screen_of(cfg, "mns_256"))
     assert set(second.space.params) == {"max_num_seqs", "kv_cache_dtype"}
     assert second.space.params["kv_cache_dtype"].flag is None  # --kv-cache-dtype
-    assert second.study.n_trials == 5  # the two waiting, and D mns_256 D
+    # the two waiting, then mns_256 D: the waiting D opens the new servers (no second D)
+    assert second.study.n_trials == 4
     dists = distributions(second.space)
     asked = [study.ask(dists) for _ in range(second.study.n_trials)]
-    assert [screen_arm(t) for t in asked] == ["kv_fp8", D, D, "mns_256", D]
+    assert [screen_arm(t) for t in asked] == ["kv_fp8", D, "mns_256", D]
     none = {"max_num_seqs": None, "kv_cache_dtype": None}
     assert [t.params for t in asked] == [
         {**none, "kv_cache_dtype": "fp8"},
-        none,
         none,
         {**none, "max_num_seqs": 256},
         none,
@@ -445,6 +445,24 @@ def test_waiting_servers_of_levers_left_out_of_screen_only_run_with_their_own_fl
     rows = {r.lever: r for r in screen.rows(study, second)}
     assert set(rows) == {"kv_fp8", "mns_256"}
     assert rows["kv_fp8"].flag == "--kv-cache-dtype fp8" and rows["kv_fp8"].word != "not run yet"
+
+
+def test_a_defaults_server_waiting_last_opens_the_new_servers(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    """A defaults' server queued last by an earlier run is the new servers' opening one: no two
+    defaults' servers back to back (each costs a vLLM start and a capacity search); a queue that
+    ends with a lever still gets the plan's own opening defaults."""
+    study, cfg = _interrupted_after_its_first_defaults(make_cfg, "kv_fp8")  # waiting: kv_fp8, D
+    after_d = screen.prepare(study, _screen_of(cfg, "mns_256"))
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [screen_arm(t) for t in waiting] == ["kv_fp8", D, "mns_256", D]
+    assert after_d.study.n_trials == 4
+    ends_on_lever = optuna.create_study(study_name="l", directions=["maximize", "minimize"])
+    ends_on_lever.enqueue_trial({"kv_cache_dtype": "fp8"}, user_attrs=screen_attrs("kv_fp8", False))
+    screen.prepare(ends_on_lever, _screen_of(cfg, "mns_256"))
+    waiting = ends_on_lever.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [screen_arm(t) for t in waiting] == ["kv_fp8", D, "mns_256", D]
 
 
 def test_a_waiting_server_of_a_lever_gone_from_the_catalogue_is_refused_in_one_line(
