@@ -34,23 +34,21 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
 
-from tuner import stored_trial
-from tuner.config import LeverSpec, TunerConfig, chosen_levers, screen_space
+from tuner import screen_resume, stored_trial
+from tuner.config import TunerConfig, chosen_levers
 from tuner.engine.argv import flag_args
-from tuner.errors import ConfigError, EngineError
+from tuner.errors import ConfigError
 from tuner.quality_guard import screen_quality
 from tuner.score import PER_GPU, needs_capacity
-from tuner.space import defaults, disable_real_weights, override_value
+from tuner.screen_resume import DEFAULTS, METRIC, capacity_of
+from tuner.space import defaults, disable_real_weights
 from tuner.stored_study import (
     objective_names,
     screen_levers,
     store_screen,
-    stored_distributions,
     stored_rel_width,
 )
-from tuner.telemetry.gpu import gpu_memory, machine_of, nvml_available
 from tuner.verdict import Gain, gain, gain_in_blocks, gain_of_one
 from tuner.vllm_rules import numerics_changes
 
@@ -66,19 +64,14 @@ __all__ = [
     "check",
     "plan",
     "prepare",
-    "queued_levers",
     "real_weights_only",
     "rows",
     "screen_metric",
-    "stored_choices",
     "word",
 ]
 
 log = logging.getLogger("tuner")
 
-DEFAULTS = "defaults"
-"""The arm of vLLM's defaults (no flag passed)."""
-METRIC = "capacity_rps"
 METRICS = (METRIC, PER_GPU)
 """What a screen compares: SLO capacity (``objective=capacity``, the default), or SLO capacity
 per GPU (``objective=capacity_per_gpu``: a layout screen, ``screen=layouts``, where a lever
@@ -150,24 +143,26 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
     """Enqueue the servers the screen still needs (each lever ``screen.servers`` times, counting
     those run, running or waiting; an interrupted one again) and return ``cfg`` with
     ``study.n_trials`` the screen's waiting trials (no sampled trial: ``max_rejected`` 0) and
-    each param the study has stored asked from its stored choices (:func:`stored_choices`).
+    each param the study has stored asked from its stored choices
+    (:func:`tuner.screen_resume.stored_choices`).
 
     The servers a run before queued and did not run still run, those of levers this run's
-    ``screen.only`` leaves out too (:func:`queued_levers`): the space covers their levers'
-    params, and every waiting server asks each param of it at its arm's value (None, vLLM's
-    default, for every param but its lever's): Optuna ignores a fixed param that is not in the
-    space and samples a param of the space that a trial's fixed params do not name."""
-    queued = queued_levers(study, cfg)
-    cfg = _covering(cfg, queued)
-    cfg = stored_choices(study, cfg, queued)
+    ``screen.only`` leaves out too (:func:`tuner.screen_resume.queued_levers`): the space covers
+    their levers' params, and every waiting server asks each param of it at its arm's value
+    (None, vLLM's default, for every param but its lever's): Optuna ignores a fixed param that
+    is not in the space and samples a param of the space that a trial's fixed params do not
+    name."""
+    queued = screen_resume.queued_levers(study, cfg)
+    cfg = screen_resume.covering(cfg, queued)
+    cfg = screen_resume.stored_choices(study, cfg, queued)
     levers = chosen_levers(cfg.screen)
     live = study.get_trials(deepcopy=False, states=stored_trial.LIVE)
     have = Counter(stored_trial.screen_arm(t) for t in live)
     need = {n: cfg.screen.servers - have[n] for n in levers if have[n] < cfg.screen.servers}
     base = defaults(cfg.space)
-    machine = here(cfg)
+    machine = screen_resume.here(cfg)
     arms = plan(list(levers), need, cfg.screen.defaults_every)
-    ago = ended_on_defaults(study, machine, time.time())
+    ago = screen_resume.ended_on_defaults(study, machine, time.time())
     queue = [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
@@ -192,7 +187,7 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
             params[levers[arm].param] = levers[arm].value
         study.enqueue_trial(params, user_attrs=stored_trial.screen_attrs(arm, arm == DEFAULTS))
     store_screen(study, {n: _described(lever) for n, lever in levers.items()})
-    moved = defaults_first(study, base, machine)
+    moved = screen_resume.defaults_first(study, base, machine)
     if moved:
         log.info(
             "  vLLM's defaults have not run on this machine's GPUs yet: they run first, before "
@@ -212,192 +207,6 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
             ", ".join(queued),
         )
     return replace(cfg, study=replace(cfg.study, n_trials=len(mine), max_rejected=0))
-
-
-def queued_levers(study: optuna.Study, cfg: TunerConfig) -> dict[str, LeverSpec]:
-    """The levers of the screen's WAITING servers (queued by a run before, not run yet) that
-    ``screen.only`` leaves out, from ``screen.levers``. A ConfigError (one line) where such a
-    lever is no longer in ``screen.levers``, or a waiting server of any lever was queued with
-    another value than ``screen.levers`` gives it now: it would run unlabelled or mislabelled."""
-    chosen = chosen_levers(cfg.screen)
-    described = screen_levers(study) or {}
-    out: dict[str, LeverSpec] = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-        arm = stored_trial.screen_arm(t)
-        if arm is None or arm == DEFAULTS:
-            continue
-        lever = cfg.screen.levers.get(arm)
-        if lever is None:
-            d = described.get(arm, {})
-            back = ""
-            if "param" in d and "value" in d:
-                value = override_value(d["value"])
-                back = f" (+screen.levers.{arm}={{param:{d['param']},value:{value}}})"
-            raise ConfigError(
-                f"study {study.study_name!r} has waiting servers of lever {arm}, which "
-                f"screen.levers no longer has: put it back in screen.levers{back} to run them, "
-                "or screen under another study.name"
-            )
-        fixed = stored_trial.fixed_params(t)
-        if lever.param in fixed and fixed[lever.param] != lever.value:
-            was = fixed[lever.param]
-            raise ConfigError(
-                f"study {study.study_name!r} has a waiting server of lever {arm} (trial "
-                f"{t.number}) queued with {lever.param}={was!r}; screen.levers.{arm} now sets "
-                f"{lever.value!r}: set screen.levers.{arm}.value back to {override_value(was)} "
-                "to run it, or screen under another study.name"
-            )
-        if arm not in chosen:
-            out.setdefault(arm, lever)
-    return out
-
-
-def _covering(cfg: TunerConfig, levers: Mapping[str, LeverSpec]) -> TunerConfig:
-    """``cfg`` whose screen space also holds the params of ``levers`` (each with its lever's
-    value among its choices, as :func:`tuner.config.screen_space` makes them)."""
-    if not levers:
-        return cfg
-    more = screen_space(replace(cfg.screen, only=list(levers))).params
-    params = dict(cfg.space.params)
-    for name, spec in more.items():
-        have = params.get(name)
-        if have is None:
-            params[name] = spec
-            continue
-        missing = [c for c in spec.choices or [] if c not in (have.choices or [])]
-        if missing:
-            params[name] = replace(have, choices=[*(have.choices or []), *missing])
-    return replace(cfg, space=replace(cfg.space, params=params))
-
-
-def stored_choices(
-    study: optuna.Study, cfg: TunerConfig, queued: Mapping[str, LeverSpec] | None = None
-) -> TunerConfig:
-    """``cfg`` with each screen param that ``study`` has stored asked from the stored choices
-    (the same order): Optuna keeps a categorical's choices for a study's life, and a screen
-    stored before :func:`tuner.config.screen_space` took every lever's value has narrower ones
-    (``cudagraph_mode``: ``[None, 'PIECEWISE']``). A ConfigError (one line) when they lack a
-    value this run needs (its levers' and those of ``queued``, the waiting servers'
-    :func:`queued_levers`): Optuna would refuse the ask."""
-    stored = stored_distributions(study)
-    chosen = {**chosen_levers(cfg.screen), **(queued or {})}
-    params = dict(cfg.space.params)
-    for name, spec in cfg.space.params.items():
-        if name not in stored:
-            continue
-        dist = stored[name]
-        have = list(dist.choices) if isinstance(dist, CategoricalDistribution) else None
-        levers = [n for n, lever in chosen.items() if lever.param == name]
-        lacking = [n for n in levers if have is None or chosen[n].value not in have]
-        if have is None or lacking or None not in have:
-            what = ", ".join(
-                f"{n} ({chosen[n].value!r}{', queued before' if n in (queued or {}) else ''})"
-                for n in lacking
-            )
-            names = lacking or levers
-            raise ConfigError(
-                f"study {study.study_name!r} stores {name} "
-                f"{f'as {dist}' if have is None else f'with choices {have}'}, and Optuna keeps "
-                f"a categorical's choices for a study's life: {what or 'the defaults (None)'} "
-                f"cannot run in it; screen {', '.join(names)} in a study of its own, under "
-                f"another study.name (e.g. study.name={study.study_name}-{'-'.join(names)})"
-            )
-        params[name] = replace(spec, choices=have)
-    return replace(cfg, space=replace(cfg.space, params=params))
-
-
-def here(cfg: TunerConfig) -> str | None:
-    """This run's GPUs as a trial records its machine (:func:`tuner.telemetry.gpu.machine_of`);
-    None for the simulator or without NVML."""
-    if cfg.engine.kind != "vllm" or not nvml_available():
-        return None
-    try:
-        return machine_of(gpu_memory(cfg.engine.gpus))
-    except EngineError:
-        return None
-
-
-SAME_RUN_S = 1800
-"""A defaults' server that ended this recently on the same GPUs opens the next servers as if
-it were theirs: one machine hold on the device (30 minutes)."""
-
-
-def ended_on_defaults(study: optuna.Study, machine: str | None, now: float) -> float | None:
-    """Whether the screen, continued with more levers (:func:`prepare`), may leave out the new
-    servers' leading defaults: nothing waits or runs, and its last server to end is a measured
-    defaults' server on these GPUs (``machine``; never on the simulator, None) that ended less
-    than :data:`SAME_RUN_S` before ``now`` (seconds since the epoch); then how long ago, else
-    None. Those defaults stand before the new levers as the run's first would. On 2026-12-06 a
-    screen ended D qk D, and the same command with one lever more ran another defaults' server
-    a minute later on the same H100 (docs/gpu-runs/2026-12-06-levers-h100.md)."""
-    if machine is None:
-        return None
-    busy = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
-    if any(stored_trial.screen_arm(t) is not None for t in study.get_trials(states=busy)):
-        return None
-    done = [
-        (t.datetime_complete, t)
-        for t in study.get_trials(deepcopy=False)
-        if t.datetime_complete is not None
-    ]
-    if not done:
-        return None
-    when, last = max(done, key=lambda p: p[0])
-    ago = now - when.timestamp()
-    if (
-        last.state != optuna.trial.TrialState.COMPLETE
-        or stored_trial.screen_arm(last) != DEFAULTS
-        or _capacity(last) is None
-        or not _same_gpus(machine, stored_trial.machine(last))
-        or ago >= SAME_RUN_S
-    ):
-        return None
-    return ago
-
-
-def _same_gpus(machine: str, ran: str | None) -> bool:
-    """Whether a trial that ran on ``ran`` (:func:`tuner.stored_trial.machine`; None: not
-    recorded) shares a GPU with ``machine``."""
-    return bool(ran) and bool(set(machine.split(",")) & set(str(ran).split(",")))
-
-
-def defaults_first(study: optuna.Study, params: dict[str, Any], machine: str | None) -> int:
-    """A screen continued on a machine (``machine``: its GPUs' UUIDs) where none of its
-    defaults' servers was measured (one stored without its machine counts as another
-    machine's), whose next waiting server is a lever: the waiting servers
-    move one place down and vLLM's defaults (``params``) take the first (one server more). A
-    lever run there is then compared with defaults run there even if the machine goes before
-    the queue's later defaults (:func:`change`); on 2026-12-05 a continued screen ran three
-    levers on a new H100 before its first defaults' server. Returns how many waiting lever
-    servers now follow the defaults (0: nothing moved)."""
-    waiting = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        if stored_trial.screen_arm(t) is not None
-    ]
-    if machine is None or not waiting or stored_trial.screen_arm(waiting[0]) == DEFAULTS:
-        return 0
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if (
-            stored_trial.screen_arm(t) == DEFAULTS
-            and _capacity(t) is not None
-            and _same_gpus(machine, stored_trial.machine(t))
-        ):
-            return 0
-    queue = [
-        (
-            stored_trial.screen_arm(t) or DEFAULTS,
-            stored_trial.is_baseline(t),
-            stored_trial.fixed_params(t),
-        )
-        for t in waiting
-    ]
-    arm, baseline, last = queue[-1]
-    study.enqueue_trial(last, user_attrs=stored_trial.screen_attrs(arm, baseline))
-    for t, (arm, baseline, fixed) in zip(waiting[1:], queue[:-1], strict=True):
-        stored_trial.requeue_screen(study, t, arm, baseline, fixed)
-    stored_trial.requeue_screen(study, waiting[0], DEFAULTS, True, dict(params))
-    return sum(a != DEFAULTS for a, _, _ in queue)
 
 
 def _described(lever: Any) -> dict[str, Any]:
@@ -512,12 +321,6 @@ def screen_metric(study: optuna.Study, cfg: TunerConfig) -> str:
     return first if first in METRICS else METRIC
 
 
-def _capacity(t: optuna.trial.FrozenTrial, metric: str = METRIC) -> float | None:
-    if t.state != optuna.trial.TrialState.COMPLETE or stored_trial.failure_reason(t):
-        return None
-    return stored_trial.metric(t, metric)
-
-
 def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
     """The screen's table from the stored trials: one row per lever the study has enqueued
     (:func:`tuner.stored_study.screen_levers`), in the order of ``screen.levers``. The floor of
@@ -538,14 +341,14 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
     measured = [
         (stored_trial.machine(t), c)
         for t in by_arm.get(DEFAULTS, [])
-        if (c := _capacity(t, metric)) is not None
+        if (c := capacity_of(t, metric)) is not None
     ]
     base = tuple(c for _, c in measured)
     machines = {
         stored_trial.machine(t)
         for trials in by_arm.values()
         for t in trials
-        if _capacity(t, metric) is not None
+        if capacity_of(t, metric) is not None
     }
     rel_width = stored_rel_width(study)
     if rel_width is None:
@@ -555,7 +358,7 @@ def rows(study: optuna.Study, cfg: TunerConfig) -> list[LeverRow]:
     for name in order:
         d = described[name]
         trials = by_arm.get(name, [])
-        done = [(t, c) for t in trials if (c := _capacity(t, metric)) is not None]
+        done = [(t, c) for t in trials if (c := capacity_of(t, metric)) is not None]
         mine = [(stored_trial.machine(t), c) for t, c in done]
         caps = tuple(c for _, c in mine)
         measured_here = {t.number for t, _ in done}

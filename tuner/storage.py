@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 
 import optuna
 import yaml
-from optuna.distributions import CategoricalDistribution
 
 from tuner import stored_trial
 from tuner.capacity import Start
@@ -41,9 +40,10 @@ from tuner.prescreen import predict_start, prescreen
 from tuner.records import RequestSpec
 from tuner.recovery import worker_id
 from tuner.score import capacity_metric, needs_capacity
-from tuner.space import defaults, defaults_outside, distributions, grid, override_value
+from tuner.space import defaults, defaults_outside, grid
 from tuner.stored_study import (
     baseline_trial,
+    check_space,
     engine_kind,
     incumbent_capacity,
     objective_names,
@@ -51,14 +51,12 @@ from tuner.stored_study import (
     prescreen_summary,
     store_names,
     store_prescreen,
-    stored_distributions,
 )
 from tuner.stored_trial import BASELINE, LIVE, is_baseline, prescreen_attrs
 from tuner.stores import check_database, hide_url, mask_credentials
 
 __all__ = [
     "check_enqueue",
-    "check_space",
     "enqueue_once",
     "fill_queue",
     "open_study",
@@ -250,10 +248,10 @@ def open_study(cfg: TunerConfig) -> optuna.Study:
 def _check_same(study: optuna.Study, cfg: TunerConfig, storage: str) -> None:
     """A stored study is continued only with its objectives' directions, on the engine kind
     it was measured on (one stored before the engine was recorded has none, and is continued),
-    and with the distributions it stored (:func:`check_space`)."""
+    and with the distributions it stored (:func:`tuner.stored_study.check_space`)."""
     name = study.study_name
     check_objective(study, cfg, storage)
-    if cfg.mode != "screen":  # the screen asks from the stored choices (screen.stored_choices)
+    if cfg.mode != "screen":  # a screen asks from its stored choices (screen_resume)
         check_space(study, cfg, storage)
     storage = hide_url(storage)
     directions = [o.direction for o in cfg.objective.objectives]
@@ -287,48 +285,6 @@ def check_objective(study: optuna.Study, cfg: TunerConfig, storage: str) -> None
         f"this run asks for {', '.join(mine)}; objectives never mix in a study: set "
         f"study.name={_other_name(cfg, name)} for a study of its own{again}"
     )
-
-
-def check_space(study: optuna.Study, cfg: TunerConfig, storage: str) -> None:
-    """Refuse (one line, :class:`ConfigError`) a searched param that ``study`` stored with a
-    distribution Optuna will not ask it from again: a categorical's (or bool's) other choices
-    (``space.params.X.choices`` changed by an override, an edited ``conf/space/*.yaml`` or another
-    ``space=``; Optuna's "CategoricalDistribution does not support dynamic value space" at the
-    first ask), another kind (int, float, categorical) or another log scale; naming the stored
-    and this run's, and the way out. An int or float range (low, high, step) may change."""
-    stored = stored_distributions(study)
-    for name, mine in distributions(cfg.space).items():
-        old = stored.get(name)
-        if old is None:
-            continue
-        if isinstance(old, CategoricalDistribution) and isinstance(mine, CategoricalDistribution):
-            if list(old.choices) == list(mine.choices):
-                continue
-            what = f"with choices {list(old.choices)}; this run's are {list(mine.choices)}"
-            keep = f"keep the stored choices (space.params.{name}.choices={_override(old)})"
-        elif type(old) is type(mine) and getattr(old, "log", False) == getattr(mine, "log", False):
-            continue
-        else:
-            what = f"as {_shown(old)}; this run asks it as {_shown(mine)}"
-            keep = f"keep space.params.{name} as stored"
-        raise ConfigError(
-            f"study {study.study_name!r} in {hide_url(storage)} stores {name} {what}, and Optuna "
-            f"keeps a param's choices and kind for a study's life: {keep}, or set study.name to "
-            "start a new study"
-        )
-
-
-def _override(dist: CategoricalDistribution) -> str:
-    """A categorical's choices as a Hydra override's list (``[null,fp8]``)."""
-    return "[" + ",".join(override_value(v) for v in dist.choices) + "]"
-
-
-def _shown(dist: optuna.distributions.BaseDistribution) -> str:
-    if isinstance(dist, CategoricalDistribution):
-        return f"a categorical of {list(dist.choices)}"
-    kind = "an int" if isinstance(dist, optuna.distributions.IntDistribution) else "a float"
-    scale = ", log scale" if getattr(dist, "log", False) else ""
-    return f"{kind} range{scale}"
 
 
 def objective_option(stored: list[str]) -> str | None:

@@ -30,16 +30,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import optuna
+from optuna.distributions import CategoricalDistribution
 
 from tuner import stored_trial
 from tuner.capacity import Start
 from tuner.config import ConfirmConfig, TunerConfig
-from tuner.errors import machine_may_have_failed
+from tuner.errors import ConfigError, machine_may_have_failed
 from tuner.records import Candidate, ConfirmResult, TrialResult, to_jsonable
 from tuner.score import PER_GPU
+from tuner.space import distributions, override_value
+from tuner.stores import hide_url
 from tuner.verdict import Verdict
 
 __all__ = [
+    "check_space",
     "BaselineFilter",
     "ConfirmRecord",
     "ConfirmRuns",
@@ -326,6 +330,48 @@ def stored_distributions(study: optuna.Study) -> dict[str, optuna.distributions.
         for name, dist in t.distributions.items():
             out.setdefault(name, dist)
     return out
+
+
+def check_space(study: optuna.Study, cfg: TunerConfig, storage: str) -> None:
+    """Refuse (one line, :class:`ConfigError`) a searched param that ``study`` stored with a
+    distribution Optuna will not ask it from again: a categorical's (or bool's) other choices
+    (``space.params.X.choices`` changed by an override, an edited ``conf/space/*.yaml`` or another
+    ``space=``; Optuna's "CategoricalDistribution does not support dynamic value space" at the
+    first ask), another kind (int, float, categorical) or another log scale; naming the stored
+    and this run's, and the way out. An int or float range (low, high, step) may change."""
+    stored = stored_distributions(study)
+    for name, mine in distributions(cfg.space).items():
+        old = stored.get(name)
+        if old is None:
+            continue
+        if isinstance(old, CategoricalDistribution) and isinstance(mine, CategoricalDistribution):
+            if list(old.choices) == list(mine.choices):
+                continue
+            what = f"with choices {list(old.choices)}; this run's are {list(mine.choices)}"
+            keep = f"keep the stored choices (space.params.{name}.choices={_override(old)})"
+        elif type(old) is type(mine) and getattr(old, "log", False) == getattr(mine, "log", False):
+            continue
+        else:
+            what = f"as {_shown(old)}; this run asks it as {_shown(mine)}"
+            keep = f"keep space.params.{name} as stored"
+        raise ConfigError(
+            f"study {study.study_name!r} in {hide_url(storage)} stores {name} {what}, and Optuna "
+            f"keeps a param's choices and kind for a study's life: {keep}, or set study.name to "
+            "start a new study"
+        )
+
+
+def _override(dist: CategoricalDistribution) -> str:
+    """A categorical's choices as a Hydra override's list (``[null,fp8]``)."""
+    return "[" + ",".join(override_value(v) for v in dist.choices) + "]"
+
+
+def _shown(dist: optuna.distributions.BaseDistribution) -> str:
+    if isinstance(dist, CategoricalDistribution):
+        return f"a categorical of {list(dist.choices)}"
+    kind = "an int" if isinstance(dist, optuna.distributions.IntDistribution) else "a float"
+    scale = ", log scale" if getattr(dist, "log", False) else ""
+    return f"{kind} range{scale}"
 
 
 def store_screen(study: optuna.Study, levers: Mapping[str, Mapping[str, Any]]) -> None:

@@ -121,8 +121,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
         for note in recovered.notes:
             log.warning("recovered: %s", note)
         if cfg.mode == "screen":  # the lever screen: its fixed trials only, no sampled one
-            cfg = screen.prepare(study, cfg)
-            dists = distributions(cfg.space)  # the choices the study stored (screen.prepare)
+            cfg = screen.prepare(study, cfg)  # its space: the choices the study stored
         else:
             fill_queue(study, cfg, dists, shape, requests, n_stored)
     cache_dir = cache_root(cfg)
@@ -165,7 +164,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             if own:
                 note_client_cores(cfg, cores, ctx.cpu_sets or {}, requests)
             loop = loop_factory(cfg.workload.client_loop)
-            aio.run(_trials(study, dists, ctx, tracker, outcome), loop)
+            aio.run(_trials(study, distributions(cfg.space), ctx, tracker, outcome), loop)
             print_summary(outcome.study, outcome.results, cfg)
             _after_search(study, ctx, tracker, outcome)
     except BaseException as exc:  # Ctrl-C or SIGTERM (KeyboardInterrupt), or a tuner bug

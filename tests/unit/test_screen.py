@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 from scipy import stats
 
-from tuner import screen, screen_report
+from tuner import screen, screen_report, screen_resume
 from tuner.config import TunerConfig, chosen_levers, screen_space
 from tuner.engine.argv import command_prefix, flag_args, passed
 from tuner.errors import ConfigError
@@ -189,9 +189,9 @@ def test_a_screen_continued_on_another_machine_runs_the_defaults_there_first(
     _told(study, cfg, 58.43, on="GPU-a")  # defaults
     _told(study, cfg, 60.87, on="GPU-a")  # kv_fp8; mns_256, block_32 and the defaults wait
     params = defaults(cfg.space)
-    assert screen.defaults_first(study, params, "GPU-a") == 0  # the same machine: as queued
-    assert screen.defaults_first(study, params, None) == 0  # the simulator: no machine known
-    assert screen.defaults_first(study, params, "GPU-b") == 2
+    assert screen_resume.defaults_first(study, params, "GPU-a") == 0  # the same machine: as queued
+    assert screen_resume.defaults_first(study, params, None) == 0  # the simulator: no machine known
+    assert screen_resume.defaults_first(study, params, "GPU-b") == 2
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [screen_arm(t) for t in waiting] == [D, "mns_256", "block_32", D]
     assert [is_baseline(t) for t in waiting] == [True, False, False, True]
@@ -199,7 +199,7 @@ def test_a_screen_continued_on_another_machine_runs_the_defaults_there_first(
         {k: v for k, v in t.system_attrs["fixed_params"].items() if v != params[k]} for t in waiting
     ]
     assert fixed == [{}, {"max_num_seqs": 256}, {"block_size": 32}, {}]
-    assert screen.defaults_first(study, params, "GPU-b") == 0  # the defaults are first now
+    assert screen_resume.defaults_first(study, params, "GPU-b") == 0  # the defaults are first now
     first = study.ask(distributions(cfg.space))  # Optuna runs the waiting trials in order
     assert screen_arm(first) == D and first.params == waiting[0].system_attrs["fixed_params"]
 
@@ -217,18 +217,22 @@ def test_a_screen_continued_right_after_its_defaults_on_the_same_gpus_starts_wit
     last = study.trials[-1].datetime_complete
     assert last is not None
     now = last.timestamp() + 60
-    assert screen.ended_on_defaults(study, "GPU-a", now) == pytest.approx(60)
-    assert screen.ended_on_defaults(study, "GPU-a,GPU-c", now) is not None  # a card in common
-    assert screen.ended_on_defaults(study, "GPU-b", now) is None  # another machine
-    assert screen.ended_on_defaults(study, None, now) is None  # the simulator
-    assert screen.ended_on_defaults(study, "GPU-a", now + screen.SAME_RUN_S) is None  # too old
+    assert screen_resume.ended_on_defaults(study, "GPU-a", now) == pytest.approx(60)
+    assert (
+        screen_resume.ended_on_defaults(study, "GPU-a,GPU-c", now) is not None
+    )  # a card in common
+    assert screen_resume.ended_on_defaults(study, "GPU-b", now) is None  # another machine
+    assert screen_resume.ended_on_defaults(study, None, now) is None  # the simulator
+    assert (
+        screen_resume.ended_on_defaults(study, "GPU-a", now + screen_resume.SAME_RUN_S) is None
+    )  # too old
     more = make_cfg(
         "+workload=chat",
         "mode=screen",
         "tracking=none",
         "screen.only=[kv_fp8,mns_256,block_32,cg_piecewise]",
     )
-    monkeypatch.setattr(screen, "here", lambda cfg: "GPU-a")
+    monkeypatch.setattr(screen_resume, "here", lambda cfg: "GPU-a")
     screen.prepare(study, more)
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [screen_arm(t) for t in waiting] == ["cg_piecewise", D]
@@ -237,7 +241,7 @@ def test_a_screen_continued_right_after_its_defaults_on_the_same_gpus_starts_wit
     cfg2 = screen.prepare(other, cfg)
     for c in (58.4, 60.9, 59.0, 57.5, 58.8):
         _told(other, cfg2, c, on="GPU-a")
-    monkeypatch.setattr(screen, "here", lambda cfg: "GPU-b")
+    monkeypatch.setattr(screen_resume, "here", lambda cfg: "GPU-b")
     screen.prepare(other, more)
     waiting = other.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [screen_arm(t) for t in waiting] == [D, "cg_piecewise", D]
@@ -248,23 +252,23 @@ def test_a_screen_continued_right_after_its_defaults_on_the_same_gpus_starts_wit
         _told(third, cfg3, c, failure=None if c else "engine_dead", on="GPU-a")
     ended = third.trials[-1].datetime_complete
     assert ended is not None and screen_arm(third.trials[-1]) == D
-    assert screen.ended_on_defaults(third, "GPU-a", ended.timestamp() + 60) is None
+    assert screen_resume.ended_on_defaults(third, "GPU-a", ended.timestamp() + 60) is None
 
 
 def test_this_machine_is_its_gpus_uuids_on_real_vllm_only(
     make_cfg: Callable[..., TunerConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cards = {0: "GPU-a0", 1: "GPU-a1"}
-    monkeypatch.setattr(screen, "nvml_available", lambda: True)
+    monkeypatch.setattr(screen_resume, "nvml_available", lambda: True)
     monkeypatch.setattr(
-        screen,
+        screen_resume,
         "gpu_memory",
         lambda ix: [GpuMemory(i, 0.0, 80.0, 80.0, "NVIDIA H100", cards[i]) for i in ix],
     )
-    assert screen.here(make_cfg("+workload=chat", "engine=vllm", "engine.gpus=[1,0]")) == (
+    assert screen_resume.here(make_cfg("+workload=chat", "engine=vllm", "engine.gpus=[1,0]")) == (
         "GPU-a1,GPU-a0"
     )
-    assert screen.here(make_cfg("+workload=chat", "engine=sim")) is None
+    assert screen_resume.here(make_cfg("+workload=chat", "engine=sim")) is None
 
 
 @pytest.mark.parametrize(

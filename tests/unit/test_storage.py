@@ -120,7 +120,7 @@ def test_a_study_continued_with_other_choices_is_refused_in_one_line(make_cfg) -
 
 def test_a_screen_under_a_search_studys_name_is_left_to_the_screens_own_check(make_cfg) -> None:
     """mode=screen asks from the choices the study stored where they hold its levers
-    (:func:`tuner.screen.stored_choices`), so opening it does not compare the spaces; the
+    (:func:`tuner.screen_resume.stored_choices`), so opening it does not compare the spaces; the
     screen's own check refuses it here (the stored choices lack the defaults, None)."""
     _one_trial(make_cfg("+workload=chat", "study.name=both", "objective=capacity"))
     cfg = make_cfg("+workload=chat", "study.name=both", "mode=screen", "screen.only=[block_32]")
