@@ -142,10 +142,12 @@ def _print_model(cfg: TunerConfig, console: Console) -> None:
 
 
 def _print_screen(cfg: TunerConfig, console: Console) -> None:
-    """The lever screen's servers in order (a new screen's; a resumed one runs what is left)
-    and the flag each lever adds to the defaults' command line."""
+    """The lever screen's servers in order (a new screen's, and where the study is stored, the
+    servers this run adds to it: :func:`_continued_order`) and the flag each lever adds to the
+    defaults' command line."""
     from tuner.screen import DEFAULTS
     from tuner.screen import plan as order_of
+    from tuner.storage import study_name
 
     sc = cfg.screen
     levers = chosen_levers(sc)
@@ -160,11 +162,53 @@ def _print_screen(cfg: TunerConfig, console: Console) -> None:
         markup=False,
     )
     console.print(f"order: {' '.join(order)}", markup=False)
+    resumed = _continued_order(cfg)
+    if resumed is not None:
+        stored, left = resumed
+        console.print(
+            f"stored: study {study_name(cfg)} has {stored} screen server(s); this run continues "
+            f"it: {' '.join(left) if left else 'nothing left to run'}",
+            markup=False,
+        )
     console.print(f"the defaults: {shown}", markup=False)
     for name, lever in levers.items():
         words = flag_args(flag_name(lever.param, cfg.space.params[lever.param]), lever.value)
         numerics = " (changes numerics)" if numerics_changes({lever.param: lever.value}) else ""
         console.print(f"  {name}: the same plus {' '.join(words)}{numerics}", markup=False)
+
+
+def _continued_order(cfg: TunerConfig) -> tuple[int, list[str]] | None:
+    """Where ``study.storage`` holds this screen's study: how many screen servers it stored, and
+    the arms its continuation would run, in order (:func:`tuner.screen.prepare` on an in-memory
+    copy: nothing is written). None for a new screen; a SQLite file that does not exist is not
+    created, and a database without Optuna's tables is not given them. A continuation the
+    screen refuses raises its ConfigError here, as the run would."""
+    import optuna
+
+    from tuner import stored_trial
+    from tuner.prescreen import quiet_optuna
+    from tuner.screen import prepare
+    from tuner.storage import storage_url, study_name
+
+    url = storage_url(cfg)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return None
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        names = {s.study_name for s in storage.get_all_studies()}
+    except Exception:  # noqa: BLE001  # no tables, no server: the run reports it, not the plan
+        return None
+    name = study_name(cfg)
+    if name not in names:
+        return None
+    copy = optuna.storages.InMemoryStorage()
+    with quiet_optuna():
+        optuna.copy_study(from_study_name=name, from_storage=storage, to_storage=copy)
+    study = optuna.load_study(study_name=name, storage=copy)
+    stored = sum(stored_trial.screen_arm(t) is not None for t in study.get_trials(deepcopy=False))
+    prepare(study, cfg)
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    return stored, [arm for t in waiting if (arm := stored_trial.screen_arm(t)) is not None]
 
 
 def _print_argv(cfg: TunerConfig, console: Console) -> None:

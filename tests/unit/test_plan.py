@@ -126,3 +126,36 @@ def test_a_missing_engine_command_is_noted(make_cfg) -> None:
         "(pip install -e '.[vllm]') or set engine.command; the study would stop there, before "
         "storing anything\n"
     ) in plan_text(cfg)
+
+
+def test_the_plan_of_a_stored_screen_shows_its_continuation_and_writes_nothing(
+    make_cfg, tmp_path: Path
+) -> None:
+    """A screen goes on over several sessions with the same command: its dry run says which
+    servers this run adds to the stored study (a continued screen's order is not a new one's),
+    from an in-memory copy, and neither writes the stored study nor creates a missing file."""
+    import optuna
+
+    from tuner import screen, stored_trial
+    from tuner.space import distributions
+    from tuner.storage import study_name
+
+    db = tmp_path / "optuna.db"
+    args = ("+workload=chat", "mode=screen", "tracking=none", f"study.storage=sqlite:///{db}")
+    first = make_cfg(*args, "screen.only=[kv_fp8]")
+    assert "stored:" not in plan_text(first) and not db.exists()  # a new screen: nothing made
+    study = optuna.create_study(
+        study_name=study_name(first), storage=f"sqlite:///{db}", directions=["maximize", "minimize"]
+    )
+    prepared = screen.prepare(study, first)  # D kv_fp8 D
+    trial = study.ask(distributions(prepared.space))
+    study.tell(trial, [60.0, 100.0])  # the defaults ran; kv_fp8 and the closing D wait
+    more = make_cfg(*args, "screen.only=[kv_fp8,mnbt_2048]")
+    text = plan_text(more)
+    # the waiting D opens mnbt_2048's servers: no second D right after it
+    assert "has 3 screen server(s); this run continues it: kv_fp8 defaults mnbt_2048 defaults" in (
+        " ".join(text.split())
+    )
+    again = optuna.load_study(study_name=study_name(first), storage=f"sqlite:///{db}")
+    assert len(again.trials) == 3  # nothing enqueued in the stored study
+    assert [stored_trial.screen_arm(t) for t in again.trials] == ["defaults", "kv_fp8", "defaults"]
