@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -29,6 +30,9 @@ from tuner.score import needs_capacity
 from tuner.space import defaults, defaults_outside, distributions, flag_name
 from tuner.vllm_rules import numerics_changes
 from tuner.workload import load_trace
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = ["print_plan"]
 
@@ -58,6 +62,9 @@ def print_plan(cfg: TunerConfig, console: Console | None = None) -> None:
         for name, dist in distributions(cfg.space).items():
             console.print(f"  {name}: {dist}")
         _print_argv(cfg, console)
+        stored = _stored_line(cfg)
+        if stored is not None:
+            console.print(stored, markup=False)
     if cfg.engine.container is not None:
         console.print(f"each server in a container: {_container_line(cfg)}", markup=False)
     if cfg.engine.preload:
@@ -177,17 +184,13 @@ def _print_screen(cfg: TunerConfig, console: Console) -> None:
         console.print(f"  {name}: the same plus {' '.join(words)}{numerics}", markup=False)
 
 
-def _continued_order(cfg: TunerConfig) -> tuple[int, list[str]] | None:
-    """Where ``study.storage`` holds this screen's study: how many screen servers it stored, and
-    the arms its continuation would run, in order (:func:`tuner.screen.prepare` on an in-memory
-    copy: nothing is written). None for a new screen; a SQLite file that does not exist is not
-    created, and a database without Optuna's tables is not given them. A continuation the
-    screen refuses raises its ConfigError here, as the run would."""
+def _stored(cfg: TunerConfig) -> tuple[optuna.storages.BaseStorage, str] | None:
+    """Where ``study.storage`` holds the study ``cfg`` names: that storage, opened read only, and
+    the name; None where there is none.
+    A SQLite file that does not exist is not created, and a database without Optuna's tables is
+    not given them."""
     import optuna
 
-    from tuner import stored_trial
-    from tuner.prescreen import quiet_optuna
-    from tuner.screen import prepare
     from tuner.storage import storage_url, study_name
 
     url = storage_url(cfg)
@@ -199,16 +202,53 @@ def _continued_order(cfg: TunerConfig) -> tuple[int, list[str]] | None:
     except Exception:  # noqa: BLE001  # no tables, no server: the run reports it, not the plan
         return None
     name = study_name(cfg)
-    if name not in names:
+    return (storage, name) if name in names else None
+
+
+def _continued_order(cfg: TunerConfig) -> tuple[int, list[str]] | None:
+    """Where ``study.storage`` holds this screen's study: how many screen servers it stored, and
+    the arms its continuation would run, in order (:func:`tuner.screen.prepare` on an in-memory
+    copy: nothing is written); None for a new screen. A continuation the screen refuses raises
+    its ConfigError here, as the run would."""
+    import optuna
+
+    from tuner import stored_trial
+    from tuner.prescreen import quiet_optuna
+    from tuner.screen import prepare
+
+    source = _stored(cfg)
+    if source is None:
         return None
-    copy = optuna.storages.InMemoryStorage()
+    storage, name = source
+    memory = optuna.storages.InMemoryStorage()
     with quiet_optuna():
-        optuna.copy_study(from_study_name=name, from_storage=storage, to_storage=copy)
-    study = optuna.load_study(study_name=name, storage=copy)
+        optuna.copy_study(from_study_name=name, from_storage=storage, to_storage=memory)
+    study = optuna.load_study(study_name=name, storage=memory)
     stored = sum(stored_trial.screen_arm(t) is not None for t in study.get_trials(deepcopy=False))
     prepare(study, cfg)
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
     return stored, [arm for t in waiting if (arm := stored_trial.screen_arm(t)) is not None]
+
+
+def _stored_line(cfg: TunerConfig) -> str | None:
+    """A search continued from storage: what the stored study holds, and that ``n_trials`` more
+    are run on top (the same command continues a study)."""
+    from collections import Counter
+
+    import optuna
+
+    source = _stored(cfg)
+    if source is None:
+        return None
+    storage, name = source
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    states = Counter(t.state.name.lower() for t in trials)
+    held = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    return (
+        f"stored: study {name} has {len(trials)} trial(s)"
+        + (f" ({held})" if held else "")
+        + f"; this run adds up to {cfg.study.n_trials} more (study.n_trials)"
+    )
 
 
 def _print_argv(cfg: TunerConfig, console: Console) -> None:

@@ -159,3 +159,29 @@ def test_the_plan_of_a_stored_screen_shows_its_continuation_and_writes_nothing(
     again = optuna.load_study(study_name=study_name(first), storage=f"sqlite:///{db}")
     assert len(again.trials) == 3  # nothing enqueued in the stored study
     assert [stored_trial.screen_arm(t) for t in again.trials] == ["defaults", "kv_fp8", "defaults"]
+
+
+def test_the_plan_of_a_stored_search_says_what_it_holds_and_what_this_run_adds(
+    make_cfg, tmp_path: Path
+) -> None:
+    """The same command continues a study: its dry run says so, with the stored trials' states,
+    read only (a file that does not exist is not created)."""
+    import optuna
+
+    from tuner.storage import study_name
+
+    db = tmp_path / "optuna.db"
+    cfg = make_cfg("+workload=chat", "tracking=none", f"study.storage=sqlite:///{db}")
+    assert "stored:" not in plan_text(cfg) and not db.exists()
+    study = optuna.create_study(
+        study_name=study_name(cfg), storage=f"sqlite:///{db}", directions=["maximize", "minimize"]
+    )
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
+    study.add_trial(optuna.trial.create_trial(values=[1.0, 2.0]))
+    study.enqueue_trial({})
+    text = " ".join(plan_text(cfg).split())
+    assert (
+        f"stored: study {study_name(cfg)} has 3 trial(s) (1 complete, 1 fail, 1 waiting); this "
+        f"run adds up to {cfg.study.n_trials} more" in text
+    )
+    assert len(optuna.load_study(study_name=study_name(cfg), storage=f"sqlite:///{db}").trials) == 3
