@@ -185,10 +185,9 @@ def _print_screen(cfg: TunerConfig, console: Console) -> None:
 
 
 def _stored(cfg: TunerConfig) -> tuple[optuna.storages.BaseStorage, str] | None:
-    """Where ``study.storage`` holds the study ``cfg`` names: that storage, opened read only, and
-    the name; None where there is none.
-    A SQLite file that does not exist is not created, and a database without Optuna's tables is
-    not given them."""
+    """Where ``study.storage`` holds the study ``cfg`` names: that storage (the callers only read
+    it) and the name; None where there is none. A SQLite file that does not exist is not
+    created, and a database without Optuna's tables is not given them."""
     import optuna
 
     from tuner.storage import storage_url, study_name
