@@ -106,3 +106,40 @@ def test_vllm_forks_by_default_and_the_startup_benchmarks_plain_launch_does_not(
         "fork",
         "preload_fork",
     }
+
+
+def test_a_ctrl_c_while_the_zygotes_end_at_exit_kills_them_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2026-12-07, on an H100: `timeout`'s SIGINT reached a finished run while its atexit hook
+    waited for the zygote to end, and the log ended in a KeyboardInterrupt traceback. Now that
+    zygote is killed at once, the others still end, and the exit hook raises nothing."""
+    import subprocess
+
+    from tuner.engine import preload
+    from tuner.engine.process import kill_all_groups
+
+    procs = [  # the first ends only when killed, the second when its stdin closes (a zygote's)
+        subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True
+        )
+        for argv in (["sleep", "60"], ["cat"])
+    ]
+    first_wait = procs[0].wait
+
+    def interrupted(timeout: float | None = None) -> int:
+        if timeout is not None:  # the polite wait: the Ctrl-C lands here
+            raise KeyboardInterrupt
+        return first_wait()
+
+    monkeypatch.setattr(procs[0], "wait", interrupted)
+    for i, proc in enumerate(procs):
+        zygote = object.__new__(preload.Zygote)
+        zygote.proc = proc
+        monkeypatch.setitem(preload._ZYGOTES, ("test", i), zygote)
+    with pytest.raises(KeyboardInterrupt):  # a run's own stop lets the Ctrl-C through
+        preload._ZYGOTES[("test", 0)].stop()
+    assert procs[0].poll() is not None  # killed all the same
+    kill_all_groups()  # no exception
+    assert not preload._ZYGOTES
+    assert all(p.poll() is not None for p in procs)

@@ -200,10 +200,13 @@ class Zygote:
                 self.proc.stdin.close()
         try:
             self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+            # a Ctrl-C (or `timeout`'s SIGINT) while it ends: end it at once, then let it through
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+            if isinstance(exc, KeyboardInterrupt):
+                raise
 
 
 class ForkedProcess:
@@ -357,9 +360,9 @@ def turn_off(reason: str) -> None:
 
 def stop_all() -> None:
     """End every zygote (at exit, and when a run ends); the next launch may fork again."""
-    for zygote in list(_ZYGOTES.values()):
+    while _ZYGOTES:  # each leaves the registry before it ends: a Ctrl-C between them loses none
+        _, zygote = _ZYGOTES.popitem()
         zygote.stop()
-    _ZYGOTES.clear()
     _FAILED.clear()
     _OFF.clear()
 
