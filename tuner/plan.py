@@ -191,11 +191,13 @@ def _stored(cfg: TunerConfig) -> tuple[optuna.storages.BaseStorage, str] | None:
     import optuna
 
     from tuner.storage import storage_url, study_name
+    from tuner.stores import check_database, missing_sqlite
 
     url = storage_url(cfg)
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+    if missing_sqlite(url):
         return None
     try:
+        check_database(url, "study.storage")  # a server that is down: 10 s at most, not a hang
         storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
         names = {s.study_name for s in storage.get_all_studies()}
     except Exception:  # noqa: BLE001  # no tables, no server: the run reports it, not the plan
@@ -214,6 +216,7 @@ def _continued_order(cfg: TunerConfig) -> tuple[int, list[str]] | None:
     from tuner import stored_trial
     from tuner.prescreen import quiet_optuna
     from tuner.screen import prepare
+    from tuner.screen_resume import waiting_servers
 
     source = _stored(cfg)
     if source is None:
@@ -225,8 +228,7 @@ def _continued_order(cfg: TunerConfig) -> tuple[int, list[str]] | None:
     study = optuna.load_study(study_name=name, storage=memory)
     stored = sum(stored_trial.screen_arm(t) is not None for t in study.get_trials(deepcopy=False))
     prepare(study, cfg)
-    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-    return stored, [arm for t in waiting if (arm := stored_trial.screen_arm(t)) is not None]
+    return stored, [str(stored_trial.screen_arm(t)) for t in waiting_servers(study)]
 
 
 def _stored_line(cfg: TunerConfig) -> str | None:

@@ -20,7 +20,13 @@ from tuner.errors import ConfigError
 from tuner.publish import Published, publish
 from tuner.recovery import worker_id
 from tuner.storage import check_objective, storage_url, study_name
-from tuner.stores import check_database, check_tracking, hide_url, quick_tracking_retries
+from tuner.stores import (
+    check_database,
+    check_tracking,
+    hide_url,
+    missing_sqlite,
+    quick_tracking_retries,
+)
 from tuner.tracking import WORKER, open_tracker
 
 log = logging.getLogger(__name__)
@@ -69,7 +75,7 @@ def run_report(cfg: TunerConfig) -> Published:
     storage = storage_url(cfg)
     shown = hide_url(storage)
     name = study_name(cfg)
-    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+    if missing_sqlite(storage):
         raise ConfigError(f"no Optuna storage at {storage}; set study.storage or paths.state_dir")
     check_database(storage, "study.storage")  # one line, at once, when it is down
     if cfg.tracking.enabled:

@@ -163,11 +163,7 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
     machine = screen_resume.here(cfg)
     arms = plan(list(levers), need, cfg.screen.defaults_every)
     ago = screen_resume.ended_on_defaults(study, machine, time.time())
-    queue = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        if stored_trial.screen_arm(t) is not None
-    ]
+    queue = screen_resume.waiting_servers(study)
     if arms and queue and stored_trial.screen_arm(queue[-1]) == DEFAULTS:
         arms = arms[1:]  # a second defaults' server right after it would measure nothing new
         log.info(
@@ -195,8 +191,7 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
             "own machine",
             moved,
         )
-    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-    mine = [t for t in waiting if stored_trial.screen_arm(t) is not None]
+    mine = screen_resume.waiting_servers(study)
     for t in mine:  # queued by a run whose space had other params: each of this one's named
         fixed = stored_trial.fixed_params(t)
         if any(name not in fixed for name in base):

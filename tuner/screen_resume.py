@@ -31,11 +31,18 @@ __all__ = [
     "here",
     "queued_levers",
     "stored_choices",
+    "waiting_servers",
 ]
 
 DEFAULTS = "defaults"
 """The arm of vLLM's defaults (no flag passed)."""
 METRIC = "capacity_rps"
+
+
+def waiting_servers(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The screen's servers queued and not run yet (WAITING trials with an arm), in run order."""
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    return [t for t in waiting if stored_trial.screen_arm(t) is not None]
 
 
 def capacity_of(t: optuna.trial.FrozenTrial, metric: str = METRIC) -> float | None:
@@ -53,9 +60,9 @@ def queued_levers(study: optuna.Study, cfg: TunerConfig) -> dict[str, LeverSpec]
     chosen = chosen_levers(cfg.screen)
     described = screen_levers(study) or {}
     out: dict[str, LeverSpec] = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+    for t in waiting_servers(study):
         arm = stored_trial.screen_arm(t)
-        if arm is None or arm == DEFAULTS:
+        if arm is None or arm == DEFAULTS:  # (None: for the type checker only)
             continue
         lever = cfg.screen.levers.get(arm)
         if lever is None:
@@ -201,11 +208,7 @@ def defaults_first(study: optuna.Study, params: dict[str, Any], machine: str | N
     the queue's later defaults (:func:`tuner.screen.change`); on 2026-12-05 a continued screen
     ran three levers on a new H100 before its first defaults' server. Returns how many waiting lever
     servers now follow the defaults (0: nothing moved)."""
-    waiting = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-        if stored_trial.screen_arm(t) is not None
-    ]
+    waiting = waiting_servers(study)
     if machine is None or not waiting or stored_trial.screen_arm(waiting[0]) == DEFAULTS:
         return 0
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):

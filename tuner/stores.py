@@ -41,6 +41,7 @@ __all__ = [
     "error_line",
     "hide_url",
     "mask_credentials",
+    "missing_sqlite",
     "quick_tracking_retries",
 ]
 
@@ -96,6 +97,11 @@ def error_line(exc: BaseException) -> str:
     errno = re.search(r"\[Errno -?\d+\] [^'\")\]]+", text)  # urllib3's long retry message
     line = errno[0] if errno else (text.splitlines() or [type(exc).__name__])[0]
     return mask_credentials(line)[:300]
+
+
+def missing_sqlite(url: str) -> bool:
+    """Whether ``url`` names a SQLite file that does not exist: opening it would create it."""
+    return url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file()
 
 
 def check_database(url: str, what: str) -> None:
