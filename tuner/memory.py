@@ -108,6 +108,7 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "enforce_eager": False,
     "kv_cache_dtype": "auto",
     "performance_mode": "balanced",
+    "async_scheduling": True,
 }
 """``vllm serve`` 0.24's defaults that depend on nothing else (an unset flag means this value);
 the derived ones (``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``, the CUDA-graph
@@ -217,6 +218,9 @@ class ResolvedParams:
     quantization: str | None = None
     """``--quantization`` (None: the checkpoint's own weights): :func:`weight_bytes`, and the
     simulator's step time (:class:`tuner.sim.engine.SpeedModel`)."""
+    async_scheduling: bool = True
+    """``--async-scheduling`` (vLLM 0.24's default on): the simulator's host time between steps
+    when off (:meth:`tuner.sim.engine.SpeedModel.host_time`)."""
 
 
 def _get(params: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -338,6 +342,7 @@ def resolve_params(shape: ModelShape, gpu: GpuProfile, params: Mapping[str, Any]
         num_gpu_blocks_override=int(ngbo) if ngbo is not None else None,
         data_parallel_size=int(_get(params, "data_parallel_size")),
         quantization=params.get("quantization"),
+        async_scheduling=bool(_get(params, "async_scheduling")),
     )
 
 

@@ -21,7 +21,7 @@ from tuner.errors import FailureReason
 from tuner.memory import GPU_PROFILES, ModelShape, estimate, resolve_params
 from tuner.records import RequestSpec
 from tuner.sim.cli import parse_args
-from tuner.sim.engine import build_scheduler
+from tuner.sim.engine import Request, build_scheduler
 from tuner.sim.landscape import (
     LandscapeResult,
     PreparedStream,
@@ -172,6 +172,7 @@ def test_unsupported_block_size_is_refused_like_the_server(shape: ModelShape) ->
         {"enforce_eager": True, "max_num_seqs": 64, "block_size": 32},
         {"max_num_batched_tokens": 2048, "enable_prefix_caching": False, "kv_cache_dtype": "fp8"},
         {"gpu_memory_utilization": 0.3, "tensor_parallel_size": 2},
+        {"async_scheduling": False},
     ],
 )
 def test_scheduler_is_built_like_the_simulated_server(
@@ -191,8 +192,10 @@ def test_scheduler_is_built_like_the_simulated_server(
         "speed",
         "max_graph_batch",
         "cudagraph_mode",
+        "async_scheduling",
     ):
         assert getattr(ours, attr) == getattr(server, attr), attr
+    assert server.async_scheduling is (params.get("async_scheduling") is not False)
     assert ours.pool.num_blocks == server.pool.num_blocks
 
 
@@ -225,6 +228,30 @@ def test_prefix_caching_helps_the_chat_stream(shape: ModelShape, chat: Any) -> N
     assert on.prefix_hit_rate > 0.3 and off.prefix_hit_rate == 0
     assert on.goodput > off.goodput or on.ttft_p95_ms < off.ttft_p95_ms
     assert on.ttft_p95_ms < off.ttft_p95_ms
+
+
+def test_async_scheduling_off_pays_the_hosts_time_each_step(shape: ModelShape, chat: Any) -> None:
+    # --no-async-scheduling: each step waits for the host's work (SpeedModel.host_time), which
+    # vLLM's default hides behind the GPU's step; on an H100 at 64 in flight TPOT p50 rose by
+    # about 2.6 ms (docs/gpu-runs/2026-12-07-tpot15-h100-5.md)
+    r = resolve_params(shape, H200, {"async_scheduling": False})
+    mem = estimate(shape, H200, {})
+    steps = []
+    for params in ({}, {"async_scheduling": False}):
+        sched = build_scheduler(shape, resolve_params(shape, H200, params), mem)
+        for k in range(40):
+            sched.add(Request(f"r{k}", [k * 7 + 1, k * 7 + 2, k * 7 + 3], 4))
+        steps.append([sched.step(1.0) for _ in range(3)])
+    on, off = steps
+    assert not r.async_scheduling and resolve_params(shape, H200, {}).async_scheduling
+    host = build_scheduler(shape, r, mem).speed.host_time(40)
+    assert host == pytest.approx(0.003 + 40 * 1e-5)
+    for a, b in zip(on, off, strict=True):
+        assert a.decode_seqs + a.prefill_tokens > 0
+        assert b.duration_s - a.duration_s == pytest.approx(host)
+    sync = run(shape, chat, {"async_scheduling": False}, concurrency=64)
+    both = run(shape, chat, {}, concurrency=64)
+    assert sync.tpot_p50_ms > both.tpot_p50_ms + 1.5
 
 
 def test_few_seqs_queue_requests(shape: ModelShape, chat: Any) -> None:

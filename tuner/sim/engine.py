@@ -16,9 +16,13 @@ What is modelled (after vLLM v1's ``Scheduler``):
 - Step time = overhead + c_tok x (prefill tokens + decode seqs) + c_ctx x sum(decode context)
   + c_pair x (prefill query, key) pairs (+ c_short x each decode sequence's context up to
   ``NARROW_KV_FROM`` with an fp8 KV cache), see :class:`SpeedModel`.
+- Async scheduling (vLLM's default): the host schedules step N + 1 and processes step N's outputs
+  while the GPU runs step N, so the fitted step time holds no host time. With
+  ``--no-async-scheduling`` each step also waits for that host work:
+  :meth:`SpeedModel.host_time`, ``host_s + host_per_seq_s x`` the step's sequences.
 
 Not modelled: sampling, stop strings/EOS (every request produces exactly its ``max_tokens``),
-priorities, speculative decoding, async-scheduling overlap, encoder caches, LoRA.
+priorities, speculative decoding, encoder caches, LoRA.
 """
 
 from __future__ import annotations
@@ -66,6 +70,19 @@ output tok/s that 3 + 3 H200 servers measured on chat at 256 and 384 in flight (
 1.15-1.20; the simulator 0.80-0.81 and 1.22). With fewer weight bytes streamed alone (1.0) it
 gave 0.95 and 1.05: most of the gain is the GEMMs'."""
 TP_EXPONENT = 0.25
+HOST_S = 0.0030
+HOST_PER_SEQ_S = 1.0e-5
+"""The host's time per step that async scheduling hides behind the GPU's (scheduling, input
+preparation, output processing), paid between steps with ``--no-async-scheduling``:
+``HOST_S + HOST_PER_SEQ_S x`` the step's sequences. Chosen 2026-12-07 among seven pairs
+(1-4 ms, 0-0.04 ms a sequence) by the simulator's screen of ``no_async_scheduling`` against the
+two GPU screens of it: chat at TPOT p95 <= 15 ms, -41.3 % on an H100
+(docs/gpu-runs/2026-12-07-tpot15-h100-5.md), and chat at its own SLO, -13.3 % on an H200
+(docs/gpu-runs/2026-12-03-levers-screen.md); this pair reads -38.5 % and -15.7 %. Those GPU
+runs' TPOT p50 at the same running batch rose by about 2.6 ms at 30-48 running (the H100) and
+7.5 ms at 110-210 (the H200): a steeper slope (1 ms + 0.04 ms a sequence) lost 30 % at chat's
+own SLO. Host time is the CPU's, not the model's: the same for every shape and TP
+(docs/sim-calibration.md)."""
 
 
 GraphKind = Literal["full", "compiled", "eager"]
@@ -142,6 +159,9 @@ class SpeedModel:
     per_short_ctx_s: float = 0.0
     """What each of a sequence's first ``narrow_kv_from`` context tokens costs on top of
     ``per_ctx_token_s`` (set by :meth:`for_model` for a narrower KV cache; 0 otherwise)."""
+    host_s: float = HOST_S
+    host_per_seq_s: float = HOST_PER_SEQ_S
+    """:meth:`host_time`'s constants (:data:`HOST_S`, :data:`HOST_PER_SEQ_S`)."""
 
     @classmethod
     def for_model(
@@ -195,6 +215,8 @@ class SpeedModel:
             fp8_gemm_speedup=base.fp8_gemm_speedup,
             narrow_kv_from=base.narrow_kv_from,
             per_short_ctx_s=base.per_ctx_token_s * short,
+            host_s=base.host_s,
+            host_per_seq_s=base.host_per_seq_s,
         )
 
     def step_time(
@@ -221,6 +243,11 @@ class SpeedModel:
             + self.per_prefill_pair_s * prefill_pairs
             + self.per_short_ctx_s * short_ctx
         )
+
+    def host_time(self, seqs: int) -> float:
+        """The host's seconds between two steps of ``seqs`` sequences with async scheduling off
+        (:data:`HOST_S`); with it on (vLLM's default) they overlap the GPU's and cost nothing."""
+        return self.host_s + self.host_per_seq_s * seqs
 
 
 @dataclasses.dataclass(eq=False)
@@ -376,6 +403,7 @@ class Scheduler:
         speed: SpeedModel,
         max_graph_batch: int = 0,
         cudagraph_mode: str = "FULL_AND_PIECEWISE",
+        async_scheduling: bool = True,
     ) -> None:
         self.pool = BlockPool(num_blocks, block_size, prefix_caching)
         self.block_size = block_size
@@ -386,6 +414,7 @@ class Scheduler:
         self.speed = speed
         self.max_graph_batch = max_graph_batch
         self.cudagraph_mode = cudagraph_mode
+        self.async_scheduling = async_scheduling
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.stats = EngineStats()
@@ -530,6 +559,8 @@ class Scheduler:
         duration = self.speed.step_time(
             prefill, decode_seqs, decode_ctx, graph, prefill_pairs, short_ctx
         )
+        if not self.async_scheduling:
+            duration += self.speed.host_time(len(scheduled))
 
         emitted: list[Request] = []
         finished: list[Request] = []
@@ -644,4 +675,5 @@ def build_scheduler(
         speed=speed,
         max_graph_batch=max(r.capture_sizes, default=0) if r.cudagraph_mode != "NONE" else 0,
         cudagraph_mode=r.cudagraph_mode,
+        async_scheduling=r.async_scheduling,
     )

@@ -186,6 +186,7 @@ def resolve(args: SimArgs, env: Mapping[str, str]) -> Settings:
         "enable_chunked_prefill": args.enable_chunked_prefill,
         "enable_prefix_caching": args.enable_prefix_caching,
         "performance_mode": args.performance_mode,
+        "async_scheduling": args.async_scheduling,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_gpu_blocks_override": args.num_gpu_blocks_override,
     }
