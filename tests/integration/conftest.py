@@ -13,7 +13,11 @@ marked ``fast``; the fast tier runs the reference study (``reference_study``,
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -47,8 +51,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def reference_study(tmp_path_factory: pytest.TempPathFactory) -> reference.Reference:
     """The reference study (``tests/helpers/reference.py``), run once through the CLI; read it,
     or change a :meth:`~helpers.reference.Reference.copy` of it. The tuner creates its MLflow
-    store itself here."""
-    cwd = tmp_path_factory.mktemp("reference")
+    store itself here.
+
+    Once per session, not per worker: under pytest-xdist the first worker to need it runs it,
+    holding a lock in the folder the workers' temp folders share (their session's, so never an
+    earlier session's study), and the others wait for it there and read the same study (~26 s
+    on 2 cores, once instead of on each worker). Tests only read it (those that change it work
+    on a copy), so the workers may read it at once."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _run_reference(tmp_path_factory.mktemp("reference"))
+    shared = tmp_path_factory.getbasetemp().parent
+    with (shared / "reference.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = shared / "reference.json"
+        if done.is_file():
+            ran = json.loads(done.read_text())
+            return reference.Reference(Path(ran["cwd"]), ran["stdout"], ran["stderr"])
+        ref = _run_reference(Path(tempfile.mkdtemp(prefix="reference-", dir=shared)))
+        done.write_text(
+            json.dumps({"cwd": str(ref.cwd), "stdout": ref.stdout, "stderr": ref.stderr})
+        )
+        return ref
+
+
+def _run_reference(cwd: Path) -> reference.Reference:
     p = tuner(cwd, *reference.ARGS, env=reference.ENV, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     return reference.Reference(cwd=cwd, stdout=p.stdout, stderr=p.stderr)

@@ -24,7 +24,10 @@ pytestmark = pytest.mark.integration
 SMALL = [
     *BINDING_SLOS,
     "space=none",
-    "workload.num_requests=60",
+    # the workload's own replay (4 in flight, far below the capacity) of 30 requests, not 60;
+    # each later step measures 100 (objective.capacity.requests, MIN_STEP_REQUESTS), as before
+    "workload.num_requests=30",
+    "objective.capacity.requests=100",
     "objective.capacity.max_steps=5",
     "study.n_trials=1",
     "confirm.picks=[baseline]",

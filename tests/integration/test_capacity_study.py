@@ -25,6 +25,10 @@ SMALL = [
     "workload.num_requests=100",
     "objective.capacity.max_steps=7",
 ]
+# the workload's own replay (4 in flight, far below the capacity: the first step, held) cut to
+# 30 requests, its 100 at 4 in flight ~5 s of each search; the later steps still measure 100
+# requests each (objective.capacity.requests), as with SMALL alone
+SHORT_OWN = ["workload.num_requests=30", "objective.capacity.requests=100"]
 
 
 def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
@@ -33,8 +37,9 @@ def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
     # config from twice the load and with twice the requests per step, within that spread
     # each trial brackets its own capacity (no incumbent probe): the spread of one config's
     p = tuner(
-        tmp_path, *SMALL, "space=none", "study.n_trials=3", "objective.capacity.incumbent_probe=false",
-        "objective.capacity.predict_start=false", timeout=900,
+        tmp_path, *SMALL, *SHORT_OWN, "space=none", "study.n_trials=3",
+        "objective.capacity.incumbent_probe=false", "objective.capacity.predict_start=false",
+        timeout=900,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     assert "SLO capacity" in p.stderr + p.stdout
@@ -121,9 +126,9 @@ def test_capacity_recorded_and_the_defaults_agree(tmp_path: Path) -> None:
     ):
         name = f"moved-{k}"
         p = tuner(
-            tmp_path, *SMALL, "space=none", "study.n_trials=1", "objective.capacity.incumbent_probe=false",
-            "objective.capacity.predict_start=false", "tracking=none", f"study.name={name}", extra,
-            timeout=600,
+            tmp_path, *SMALL, *SHORT_OWN, "space=none", "study.n_trials=1",
+            "objective.capacity.incumbent_probe=false", "objective.capacity.predict_start=false",
+            "tracking=none", f"study.name={name}", extra, timeout=600,
         )  # fmt: skip
         assert p.returncode == 0, p.stderr[-3000:]
         moved = optuna.load_study(study_name=name, storage=storage(tmp_path)).trials[0]
@@ -141,7 +146,9 @@ def test_the_first_trial_goes_to_the_capacity_the_simulator_predicts(tmp_path: P
     # quarter (CI, 2026-12-05: 4.0x held, 5.0x failed by 2.8 %, then three halvings); from the
     # workload's load it doubles until a load fails (4x) and narrows back: 6 (2026-12-03), but
     # through 2x, far below the prediction
-    p = tuner(tmp_path, *SMALL, "space=none", "study.n_trials=1", "tracking=none", timeout=600)
+    p = tuner(
+        tmp_path, *SMALL, *SHORT_OWN, "space=none", "study.n_trials=1", "tracking=none", timeout=600
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout + p.stderr
     said = re.search(r"predicts an SLO capacity of ([\d.]+)x .*?\(([\d.]+) req/s", out)

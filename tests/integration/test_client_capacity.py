@@ -16,8 +16,11 @@ pytestmark = pytest.mark.integration
 
 def test_quick_run_writes_rows_capacity_and_verdicts(tmp_path: Path) -> None:
     out = tmp_path / "cc.json"
-    proc = run_benchmark("client_capacity", "--quick", "--clients", "current", "--out", str(out),
-                         cwd=tmp_path)  # fmt: skip
+    # open-loop steps of 0.25 s, not --quick's 1 s (the ladder climbs x1.25 from 200 req/s to its
+    # second failure, ~16 steps on 2 cores), and 8 chunks a response, not 32: the run took 26-30
+    # s, 15 s with the shorter steps, 9 s with both
+    proc = run_benchmark("client_capacity", "--quick", "--step-s", "0.25", "--tokens", "8",
+                         "--clients", "current", "--out", str(out), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = data["rows"]

@@ -26,6 +26,7 @@ def test_two_studies_share_the_compile_cache_and_launch_warm_keys_first(tmp_path
         f"engine.cache_root={cache}",
         "study.baseline_first=false",
         "confirm.enabled=false",
+        "tracking=none",  # the cache is what is tested (MLflow took ~5 s of each run)
         # off in the default space; neither is in vLLM's compile key
         "space.params.gpu_memory_utilization.enabled=true",
         "space.params.max_num_seqs.enabled=true",

@@ -81,6 +81,9 @@ def test_a_custom_model_is_planned_and_tuned(tmp_path: Path, source, name: str) 
         "workload.output_tokens.low=8",
         "workload.output_tokens.high=16",
         "engine.env.TUNER_SIM_SPEEDUP=20",
+        # the default objective's search, cut to one step after the workload's own replay (the
+        # whole search took 8 replays)
+        "objective.capacity.max_steps=2",
         env=env,
     )
     assert p.returncode == 0, p.stderr[-3000:]

@@ -24,7 +24,10 @@ SMALL = [
     "tracking=none",
     "space=none",
     "study.n_trials=2",
-    "workload.num_requests=100",
+    # the workload's own replay (4 in flight, far below the capacity) of 30 requests, not 100
+    # (~5 s of each trial); each later step still measures 100 (objective.capacity.requests)
+    "workload.num_requests=30",
+    "objective.capacity.requests=100",
     # 6: the first trial's search is its own load, the predicted start (4.0x since the streams
     # were stratified), then narrow climbs of one slot (0.25x) each; with 5, a capacity at 4.75x
     # or above left no step to fail, and the trial was censored ">=" (a fresh-clone CI run on 2

@@ -32,9 +32,16 @@ SMALL = [
     "workload.num_requests=60",
     "objective.capacity.max_steps=3",  # enough to tell a lever that halves the load (142 s at 4)
     "screen.defaults_every=2",
+    # the simulator 10 times faster than the GPU it models, not BINDING_SLOS's 1 (which keeps
+    # the host's lag small against the SLOs, for the capacity tests' spreads): what a screen test
+    # reads of a capacity is a lever's change far outside the servers' spread (max_num_seqs=2:
+    # -74 and -68 %, its interval's high end -0.49, with both cores of this 2-core VM kept busy
+    # beside it on 2026-12-07; -81 % at 1). The tiny screen took 60 s at 1, 14 s at 10
+    "engine.env.TUNER_SIM_SPEEDUP=10",
 ]
-# a screen continued over two runs: which servers run, with which flags, not their capacities
-CONTINUED = [*SMALL, "objective.capacity.max_steps=2", "workload.num_requests=30"]
+# which servers run, with which flags, and what they replay besides their search (a screen
+# continued over two runs; the eval set), not their capacities
+QUICK = [*SMALL, "objective.capacity.max_steps=2", "workload.num_requests=30"]
 
 
 def _with_levers(cfg: TunerConfig) -> TunerConfig:
@@ -104,7 +111,7 @@ def test_a_screen_on_real_weights_judges_a_numerics_lever_on_the_eval_set(
     match 0.6, as the H200's changed 69 % of all), so under exact match >= 0.7 its row says it
     falls below, in screen.json and in the table."""
     cfg = make_cfg(
-        *SMALL,
+        *QUICK,
         "model.load_format=null",
         "screen.only=[kv_fp8,spec_ngram]",
         "confirm.quality.measure=exact_match",
@@ -145,9 +152,9 @@ def test_a_stored_screen_goes_on_with_another_lever_of_the_same_flag(
     ``cg_full_decode_only`` (the same study, the same flag) stopped at its first ask on Optuna's
     "CategoricalDistribution does not support dynamic value space"; now a flag's choices are
     every lever's, and the second run measures its servers."""
-    first = make_cfg(*CONTINUED, "screen.only=[cg_piecewise]")
+    first = make_cfg(*QUICK, "screen.only=[cg_piecewise]")
     study_mod.run(first)
-    second = make_cfg(*CONTINUED, "screen.only=[cg_full_decode_only]")
+    second = make_cfg(*QUICK, "screen.only=[cg_full_decode_only]")
     outcome = study_mod.run(replace(second, paths=replace(second.paths, output_dir=str(tmp_path))))
     trials = outcome.study.trials
     assert [screen_arm(t) for t in trials] == [
@@ -169,7 +176,7 @@ def test_a_screen_stored_before_goes_on_where_its_choices_hold_and_says_why_not(
     ``[None, 'PIECEWISE']``): ``python -m tuner`` with ``cg_full_decode_only`` is refused in
     one line, nothing stored; ``cg_piecewise`` on a second server runs, asked from the stored
     choices."""
-    quick = [*CONTINUED, f"paths.state_dir={tmp_path / 'state'}"]
+    quick = [*QUICK, f"paths.state_dir={tmp_path / 'state'}"]
     old = make_cfg(*quick, "screen.only=[cg_piecewise]")
     spec = replace(old.space.params["cudagraph_mode"], choices=[None, "PIECEWISE"])
     study = study_mod.run(replace(old, space=SpaceConfig(params={"cudagraph_mode": spec}))).study
@@ -198,9 +205,9 @@ def test_waiting_servers_of_a_lever_left_out_of_screen_only_run_with_its_flag(
     ``screen.only=[mns_256]``: the waiting kv_fp8 server ran without ``--kv-cache-dtype`` and
     the waiting defaults' servers with ``max_num_seqs`` sampled, each stored under its arm. Now
     each runs with its arm's flags, and the table has both levers."""
-    first = make_cfg(*CONTINUED, "screen.only=[kv_fp8]")
+    first = make_cfg(*QUICK, "screen.only=[kv_fp8]")
     screen.prepare(open_study(first), first)  # queued, then the run was stopped
-    second = make_cfg(*CONTINUED, "screen.only=[mns_256]")
+    second = make_cfg(*QUICK, "screen.only=[mns_256]")
     outcome = study_mod.run(replace(second, paths=replace(second.paths, output_dir=str(tmp_path))))
     trials = outcome.study.trials
     arms = [screen_arm(t) for t in trials]
