@@ -161,7 +161,10 @@ def stop(cid: str, timeout: float, kill_first: bool = False) -> int:
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
     if alive(pid):
-        os.kill(pid, signal.SIGKILL)
+        # the container's every process, as docker's kill ends them (the server runs in a
+        # session of its own, so its group is the container): its EngineCore child too, which
+        # a SIGKILL of the server alone leaves orphaned (test_sim_server.py)
+        os.killpg(pid, signal.SIGKILL)
         while alive(pid):
             time.sleep(0.05)
     print(cid)

@@ -154,7 +154,7 @@ async def test_stop_removes_the_container_a_killed_cli_leaves(tmp_path: Path) ->
     cid, pid = await serve(Server, "plain")
     assert alive(pid), "the fake CLI must behave as docker's: its container outlives it"
     assert not any(c[0] in ("stop", "rm") for c in calls(env))
-    os.kill(pid, 9)
+    os.killpg(pid, 9)  # the container's every process (its EngineCore child too)
     # the container lifecycle stops and removes it by its id
     cid, pid = await serve(ContainerServer, "boxed")
     assert not alive(pid)
