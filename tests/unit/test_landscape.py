@@ -234,17 +234,17 @@ def test_async_scheduling_off_pays_the_hosts_time_each_step(shape: ModelShape, c
     # --no-async-scheduling: each step waits for the host's work (SpeedModel.host_time), which
     # vLLM's default hides behind the GPU's step; on an H100 at 64 in flight TPOT p50 rose by
     # about 2.6 ms (docs/gpu-runs/2026-12-07-tpot15-h100-5.md)
-    r = resolve_params(shape, H200, {"async_scheduling": False})
     mem = estimate(shape, H200, {})
-    steps = []
+    scheds, steps = [], []
     for params in ({}, {"async_scheduling": False}):
         sched = build_scheduler(shape, resolve_params(shape, H200, params), mem)
         for k in range(40):
             sched.add(Request(f"r{k}", [k * 7 + 1, k * 7 + 2, k * 7 + 3], 4))
+        scheds.append(sched)
         steps.append([sched.step(1.0) for _ in range(3)])
     on, off = steps
-    assert not r.async_scheduling and resolve_params(shape, H200, {}).async_scheduling
-    host = build_scheduler(shape, r, mem).speed.host_time(40)
+    assert scheds[0].async_scheduling and not scheds[1].async_scheduling
+    host = scheds[1].speed.host_time(40)
     assert host == pytest.approx(0.003 + 40 * 1e-5)
     for a, b in zip(on, off, strict=True):
         assert a.decode_seqs + a.prefill_tokens > 0
