@@ -254,6 +254,24 @@ def test_async_scheduling_off_pays_the_hosts_time_each_step(shape: ModelShape, c
     assert sync.tpot_p50_ms > both.tpot_p50_ms + 1.5
 
 
+def test_steps_past_the_capture_size_pay_the_kernel_launches(shape: ModelShape, chat: Any) -> None:
+    # vLLM 0.24 runs a step of more tokens than the largest capture size without CUDA graphs; a
+    # small step then takes at least the host's kernel launches (SpeedModel.ungraphed_floor_s).
+    # On an H100 at TPOT p95 <= 15 ms, --max-cudagraph-capture-size 128 lost 7.7 % of capacity
+    # (docs/gpu-runs/2026-12-07-tpot15-h100-6.md)
+    speed = build_scheduler(shape, resolve_params(shape, H200, {}), estimate(shape, H200, {})).speed
+    small = speed.step_time(200, 64, 64 * 700, "piecewise")
+    assert small < speed.ungraphed_floor_s
+    assert speed.step_time(200, 64, 64 * 700, "ungraphed") == speed.ungraphed_floor_s
+    large = speed.step_time(4096, 64, 64 * 700, "piecewise")  # work past the floor: unchanged
+    assert large > speed.ungraphed_floor_s
+    assert speed.step_time(4096, 64, 64 * 700, "ungraphed") == large
+    defaults = run(shape, chat, {}, concurrency=64)
+    for params in ({"max_cudagraph_capture_size": 128}, {"cudagraph_mode": "FULL_DECODE_ONLY"}):
+        fewer_graphs = run(shape, chat, params, concurrency=64)
+        assert fewer_graphs.tpot_p50_ms > defaults.tpot_p50_ms * 1.02, params
+
+
 def test_few_seqs_queue_requests(shape: ModelShape, chat: Any) -> None:
     few = run(shape, chat, {"max_num_seqs": 16}, concurrency=64)
     many = run(shape, chat, {"max_num_seqs": 256}, concurrency=64)

@@ -38,7 +38,10 @@ BOUNDS: dict[str, dict[str, float]] = {
     "bench-c8": {"output_throughput": 0.11, "ttft_p50_ms": 0.14, "tpot_p50_ms": 0.14},
     "bench-c64": {"output_throughput": 0.08, "ttft_p50_ms": 0.68, "tpot_p50_ms": 0.10},
     "chat256-t0": {"output_throughput": 0.05, "ttft_p50_ms": 0.15, "tpot_p50_ms": 0.05},
-    "chat256-t9": {"output_throughput": 0.05, "ttft_p50_ms": 0.04, "tpot_p50_ms": 0.05},
+    # since the floor for steps without CUDA graphs (2026-12-07; before: 0.05, 0.04, 0.05): its
+    # 16-sequence mixed steps run without graphs (docs/sim-calibration.md, "Steps without CUDA
+    # graphs")
+    "chat256-t9": {"output_throughput": 0.10, "ttft_p50_ms": 0.12, "tpot_p50_ms": 0.14},
     "random256-defaults": {"output_throughput": 0.12, "ttft_p50_ms": 0.08, "tpot_p50_ms": 0.11},
 }
 

@@ -187,13 +187,15 @@ def test_engine_core_refusals(flags: list[str], env: dict[str, str], message: st
     ("mode", "prefill", "decode", "kind"),
     [
         ("FULL_AND_PIECEWISE", 0, 64, "full"),
-        ("FULL_AND_PIECEWISE", 300, 63, "compiled"),
-        ("FULL_AND_PIECEWISE", 0, 600, "compiled"),  # over the largest capture size
-        ("PIECEWISE", 0, 64, "compiled"),
+        ("FULL_AND_PIECEWISE", 300, 63, "piecewise"),
+        ("FULL_AND_PIECEWISE", 450, 63, "ungraphed"),  # 512 tokens fit, 513 do not
+        ("FULL_AND_PIECEWISE", 0, 600, "ungraphed"),  # over the largest capture size
+        ("PIECEWISE", 0, 64, "piecewise"),
+        ("PIECEWISE", 500, 64, "ungraphed"),
         ("FULL_DECODE_ONLY", 0, 64, "full"),
         # the compiled model without graphs, not eager (vLLM 0.24 keeps torch.compile)
-        ("FULL_DECODE_ONLY", 300, 63, "compiled"),
-        ("FULL", 300, 63, "compiled"),
+        ("FULL_DECODE_ONLY", 300, 63, "ungraphed"),
+        ("FULL", 300, 63, "ungraphed"),
         ("NONE", 0, 64, "eager"),
     ],
 )

@@ -15,7 +15,8 @@ What is modelled (after vLLM v1's ``Scheduler``):
   (LRU) for a new allocation. Queries and hits are counted in tokens, as vLLM does.
 - Step time = overhead + c_tok x (prefill tokens + decode seqs) + c_ctx x sum(decode context)
   + c_pair x (prefill query, key) pairs (+ c_short x each decode sequence's context up to
-  ``NARROW_KV_FROM`` with an fp8 KV cache), see :class:`SpeedModel`.
+  ``NARROW_KV_FROM`` with an fp8 KV cache), see :class:`SpeedModel`; a compiled step that no
+  CUDA graph runs takes at least the host's kernel launches (:data:`UNGRAPHED_FLOOR_S`).
 - Async scheduling (vLLM's default): the host schedules step N + 1 and processes step N's outputs
   while the GPU runs step N, so the fitted step time holds no host time. With
   ``--no-async-scheduling`` each step also waits for that host work:
@@ -70,6 +71,17 @@ output tok/s that 3 + 3 H200 servers measured on chat at 256 and 384 in flight (
 1.15-1.20; the simulator 0.80-0.81 and 1.22). With fewer weight bytes streamed alone (1.0) it
 gave 0.95 and 1.05: most of the gain is the GEMMs'."""
 TP_EXPONENT = 0.25
+UNGRAPHED_FLOOR_S = 0.016
+"""The least time a step of the compiled model without CUDA graphs (:data:`GraphKind`
+``ungraphed``) takes at the reference model: the host's time to launch its kernels one by one,
+which the GPU's work hides only when it is longer. Such a step takes the larger of the two
+(:meth:`SpeedModel.step_time`). The defaults run without graphs only steps of more than 512 tokens
+(the largest capture size), whose work at the reference model is at least 12.8 ms and, with the
+decodes' context, mostly more; a smaller capture size or FULL_DECODE_ONLY also leaves the small
+mixed steps of a moderate load ungraphed. Chosen 2026-12-07 among 12.5-20 ms by the simulator's
+screens of ``--max-cudagraph-capture-size 128``, ``--max-num-seqs 128`` (capture size 256) and
+FULL_DECODE_ONLY at TPOT p95 <= 15 ms against an H100's (-7.7, -5.7 and +0.3 %; this value reads
+-4.8, -3.5 and -4.6 %), docs/sim-calibration.md."""
 HOST_S = 0.0030
 HOST_PER_SEQ_S = 1.0e-5
 """The host's time per step that async scheduling hides behind the GPU's (scheduling, input
@@ -85,9 +97,9 @@ own SLO. Host time is the CPU's, not the model's: the same for every shape and T
 (docs/sim-calibration.md)."""
 
 
-GraphKind = Literal["full", "compiled", "eager"]
-"""How vLLM runs one engine step: a FULL CUDA graph; the torch.compile'd model (PIECEWISE graphs
-where the mode has them and the step's tokens fit a capture size, else no graph); or eagerly
+GraphKind = Literal["full", "piecewise", "ungraphed", "eager"]
+"""How vLLM runs one engine step: a FULL CUDA graph; the torch.compile'd model with PIECEWISE
+graphs (the mode has them and the step's tokens fit a capture size) or without graphs; or eagerly
 (``--enforce-eager``, which in vLLM 0.24 turns off torch.compile as well as CUDA graphs)."""
 
 
@@ -97,21 +109,23 @@ def graph_kind(
     """The step's :data:`GraphKind` under the resolved ``cudagraph_mode``.
 
     A decode-only step of at most ``max_graph_batch`` (the largest capture size) sequences
-    replays a FULL graph in the FULL* modes; every other step runs the compiled model: with
+    replays a FULL graph in the FULL* modes. Every other step runs the compiled model: with
     PIECEWISE graphs where the mode has them (FULL_AND_PIECEWISE, PIECEWISE) and its tokens fit a
-    capture size, else without graphs (the mixed steps of FULL_DECODE_ONLY and FULL). Both cost
-    ``overhead_piecewise_s``: vLLM 0.24 runs a step of more tokens than the largest capture size
-    (512 by default) without graphs in every mode (``vllm/v1/cudagraph_dispatcher.py``), so the
-    defaults' mixed steps the constant was fitted on were mostly such steps, and on two H100
-    screens FULL_DECODE_ONLY served what the defaults did (docs/sim-calibration.md). NONE is
-    charged as eager: the simulator does not tell it from ``--enforce-eager``.
+    capture size, else without graphs (``ungraphed``: a step of more tokens than the largest
+    capture size in every mode, ``vllm/v1/cudagraph_dispatcher.py``'s ``num_tokens > max_size``,
+    and the mixed steps of FULL_DECODE_ONLY and FULL). NONE is charged as eager: the simulator
+    does not tell it from ``--enforce-eager``.
     """
     mode = cudagraph_mode.upper()
     if mode == "NONE" or max_graph_batch <= 0:
         return "eager"
     if mode.startswith("FULL") and prefill_tokens == 0 and 0 < decode_seqs <= max_graph_batch:
         return "full"
-    return "compiled"
+    if mode in ("FULL_AND_PIECEWISE", "PIECEWISE") and prefill_tokens + decode_seqs <= (
+        max_graph_batch
+    ):
+        return "piecewise"
+    return "ungraphed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +140,8 @@ class SpeedModel:
     a decode-only step whose batch fits a captured FULL CUDA graph, ``overhead_piecewise_s`` for
     any other step of the compiled model (whether PIECEWISE graphs or none run it), and
     ``overhead_eager_s`` under ``--enforce-eager`` or ``cudagraph_mode`` NONE (until 2026-12-07
-    the mixed steps of FULL_DECODE_ONLY / FULL were charged eager). The reference constants
+    the mixed steps of FULL_DECODE_ONLY / FULL were charged eager). A compiled step without
+    graphs takes at least ``ungraphed_floor_s`` (:data:`UNGRAPHED_FLOOR_S`). The reference constants
     were fitted (2026-11-30, ``benchmarks/sim_calibration.py --fit``, see
     ``docs/sim-calibration.md``) to 31 real TP=1 runs in
     ``benchmarks/calibration/h200-qwen3-8b.json``: the chat profile at 256 in flight (10 configs
@@ -162,6 +177,8 @@ class SpeedModel:
     host_s: float = HOST_S
     host_per_seq_s: float = HOST_PER_SEQ_S
     """:meth:`host_time`'s constants (:data:`HOST_S`, :data:`HOST_PER_SEQ_S`)."""
+    ungraphed_floor_s: float = UNGRAPHED_FLOOR_S
+    """The least time of a compiled step without graphs (:data:`UNGRAPHED_FLOOR_S`)."""
 
     @classmethod
     def for_model(
@@ -217,6 +234,8 @@ class SpeedModel:
             per_short_ctx_s=base.per_ctx_token_s * short,
             host_s=base.host_s,
             host_per_seq_s=base.host_per_seq_s,
+            # kernel launches: one set a layer, and TP's all-reduces
+            ungraphed_floor_s=base.ungraphed_floor_s * launch + extra,
         )
 
     def step_time(
@@ -232,17 +251,18 @@ class SpeedModel:
         ``narrow_kv_from`` (``per_short_ctx_s``)."""
         if graph == "full":
             overhead = self.overhead_graph_s
-        elif graph == "compiled":
-            overhead = self.overhead_piecewise_s
-        else:
+        elif graph == "eager":
             overhead = self.overhead_eager_s
-        return (
+        else:
+            overhead = self.overhead_piecewise_s
+        step = (
             overhead
             + self.per_token_s * (prefill_tokens + decode_seqs)
             + self.per_ctx_token_s * decode_ctx
             + self.per_prefill_pair_s * prefill_pairs
             + self.per_short_ctx_s * short_ctx
         )
+        return max(step, self.ungraphed_floor_s) if graph == "ungraphed" else step
 
     def host_time(self, seqs: int) -> float:
         """The host's seconds between two steps of ``seqs`` sequences with async scheduling off
