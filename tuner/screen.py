@@ -204,6 +204,26 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
     return replace(cfg, study=replace(cfg.study, n_trials=len(mine), max_rejected=0))
 
 
+def close_on_defaults(study: optuna.Study, cfg: TunerConfig) -> screen_resume.RoundEnd | None:
+    """The run's time (``study.timeout_s``) fits one server more
+    (:func:`tuner.study.last_to_start`): the run ends on vLLM's defaults
+    (:func:`tuner.screen_resume.close_round`), and the log says how."""
+    end = screen_resume.close_round(study, defaults(cfg.space))
+    if end == "defaults_next":
+        log.info(
+            "  study.timeout_s leaves time for one server more and the last one was a lever's: "
+            "vLLM's defaults run next, so that this run ends on them (the levers still queued "
+            "wait for the next run)"
+        )
+    elif end == "end":
+        log.info(
+            "  study.timeout_s leaves time for one server more and the last one was vLLM's "
+            "defaults': no lever starts that no defaults' server would follow; the same command "
+            "continues with the levers queued"
+        )
+    return end
+
+
 def _described(lever: Any) -> dict[str, Any]:
     out = asdict(lever)
     out.pop("enabled", None)

@@ -2,13 +2,14 @@
 earlier run queued and did not run (:func:`queued_levers`, :func:`covering`), the choices the
 study stored for each flag (:func:`stored_choices`: Optuna keeps a categorical's choices for a
 study's life), and the machine it goes on on (:func:`here`; :func:`ended_on_defaults`,
-:func:`defaults_first`: each lever is compared with the defaults of its own machine)."""
+:func:`defaults_first`: each lever is compared with the defaults of its own machine); a run whose
+time ends closes on the defaults (:func:`close_round`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 from optuna.distributions import CategoricalDistribution
@@ -27,6 +28,8 @@ __all__ = [
     "capacity_of",
     "covering",
     "defaults_first",
+    "RoundEnd",
+    "close_round",
     "ended_on_defaults",
     "here",
     "queued_levers",
@@ -218,7 +221,17 @@ def defaults_first(study: optuna.Study, params: dict[str, Any], machine: str | N
             and _same_gpus(machine, stored_trial.machine(t))
         ):
             return 0
-    queue = [
+    queue = _queue(waiting)
+    _put_first(study, waiting, queue, (DEFAULTS, True, dict(params)))
+    return sum(a != DEFAULTS for a, _, _ in queue)
+
+
+_Entry = tuple[str, bool, dict[str, Any]]
+"""A waiting screen server: its arm, whether it is a baseline, its fixed params."""
+
+
+def _queue(waiting: list[optuna.trial.FrozenTrial]) -> list[_Entry]:
+    return [
         (
             stored_trial.screen_arm(t) or DEFAULTS,
             stored_trial.is_baseline(t),
@@ -226,9 +239,49 @@ def defaults_first(study: optuna.Study, params: dict[str, Any], machine: str | N
         )
         for t in waiting
     ]
+
+
+def _put_first(
+    study: optuna.Study,
+    waiting: list[optuna.trial.FrozenTrial],
+    queue: list[_Entry],
+    first: _Entry,
+) -> None:
+    """``first`` runs next and the waiting servers one place later each (one server more):
+    Optuna runs waiting trials in their order, so the last one is enqueued again at the end and
+    each trial takes the entry before it."""
     arm, baseline, last = queue[-1]
     study.enqueue_trial(last, user_attrs=stored_trial.screen_attrs(arm, baseline))
     for t, (arm, baseline, fixed) in zip(waiting[1:], queue[:-1], strict=True):
         stored_trial.requeue_screen(study, t, arm, baseline, fixed)
-    stored_trial.requeue_screen(study, waiting[0], DEFAULTS, True, dict(params))
-    return sum(a != DEFAULTS for a, _, _ in queue)
+    stored_trial.requeue_screen(study, waiting[0], *first)
+
+
+RoundEnd = Literal["defaults_next", "end"]
+"""How a screen's round whose time fits one server more ends (:func:`close_round`)."""
+
+
+def close_round(study: optuna.Study, params: dict[str, Any]) -> RoundEnd | None:
+    """A screen's run whose time fits one server more: it ends on vLLM's defaults. Where the
+    last server to end was a lever's and a lever waits next, a defaults' server (``params``) is
+    added before the waiting ones (one server more, so that the queue the next run continues
+    keeps its own closing defaults): ``"defaults_next"``. Where the last server to end was the
+    defaults' and a lever waits next, that lever would end the run without defaults after it:
+    ``"end"``, the run starts no more servers. None where nothing waits, the defaults are next
+    anyway, or no server has ended. On 2026-12-07 a continued screen's time ended after D P B,
+    and a call of its own had to run the closing defaults
+    (docs/gpu-runs/2026-12-07-levers-chat-h100.md)."""
+    waiting = waiting_servers(study)
+    if not waiting or stored_trial.screen_arm(waiting[0]) == DEFAULTS:
+        return None
+    done = [
+        (t.datetime_complete, t)
+        for t in study.get_trials(deepcopy=False)
+        if t.datetime_complete is not None and stored_trial.screen_arm(t) is not None
+    ]
+    if not done:
+        return None
+    if stored_trial.screen_arm(max(done, key=lambda p: p[0])[1]) == DEFAULTS:
+        return "end"
+    _put_first(study, waiting, _queue(waiting), (DEFAULTS, True, dict(params)))
+    return "defaults_next"

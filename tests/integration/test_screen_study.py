@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import optuna
 import pytest
 from helpers.capacity import BINDING_SLOS
 from helpers.cli import main_in_process
@@ -222,3 +223,39 @@ def test_waiting_servers_of_a_lever_left_out_of_screen_only_run_with_its_flag(
     rows = {r["lever"]: r for r in json.loads((tmp_path / "screen.json").read_text())["levers"]}
     assert set(rows) == {"kv_fp8", "mns_256"}
     assert all(len(r["capacities"]) == 1 and len(r["base"]) == 3 for r in rows.values())
+
+
+def test_a_round_whose_time_ends_after_a_lever_runs_the_defaults_next(
+    make_cfg: Callable[..., TunerConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2026-12-07 on an H100: a continued screen's time ended after D P B, and a call of its
+    own ran the closing defaults. Now the study loop asks ``last_to_start`` before each ask
+    (here told that from the third server on each is the last the time allows): the defaults
+    run next, no lever starts after them, and the same command goes on with the queue, which
+    kept its own closing defaults."""
+    asked: list[int] = []
+
+    def third_is_last(budget: float | None, elapsed: float, durations: list[float]) -> bool:
+        asked.append(len(durations))
+        assert budget == 3600  # the run's study.timeout_s
+        return len(durations) >= 2
+
+    monkeypatch.setattr(study_mod, "last_to_start", third_is_last)
+    cfg = make_cfg(*QUICK, "study.timeout_s=3600", "screen.only=[kv_fp8,mns_256,block_32]")
+    study = study_mod.run(cfg).study  # planned: D kv_fp8 mns_256 D block_32 D
+    assert asked == [0, 1, 2, 3]  # asked before each ask; the fourth ended the run
+
+    def arms(state: optuna.trial.TrialState) -> list[str | None]:
+        trials = study.get_trials(states=(state,))
+        trials.sort(key=lambda t: t.datetime_complete or t.datetime_start or t.number)
+        return [screen_arm(t) for t in trials]
+
+    assert arms(optuna.trial.TrialState.COMPLETE) == [DEFAULTS, "kv_fp8", DEFAULTS]
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [screen_arm(t) for t in waiting] == ["mns_256", DEFAULTS, "block_32", DEFAULTS]
+    monkeypatch.setattr(study_mod, "last_to_start", lambda *_: False)
+    study = study_mod.run(cfg).study
+    assert arms(optuna.trial.TrialState.COMPLETE) == [
+        *(DEFAULTS, "kv_fp8", DEFAULTS),
+        *("mns_256", DEFAULTS, "block_32", DEFAULTS),
+    ]

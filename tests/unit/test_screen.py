@@ -32,6 +32,7 @@ from tuner.stored_trial import (
     screen_attrs,
     tell,
 )
+from tuner.study import last_to_start
 from tuner.telemetry.gpu import GpuMemory
 from tuner.verdict import gain, gain_in_blocks, gain_of_one
 from tuner.vllm_rules import numerics_changes
@@ -202,6 +203,44 @@ def test_a_screen_continued_on_another_machine_runs_the_defaults_there_first(
     assert screen_resume.defaults_first(study, params, "GPU-b") == 0  # the defaults are first now
     first = study.ask(distributions(cfg.space))  # Optuna runs the waiting trials in order
     assert screen_arm(first) == D and first.params == waiting[0].system_attrs["fixed_params"]
+
+
+def test_a_run_whose_time_ends_closes_on_the_defaults(
+    screened: tuple[optuna.Study, TunerConfig],
+) -> None:
+    """2026-12-07: a continued screen's time ended after D P B, and a call of its own ran the
+    closing defaults; now, with time for one server more after a lever, the defaults go next,
+    and after the defaults no lever starts."""
+    study, cfg = screened  # D kv_fp8 mns_256 block_32 D
+    params = defaults(cfg.space)
+    assert screen_resume.close_round(study, params) is None  # the defaults are next anyway
+    _told(study, cfg, 58.4)  # defaults
+    assert screen_resume.close_round(study, params) == "end"  # kv_fp8 would end the run
+    _told(study, cfg, 60.9)  # kv_fp8; mns_256, block_32 and the defaults wait
+    assert screen_resume.close_round(study, params) == "defaults_next"
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    # one server more: the queue the next run continues keeps its closing defaults
+    assert [screen_arm(t) for t in waiting] == [D, "mns_256", "block_32", D]
+    assert [is_baseline(t) for t in waiting] == [True, False, False, True]
+    fixed = [
+        {k: v for k, v in t.system_attrs["fixed_params"].items() if v != params[k]} for t in waiting
+    ]
+    assert fixed == [{}, {"max_num_seqs": 256}, {"block_size": 32}, {}]
+    assert screen_resume.close_round(study, params) is None  # the defaults are next now
+    _told(study, cfg, 59.0)  # Optuna runs the waiting trials in order: the defaults
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert [screen_arm(t) for t in done] == [D, "kv_fp8", D]
+    assert screen_resume.close_round(study, params) == "end"
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [screen_arm(t) for t in waiting] == ["mns_256", "block_32", D]  # unchanged
+
+
+def test_the_last_trial_to_start_is_read_from_the_runs_trials_so_far() -> None:
+    assert not last_to_start(300.0, 250.0, [])  # no trial ended yet: no estimate
+    assert not last_to_start(None, 250.0, [200.0])  # no study.timeout_s
+    assert not last_to_start(500.0, 250.0, [200.0])  # 250 + 200 < 500: one more after it
+    assert last_to_start(420.0, 250.0, [200.0])  # it ends past the budget: the last
+    assert not last_to_start(420.0, 250.0, [200.0, 100.0])  # the mean, 150 s
 
 
 def test_a_screen_continued_right_after_its_defaults_on_the_same_gpus_starts_with_a_lever(
