@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -181,6 +182,21 @@ def test_rows_compare_within_machines_once_the_servers_ran_on_two(
     assert rows2["mns_256"].change.value == pytest.approx(66.14 / math.sqrt(58.43 * 65.76) - 1)
 
 
+def _defaults_put_first(
+    study: optuna.Study, params: dict[str, Any]
+) -> list[optuna.trial.FrozenTrial]:
+    """The queue after a defaults' server was put before the screened fixture's last three
+    (one server more): its waiting trials, each with its arm, baseline mark and fixed flag."""
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [screen_arm(t) for t in waiting] == [D, "mns_256", "block_32", D]
+    assert [is_baseline(t) for t in waiting] == [True, False, False, True]
+    fixed = [
+        {k: v for k, v in t.system_attrs["fixed_params"].items() if v != params[k]} for t in waiting
+    ]
+    assert fixed == [{}, {"max_num_seqs": 256}, {"block_size": 32}, {}]
+    return waiting
+
+
 def test_a_screen_continued_on_another_machine_runs_the_defaults_there_first(
     screened: tuple[optuna.Study, TunerConfig],
 ) -> None:
@@ -193,13 +209,7 @@ def test_a_screen_continued_on_another_machine_runs_the_defaults_there_first(
     assert screen_resume.defaults_first(study, params, "GPU-a") == 0  # the same machine: as queued
     assert screen_resume.defaults_first(study, params, None) == 0  # the simulator: no machine known
     assert screen_resume.defaults_first(study, params, "GPU-b") == 2
-    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    assert [screen_arm(t) for t in waiting] == [D, "mns_256", "block_32", D]
-    assert [is_baseline(t) for t in waiting] == [True, False, False, True]
-    fixed = [
-        {k: v for k, v in t.system_attrs["fixed_params"].items() if v != params[k]} for t in waiting
-    ]
-    assert fixed == [{}, {"max_num_seqs": 256}, {"block_size": 32}, {}]
+    waiting = _defaults_put_first(study, params)
     assert screen_resume.defaults_first(study, params, "GPU-b") == 0  # the defaults are first now
     first = study.ask(distributions(cfg.space))  # Optuna runs the waiting trials in order
     assert screen_arm(first) == D and first.params == waiting[0].system_attrs["fixed_params"]
@@ -218,14 +228,7 @@ def test_a_run_whose_time_ends_closes_on_the_defaults(
     assert screen_resume.close_round(study, params) == "end"  # kv_fp8 would end the run
     _told(study, cfg, 60.9)  # kv_fp8; mns_256, block_32 and the defaults wait
     assert screen_resume.close_round(study, params) == "defaults_next"
-    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    # one server more: the queue the next run continues keeps its closing defaults
-    assert [screen_arm(t) for t in waiting] == [D, "mns_256", "block_32", D]
-    assert [is_baseline(t) for t in waiting] == [True, False, False, True]
-    fixed = [
-        {k: v for k, v in t.system_attrs["fixed_params"].items() if v != params[k]} for t in waiting
-    ]
-    assert fixed == [{}, {"max_num_seqs": 256}, {"block_size": 32}, {}]
+    _defaults_put_first(study, params)  # the queue the next run continues keeps its own
     assert screen_resume.close_round(study, params) is None  # the defaults are next now
     _told(study, cfg, 59.0)  # Optuna runs the waiting trials in order: the defaults
     done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
