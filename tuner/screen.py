@@ -25,6 +25,7 @@ one read +8 and +9 % where they were -1.6 and -0.8 % beside its own defaults.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import time
@@ -41,7 +42,7 @@ from tuner.engine.argv import flag_args
 from tuner.errors import ConfigError
 from tuner.quality_guard import screen_quality
 from tuner.score import PER_GPU, needs_capacity
-from tuner.screen_resume import DEFAULTS, METRIC, capacity_of
+from tuner.screen_resume import DEFAULTS, METRIC, RoundEnd, capacity_of
 from tuner.space import defaults, disable_real_weights
 from tuner.stored_study import (
     objective_names,
@@ -65,6 +66,7 @@ __all__ = [
     "plan",
     "prepare",
     "real_weights_only",
+    "round_end",
     "rows",
     "screen_metric",
     "word",
@@ -204,10 +206,17 @@ def prepare(study: optuna.Study, cfg: TunerConfig) -> TunerConfig:
     return replace(cfg, study=replace(cfg.study, n_trials=len(mine), max_rejected=0))
 
 
-def close_on_defaults(study: optuna.Study, cfg: TunerConfig) -> screen_resume.RoundEnd | None:
-    """The run's time (``study.timeout_s``) fits one server more
-    (:func:`tuner.study.last_to_start`): the run ends on vLLM's defaults
-    (:func:`tuner.screen_resume.close_round`), and the log says how."""
+def round_end(study: optuna.Study, cfg: TunerConfig, elapsed: float) -> RoundEnd | None:
+    """Before each ask of a run ``elapsed`` seconds in (:mod:`tuner.study`): under
+    ``mode=screen``, where ``study.timeout_s`` likely fits one server more
+    (:func:`tuner.screen_resume.last_to_start`), the run ends on vLLM's defaults
+    (:func:`tuner.screen_resume.close_round`), and the log says how. None otherwise."""
+    if cfg.mode != "screen":
+        return None
+    since = datetime.datetime.now() - datetime.timedelta(seconds=elapsed)
+    durations = screen_resume.ended_since(study, since)
+    if not screen_resume.last_to_start(cfg.study.timeout_s, elapsed, durations):
+        return None
     end = screen_resume.close_round(study, defaults(cfg.space))
     if end == "defaults_next":
         log.info(

@@ -7,6 +7,7 @@ time ends closes on the defaults (:func:`close_round`)."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal
@@ -31,7 +32,9 @@ __all__ = [
     "covering",
     "defaults_first",
     "ended_on_defaults",
+    "ended_since",
     "here",
+    "last_to_start",
     "queued_levers",
     "stored_choices",
     "waiting_servers",
@@ -285,3 +288,26 @@ def close_round(study: optuna.Study, params: dict[str, Any]) -> RoundEnd | None:
         return "end"
     _put_first(study, waiting, _queue(waiting), (DEFAULTS, True, dict(params)))
     return "defaults_next"
+
+
+def last_to_start(budget: float | None, elapsed: float, durations: list[float]) -> bool:
+    """Whether the server about to be asked for is likely the run's last: ``study.timeout_s``
+    (``budget``) will have passed when it ends, going by the mean wall time of the run's servers
+    that ended so far (``durations``; one at a time, as a screen runs). False without a budget
+    or an ended server."""
+    if budget is None or not durations:
+        return False
+    return elapsed + sum(durations) / len(durations) >= budget
+
+
+def ended_since(study: optuna.Study, since: datetime.datetime) -> list[float]:
+    """The wall times of the trials that started at ``since`` (naive local time, as Optuna
+    stores it) or later and have ended: told, as the asking loop resumes before a trial's
+    tracking is done."""
+    return [
+        (t.datetime_complete - t.datetime_start).total_seconds()
+        for t in study.get_trials(deepcopy=False)
+        if t.datetime_start is not None
+        and t.datetime_complete is not None
+        and t.datetime_start >= since
+    ]

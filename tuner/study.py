@@ -20,7 +20,6 @@ the tuner itself.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -59,19 +58,14 @@ from tuner.storage import (
     trial_start,
 )
 from tuner.stored_study import ConfirmRecord, ConfirmRuns
-from tuner.stored_trial import (
-    mark_interrupted,
-    mark_tuner_error,
-    mark_worker,
-    tell,
-)
+from tuner.stored_trial import mark_interrupted, mark_tuner_error, mark_worker, tell
 from tuner.stores import check_tracking, hide_url, quick_tracking_retries
 from tuner.study_lock import prepare_lock
 from tuner.tracking import WORKER, NullTracker, Tracker, open_tracker
 from tuner.trial import TrialContext, run_server, run_trial
 from tuner.workload import build_requests
 
-__all__ = ["StudyOutcome", "last_to_start", "run"]
+__all__ = ["StudyOutcome", "run"]
 
 log = logging.getLogger("tuner")
 
@@ -183,28 +177,6 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     return outcome
 
 
-def last_to_start(budget: float | None, elapsed: float, durations: list[float]) -> bool:
-    """Whether the trial about to be asked is likely the run's last: ``study.timeout_s``
-    (``budget``) will have passed when it ends, going by the mean wall time of the run's trials
-    that ended so far (``durations``; one at a time, as a screen runs). False without a budget
-    or an ended trial."""
-    if budget is None or not durations:
-        return False
-    return elapsed + sum(durations) / len(durations) >= budget
-
-
-def _ended_since(study: optuna.Study, since: datetime.datetime) -> list[float]:
-    """The wall times of the trials that started at ``since`` or later and have ended (told:
-    the asking loop resumes before a trial's tracking is done)."""
-    return [
-        (t.datetime_complete - t.datetime_start).total_seconds()
-        for t in study.get_trials(deepcopy=False)
-        if t.datetime_start is not None
-        and t.datetime_complete is not None
-        and t.datetime_start >= since
-    ]
-
-
 async def _trials(
     study: optuna.Study,
     dists: dict[str, optuna.distributions.BaseDistribution],
@@ -227,7 +199,6 @@ async def _trials(
     finished = 0  # counted trials finished
     free = 0  # configs rejected before launch that did not count
     t_start = time.monotonic()
-    started = datetime.datetime.now()  # Optuna's trial times are naive local ones
 
     untold: dict[int, optuna.Trial] = {}  # asked, not told yet
     why = STOPPED  # how a trial still running is interrupted
@@ -314,15 +285,11 @@ async def _trials(
                     n,
                 )
                 break
-            if cfg.mode == "screen" and last_to_start(
-                budget, time.monotonic() - t_start, _ended_since(study, started)
-            ):
-                end = screen.close_on_defaults(study, cfg)
-                if end == "end":
-                    slots.release()
-                    break
-                if end == "defaults_next":
-                    n += 1  # the defaults' server put before the queue: the queued keep theirs
+            end = screen.round_end(study, cfg, time.monotonic() - t_start)
+            if end == "end":
+                slots.release()
+                break
+            n += end == "defaults_next"  # a defaults' server put first: the queued keep theirs
             if grid_left(study, cfg) == 0 and not study.get_trials(states=(WAITING,)):
                 slots.release()
                 log.info("study=grid: every cell of the grid has run; no new trial")

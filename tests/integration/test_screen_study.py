@@ -17,7 +17,7 @@ from helpers.capacity import BINDING_SLOS
 from helpers.cli import main_in_process
 from rich.console import Console
 
-from tuner import report, screen, screen_report
+from tuner import report, screen, screen_report, screen_resume
 from tuner import study as study_mod
 from tuner.config import LeverSpec, SpaceConfig, TunerConfig, screen_space
 from tuner.screen import DEFAULTS
@@ -240,7 +240,7 @@ def test_a_round_whose_time_ends_after_a_lever_runs_the_defaults_next(
         assert budget == 3600  # the run's study.timeout_s
         return len(durations) >= 2
 
-    monkeypatch.setattr(study_mod, "last_to_start", third_is_last)
+    monkeypatch.setattr(screen_resume, "last_to_start", third_is_last)
     cfg = make_cfg(*QUICK, "study.timeout_s=3600", "screen.only=[kv_fp8,mns_256,block_32]")
     study = study_mod.run(cfg).study  # planned: D kv_fp8 mns_256 D block_32 D
     assert asked == [0, 1, 2, 3]  # asked before each ask; the fourth ended the run
@@ -253,7 +253,7 @@ def test_a_round_whose_time_ends_after_a_lever_runs_the_defaults_next(
     assert arms(optuna.trial.TrialState.COMPLETE) == [DEFAULTS, "kv_fp8", DEFAULTS]
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert [screen_arm(t) for t in waiting] == ["mns_256", DEFAULTS, "block_32", DEFAULTS]
-    monkeypatch.setattr(study_mod, "last_to_start", lambda *_: False)
+    monkeypatch.setattr(screen_resume, "last_to_start", lambda *_: False)
     study = study_mod.run(cfg).study
     assert arms(optuna.trial.TrialState.COMPLETE) == [
         *(DEFAULTS, "kv_fp8", DEFAULTS),

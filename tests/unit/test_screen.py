@@ -33,7 +33,6 @@ from tuner.stored_trial import (
     screen_attrs,
     tell,
 )
-from tuner.study import last_to_start
 from tuner.telemetry.gpu import GpuMemory
 from tuner.verdict import gain, gain_in_blocks, gain_of_one
 from tuner.vllm_rules import numerics_changes
@@ -239,11 +238,13 @@ def test_a_run_whose_time_ends_closes_on_the_defaults(
 
 
 def test_the_last_trial_to_start_is_read_from_the_runs_trials_so_far() -> None:
-    assert not last_to_start(300.0, 250.0, [])  # no trial ended yet: no estimate
-    assert not last_to_start(None, 250.0, [200.0])  # no study.timeout_s
-    assert not last_to_start(500.0, 250.0, [200.0])  # 250 + 200 < 500: one more after it
-    assert last_to_start(420.0, 250.0, [200.0])  # it ends past the budget: the last
-    assert not last_to_start(420.0, 250.0, [200.0, 100.0])  # the mean, 150 s
+    assert not screen_resume.last_to_start(300.0, 250.0, [])  # no trial ended yet: no estimate
+    assert not screen_resume.last_to_start(None, 250.0, [200.0])  # no study.timeout_s
+    assert not screen_resume.last_to_start(
+        500.0, 250.0, [200.0]
+    )  # 250 + 200 < 500: one more after it
+    assert screen_resume.last_to_start(420.0, 250.0, [200.0])  # it ends past the budget: the last
+    assert not screen_resume.last_to_start(420.0, 250.0, [200.0, 100.0])  # the mean, 150 s
 
 
 def test_a_screen_continued_right_after_its_defaults_on_the_same_gpus_starts_with_a_lever(
