@@ -179,15 +179,10 @@ def ended_on_defaults(study: optuna.Study, machine: str | None, now: float) -> f
     busy = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
     if any(stored_trial.screen_arm(t) is not None for t in study.get_trials(states=busy)):
         return None
-    done = [
-        (t.datetime_complete, t)
-        for t in study.get_trials(deepcopy=False)
-        if t.datetime_complete is not None
-    ]
-    if not done:
+    last = _last_ended(study)
+    if last is None or last.datetime_complete is None:
         return None
-    when, last = max(done, key=lambda p: p[0])
-    ago = now - when.timestamp()
+    ago = now - last.datetime_complete.timestamp()
     if (
         last.state != optuna.trial.TrialState.COMPLETE
         or stored_trial.screen_arm(last) != DEFAULTS
@@ -197,6 +192,16 @@ def ended_on_defaults(study: optuna.Study, machine: str | None, now: float) -> f
     ):
         return None
     return ago
+
+
+def _last_ended(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The study's trial that ended last; None before any ended."""
+    done = [
+        (t.datetime_complete, t)
+        for t in study.get_trials(deepcopy=False)
+        if t.datetime_complete is not None
+    ]
+    return max(done, key=lambda p: p[0])[1] if done else None
 
 
 def _same_gpus(machine: str, ran: str | None) -> bool:
@@ -277,14 +282,10 @@ def close_round(study: optuna.Study, params: dict[str, Any]) -> RoundEnd | None:
     waiting = waiting_servers(study)
     if not waiting or stored_trial.screen_arm(waiting[0]) == DEFAULTS:
         return None
-    done = [
-        (t.datetime_complete, t)
-        for t in study.get_trials(deepcopy=False)
-        if t.datetime_complete is not None and stored_trial.screen_arm(t) is not None
-    ]
-    if not done:
+    last = _last_ended(study)  # a screen's servers all have an arm (prepare enqueues them)
+    if last is None:
         return None
-    if stored_trial.screen_arm(max(done, key=lambda p: p[0])[1]) == DEFAULTS:
+    if stored_trial.screen_arm(last) == DEFAULTS:
         return "end"
     _put_first(study, waiting, _queue(waiting), (DEFAULTS, True, dict(params)))
     return "defaults_next"
