@@ -82,6 +82,7 @@ from tuner.model_shape import DTYPE_BYTES, ModelShape
 
 __all__ = [
     "GPU_PROFILES",
+    "NVML_WORDS",
     "GiB",
     "GpuProfile",
     "MemoryEstimate",
@@ -92,6 +93,7 @@ __all__ = [
     "format_gib",
     "kv_bytes_per_token",
     "kv_too_small_message",
+    "profile_of",
     "VLLM_DEFAULTS",
     "resolve_params",
 ]
@@ -162,7 +164,26 @@ class GpuProfile:
         return int(self.total_gib * GiB)
 
 
-GPU_PROFILES: dict[str, GpuProfile] = {"h200": GpuProfile("h200", 140.4)}
+GPU_PROFILES: dict[str, GpuProfile] = {
+    "h200": GpuProfile("h200", 140.4),
+    "h100": GpuProfile("h100", 79.65),
+}
+"""The GPUs the memory and speed models were measured on (:func:`profile_of` finds a leased
+one's), with the memory NVML reports. The speed model (:class:`tuner.sim.engine.SpeedModel`) is
+the H200's on both: on 86 H100 servers (2026-12-05 ... 12-07) it read output tok/s within 5.3 %
+and TPOT p50 within 4.7 % (medians), and the memory model their KV tokens within -0.7 ... +1.6 %;
+scaling its weight and KV reads by the H100's lower memory bandwidth read them 13 % and 20 %
+off instead (docs/sim-calibration.md, "The H100")."""
+NVML_WORDS: dict[str, tuple[str, ...]] = {"h200": ("h200",), "h100": ("h100", "hbm3")}
+"""The words a GPU's NVML name holds for :data:`GPU_PROFILES`' entry: the measured H100 reads
+"NVIDIA H100 80GB HBM3" (the SXM module); the H100 PCIe and H100 NVL are other GPUs, with less
+memory bandwidth (NVIDIA's datasheet, https://www.nvidia.com/en-us/data-center/h100/)."""
+
+
+def profile_of(nvml_name: str) -> GpuProfile | None:
+    """The :data:`GPU_PROFILES` entry whose :data:`NVML_WORDS` the NVML name holds, else None."""
+    words = set(nvml_name.lower().replace("-", " ").split())
+    return next((GPU_PROFILES[k] for k, need in NVML_WORDS.items() if set(need) <= words), None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ Without NVML, and for the simulator (which models ``engine.gpu``), the ``engine.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,7 @@ from tuner.memory import (
     MemoryEstimate,
     ModelShape,
     estimate,
+    profile_of,
     resolve_params,
 )
 from tuner.records import RequestSpec
@@ -118,12 +120,12 @@ def leased_gpu(kind: str, name: str, gpus: tuple[int, ...]) -> LeasedGpu:
             log.warning("NVML could not read GPUs %s (%s); memory model on engine.gpu", gpus, exc)
     if mem:
         small = min(mem, key=lambda m: m.total_gib)
-        words = small.name.lower().replace("-", " ").split()
-        key = next((k for k in GPU_PROFILES if k in words), None)
-        found = GpuProfile(key or small.name, round(small.total_gib, 2))
+        known = profile_of(small.name)
+        total = round(small.total_gib, 2)
         source = f"GPU {small.index}: {small.name or '?'}, {small.total_gib:.1f} GiB (NVML)"
-        if key is not None:
-            return LeasedGpu(found, True, source)
+        if known is not None:
+            return LeasedGpu(dataclasses.replace(known, total_gib=total), True, source)
+        found = GpuProfile(small.name, total)
         gib, frac = UNMEASURED_MARGIN_GIB, UNMEASURED_MARGIN_FRACTION
         note = (
             f"the memory model was measured on {', '.join(GPU_PROFILES)}, not on "

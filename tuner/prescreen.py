@@ -17,8 +17,9 @@ storage), beside the metrics the trial then measures. The sampler of the real st
 from measurements as usual; the prescreen only chooses where the search starts.
 
 Limits: the landscape replays closed loop (``workload.arrival.kind=concurrency``); it knows the
-metrics of :data:`METRICS` (not E2E or ITL); its speed model was fitted on Qwen3-8B on one H200 and
-is scaled for other shapes, GPUs and TP (``tuner.sim.engine.SpeedModel``), so elsewhere its ranking
+metrics of :data:`METRICS` (not E2E or ITL); its speed model was fitted on Qwen3-8B on one H200
+(and checked on 86 H100 SXM servers) and is scaled for other shapes and TP
+(``tuner.sim.engine.SpeedModel``), so elsewhere its ranking
 is a guess to be checked by the real trials, which is what they do. Known blind spot: it has no
 vision encoder (an image costs only its prompt tokens), so it ranks configs for image requests as
 for text; on image_heavy it predicted fp8 weights +31.6 % where an H100 measured +0.6 %
@@ -40,7 +41,7 @@ from typing import Any
 
 import optuna
 
-from tuner.capacity import Start, Step, search
+from tuner.capacity import Capacity, Start, Step, search
 from tuner.capacity_probe import step_of, step_replay, whole_load
 from tuner.config import TunerConfig
 from tuner.errors import ConfigError, TrialFailed
@@ -60,7 +61,7 @@ from tuner.sim.landscape import LandscapeResult, PreparedStream, evaluate, prepa
 from tuner.space import defaults, distributions, resolved
 from tuner.workload import build_requests
 
-__all__ = ["METRICS", "Pick", "predict_start", "prescreen", "quiet_optuna"]
+__all__ = ["METRICS", "Pick", "predict_capacity", "predict_start", "prescreen", "quiet_optuna"]
 
 log = logging.getLogger("tuner")
 
@@ -154,10 +155,10 @@ IMAGES_NOTE = "study.prescreen ranks configs for image requests as for text: " +
 
 def landscape_gpu(cfg: TunerConfig) -> tuple[GpuProfile | None, str]:
     """The GPU the simulator's landscape models for ``cfg``, and what this machine's is: the
-    leased GPU's profile (NVML, with ``engine.kind: vllm``; else ``engine.gpu``) where its speed
-    model was calibrated on that GPU (:data:`tuner.memory.GPU_PROFILES`), else None. On another
-    GPU (an H100: 2026-12-05, chat's defaults served 56-62 req/s where the H200's model says
-    69) its times are an H200's, not this GPU's."""
+    leased GPU's profile (NVML, with ``engine.kind: vllm``; else ``engine.gpu``) where its models
+    were measured on that GPU (:data:`tuner.memory.GPU_PROFILES`: the H200, and the H100 SXM,
+    which runs the H200's speed model), else None: on another GPU its times would be an
+    H200's."""
     leased = gpu_of(cfg)
     profile = leased.profile
     if profile is not None and profile.name in GPU_PROFILES:
@@ -334,11 +335,37 @@ async def predict_start(
     the simulated server's own model, so the live search needs about 3 replays instead of 8; on
     a GPU it is the calibrated model's guess (chat's defaults from 64 in flight: 68.41 req/s
     predicted, 65.38-66.04 measured on an H200 on 2026-12-05, docs/gpu-runs/
-    2026-12-05-capacity-study-fork.md). None where the landscape cannot say: no capacity
-    objective, an open loop, a GPU its speed model was not calibrated on (:func:`landscape_gpu`:
-    on an H100 it said 69.11 req/s for chat's defaults from 256 in flight, which measured
-    56.19-62.00), a config it refuses, or nothing held. ``requests``: the workload's own stream
+    2026-12-05-capacity-study-fork.md; on 86 H100 servers -4.5 ... +5.1 % where TPOT binds,
+    +20 % at chat's own SLO, ``benchmarks/predicted_capacity.py``). None where
+    :func:`predict_capacity` says none, or nothing held. ``requests``: the workload's own stream
     (the first step)."""
+    t0 = time.perf_counter()
+    cap = await predict_capacity(cfg, shape, requests, params)
+    if cap is None:
+        return None
+    held = [s.factor for s in cap.steps if s.held and s.factor <= cap.factor]
+    if cap.rps <= 0 or not held:
+        return None
+    log.info(
+        "  the simulator predicts an SLO capacity of %.3gx the workload's load (%.2f req/s; "
+        "%d steps in virtual time, %.1f s); the search goes to the highest load that held there, "
+        "%.3gx",
+        cap.factor,
+        cap.rps,
+        len(cap.steps),
+        time.perf_counter() - t0,
+        max(held),
+    )
+    return Start(max(held), binding=False)
+
+
+async def predict_capacity(
+    cfg: TunerConfig, shape: ModelShape, requests: Sequence[RequestSpec], params: Mapping[str, Any]
+) -> Capacity | None:
+    """The landscape's search for ``params``' SLO capacity on ``cfg``'s workload and GPU
+    (:func:`predict_start`'s). None where the landscape cannot say: no capacity objective, an
+    open loop, a GPU its models were not measured on (:func:`landscape_gpu`), or a config it
+    refuses."""
     w = cfg.workload
     if not (
         needs_capacity(cfg.objective)
@@ -350,8 +377,8 @@ async def predict_start(
     gpu, source = landscape_gpu(cfg)
     if gpu is None:
         log.info(
-            "  no capacity prediction: the simulator's speed model was calibrated on %s, not on "
-            "this machine's GPU (%s); the first search starts from the workload's load",
+            "  no capacity prediction: the simulator's models were measured on %s, not on this "
+            "machine's GPU (%s); the first search starts from the workload's load",
             ", ".join(GPU_PROFILES), source,
         )  # fmt: skip
         return None
@@ -369,7 +396,6 @@ async def predict_start(
         )
         return None if recs is None else step_of(factor, rp, Measured(recs, {}, None), judged)
 
-    t0 = time.perf_counter()
     base = Replay("", list(requests), w)
     first = await asyncio.to_thread(step, base, 1.0)
     if first is None:
@@ -381,20 +407,6 @@ async def predict_start(
         assert got is not None  # the same config started for the first step
         return got
 
-    cap = await search(
+    return await search(
         probe, cfg.objective.capacity, first=first, loads=functools.partial(whole_load, base)
     )
-    held = [s.factor for s in cap.steps if s.held and s.factor <= cap.factor]
-    if cap.rps <= 0 or not held:
-        return None
-    log.info(
-        "  the simulator predicts an SLO capacity of %.3gx the workload's load (%.2f req/s; "
-        "%d steps in virtual time, %.1f s); the search goes to the highest load that held there, "
-        "%.3gx",
-        cap.factor,
-        cap.rps,
-        len(cap.steps),
-        time.perf_counter() - t0,
-        max(held),
-    )
-    return Start(max(held), binding=False)

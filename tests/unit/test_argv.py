@@ -85,6 +85,15 @@ def test_the_argv_passes_what_passed_says(make_cfg, eager: bool) -> None:
     assert judged == passed(default_space, searched) and "enforce_eager" not in judged
 
 
+def test_the_simulated_server_models_engine_gpu(make_cfg) -> None:
+    sim = make_cfg("+workload=chat", "engine=sim", "engine.gpu=h100").engine
+    assert build_env(sim, cache_root=None, environ={})["TUNER_SIM_GPU"] == "h100"
+    mine = {"TUNER_SIM_GPU": "h200"}  # the user's own setting stays
+    assert build_env(sim, cache_root=None, environ=mine)["TUNER_SIM_GPU"] == "h200"
+    real = make_cfg("+workload=chat", "engine=vllm", "engine.gpu=h100").engine
+    assert "TUNER_SIM_GPU" not in build_env(real, cache_root=None, environ={})
+
+
 def test_env_lease_no_vllm_port_and_secrets(make_cfg) -> None:
     cfg = make_cfg("+workload=chat", "engine=vllm", "engine.gpus=[2,3]")
     environ = {"VLLM_PORT": "9000", "HF_TOKEN": "hf_secret_value", "PATH": "/bin"}

@@ -46,6 +46,26 @@ def test_nvml_gives_the_leased_gpus_memory(nvml: dict[int, tuple[str, float]]) -
     assert gpu.margin == (pc.MARGIN_GIB, pc.MARGIN_FRACTION)
 
 
+@pytest.mark.parametrize(
+    ("name", "profile"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h100"),  # the SXM module the H100 runs had
+        ("NVIDIA H100 PCIe", None),  # other H100s: less memory bandwidth, never measured
+        ("NVIDIA H100 NVL", None),
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA H200 NVL", "h200"),
+    ],
+)
+def test_only_the_measured_gpus_take_their_profile(
+    nvml: dict[int, tuple[str, float]], name: str, profile: str | None
+) -> None:
+    nvml[0] = (name, 79.65)
+    gpu = pc.leased_gpu("vllm", "h200", (0,))
+    assert gpu.profile is not None and gpu.profile.total_gib == 79.65  # NVML's, in every case
+    assert gpu.measured is (profile is not None)
+    assert gpu.profile.name == (profile or name)
+
+
 def test_an_unknown_gpu_works_with_a_wider_margin(nvml: dict[int, tuple[str, float]]) -> None:
     nvml[0] = ("NVIDIA A100-SXM4-80GB", 79.25)
     gpu = pc.leased_gpu("vllm", "h200", (0,))

@@ -58,9 +58,9 @@ class EngineConfig:
     extra_args: list[str] = field(default_factory=list)
     """Flags added to every launch, after the model's fixed flags."""
     gpu: str = "h200"
-    """GPU profile for the memory model's KV prediction (tuner.memory.GPU_PROFILES) where NVML
-    cannot say (no driver here) and for the simulator; with ``kind: vllm`` and NVML, the leased
-    GPUs' own memory is used (:func:`tuner.precheck.gpu_profile`)."""
+    """GPU profile (``h200`` or ``h100``, tuner.memory.GPU_PROFILES) for the memory model's KV
+    prediction where NVML cannot say (no driver here) and for the simulator; with ``kind: vllm``
+    and NVML, the leased GPUs' own memory is used (:func:`tuner.precheck.leased_gpu`)."""
     cpu_pinning: bool = False
     """Pin each server's process tree to CPU cores of its own (a fixed share per GPU of
     ``engine.gpus``), so parallel trials (``study.n_workers`` > 1) do not compete for cores, and

@@ -392,6 +392,8 @@ def build_env(
     if key:
         env["VLLM_API_KEY"] = key
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in engine.gpus)
+    if engine.kind == "sim":  # the simulated server models the GPU the precheck predicts for
+        env.setdefault("TUNER_SIM_GPU", engine.gpu)
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
