@@ -87,7 +87,9 @@ class Case:
 
 
 def load_points(path: Path = DATA, ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    points: list[dict[str, Any]] = json.loads(path.read_text())["points"]
+    """The file's points, each with the file's ``gpu`` (a :data:`GPU_PROFILES` key)."""
+    data = json.loads(path.read_text())
+    points: list[dict[str, Any]] = [p | {"gpu": data.get("gpu", "h200")} for p in data["points"]]
     if ids:
         points = [p for p in points if p["id"] in ids]
     return points
@@ -156,7 +158,7 @@ def simulate(case: Case, base: SpeedModel | None = None) -> dict[str, float]:
     shape = ModelShape.from_dir(MODEL_DIR)
     res: LandscapeResult = evaluate(
         shape,
-        GPU_PROFILES["h200"],
+        GPU_PROFILES[case.point.get("gpu", "h200")],
         case.point["params"],
         case.stream,
         concurrency=case.concurrency,

@@ -44,6 +44,7 @@ FIRST = Path("docs/gpu-runs/2026-11-30-h200")
 LONG = Path("docs/gpu-runs/2026-11-30-h200x2-long-vl")
 PRESCREEN = Path("docs/gpu-runs/2026-11-30-h200x2-prescreen")  # long_docs 0-24, the chat picks
 DEFAULT_OUT = Path("benchmarks/calibration/h200-qwen3-8b.json")
+H100_OUT = Path("benchmarks/calibration/h100-qwen3-8b.json")
 RANDOM256 = Path("benchmarks/calibration/h200-random256.csv")
 
 CHAT256 = [
@@ -406,6 +407,122 @@ def first_study_points(root: Path) -> list[dict[str, Any]]:
     return points
 
 
+# The H100 runs (2026-12-05 to 12-07, one H100 80GB HBM3 a machine, vLLM 0.24.0, Qwen3-8B dummy
+# weights): every stored screen or grid study under an ``*-h100*`` record, with its workload as
+# its record gives it (``scripts/gpu/o_screen.sh``'s CONC / REQS / EXTRA)
+CHAT_OWN = ["+workload=chat", "workload.arrival.concurrency=256", "workload.num_requests=800"]
+CHAT_TPOT15 = [
+    "+workload=chat",
+    "workload.arrival.concurrency=64",
+    "workload.num_requests=400",
+    "workload.slo.tpot_ms=15",
+]
+LONG_DOCS16 = ["+workload=long_docs", "workload.arrival.concurrency=16"]
+H100_GROUPS = {  # study name -> (group, workload, the study's tag in a point's id)
+    "chat-qwen3-8b-vllm-capacity-screen": ("h100-chat256", CHAT_OWN, "screen"),
+    "chat-tpot15-h100-qwen3-8b-vllm-capacity-screen": ("h100-chat64", CHAT_TPOT15, "screen"),
+    "chat-tpot15-h100-nocascade-screen": ("h100-chat64", CHAT_TPOT15, "nocascade"),
+    "chat-tpot15-levers": ("h100-chat64", CHAT_TPOT15, "grid"),
+    "long_docs-qwen3-8b-vllm-capacity-screen": ("h100-long_docs16", LONG_DOCS16, "screen"),
+}
+H100_DBS = [
+    "2026-12-05-levers-chat-h100-2/optuna.db",
+    "2026-12-06-levers-h100/optuna.db",
+    "2026-12-06-long-docs-kv-h100/first-machine-optuna.db.gz",
+    "2026-12-06-long-docs-kv-h100/optuna.db.gz",
+    "2026-12-06-long-docs-kv-h100-2/optuna.db.gz",
+    "2026-12-06-long-docs-kv-h100-3/optuna.db.gz",
+    "2026-12-06-long-docs-kv-h100-4/optuna.db",
+    "2026-12-06-tpot15-h100/optuna.db.gz",
+    "2026-12-06-tpot15-h100-2/optuna.db",
+    "2026-12-06-tpot15-grid-h100/optuna.db",
+    "2026-12-06-tpot15-grid-h100/screen-optuna.db.gz",
+    "2026-12-07-levers-chat-h100/optuna.db.gz",
+    "2026-12-07-long-docs-fp8-h100/optuna.db.gz",
+    "2026-12-07-tpot15-h100-3/optuna.db.gz",
+    "2026-12-07-tpot15-h100-4/optuna.db.gz",
+    "2026-12-07-tpot15-h100-5/optuna.db.gz",
+    "2026-12-07-tpot15-h100-6/optuna.db.gz",
+]
+
+
+def h100_points(root: Path) -> list[dict[str, Any]]:
+    """One point per H100 server: its first replay (the workload at its own load, which every
+    capacity search starts with; the trial's ``metrics``), the KV tokens vLLM logged and the
+    server's SLO capacity (``capacity_censored`` where its search ended holding). Only
+    trials that carry the ``machine`` attr (a GPU's UUID, set on every H100 run; the H200 trials
+    some of these studies continue carry none), each (machine, study, trial) once, from the
+    first file that holds it. A screen trial's params are its arm's flag (the study's ``screen``
+    attr); a grid trial's, its passed params."""
+    import gzip
+    import shutil
+    import tempfile
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    gpu_runs = Path("docs/gpu-runs")
+    points: list[dict[str, Any]] = []
+    seen: set[tuple[str, str, int]] = set()
+    with tempfile.TemporaryDirectory(prefix="cal-h100-") as tmp:
+        for rel in H100_DBS:
+            path = root / gpu_runs / rel
+            if path.suffix == ".gz":
+                plain = Path(tmp) / rel.replace("/", "_").removesuffix(".gz")
+                with gzip.open(path) as src, plain.open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                path = plain
+            storage = f"sqlite:///{path}"
+            for summary in optuna.get_all_study_summaries(storage):
+                group, overrides, tag = H100_GROUPS[summary.study_name]
+                study = optuna.load_study(study_name=summary.study_name, storage=storage)
+                arms = study.user_attrs.get("screen") or {}
+                for t in study.trials:
+                    a = t.user_attrs
+                    key = (str(a.get("machine")), summary.study_name, t.number)
+                    done = t.state == optuna.trial.TrialState.COMPLETE and a.get("launched")
+                    if not done or a.get("failure_reason") or not a.get("machine") or key in seen:
+                        continue
+                    seen.add(key)
+                    point = _trial_point(t, group, "", overrides, a.get("kv_cache_tokens"))
+                    arm = a.get("screen_arm")
+                    if point["baseline"]:
+                        params: dict[str, Any] = {}
+                    elif arm is not None:
+                        params = {arms[arm]["param"]: arms[arm]["value"]}
+                    else:
+                        params = {k: v for k, v in t.params.items() if v is not None}
+                    m = a["metrics"]
+                    capacity = {"capacity_rps": m.get("capacity_rps")}
+                    if m.get("capacity_censored"):  # the search ended holding: at least this
+                        capacity["capacity_censored"] = 1.0
+                    point["measured"] |= _round(capacity)
+                    point |= {
+                        "id": f"{group}-{a['machine'].split(':')[0][:12]}-{tag}-t{t.number}",
+                        "source": f"{gpu_runs / rel} study {summary.study_name} trial {t.number}"
+                        + (f" ({arm})" if arm else ""),
+                        "params": params,
+                        "machine": a["machine"],
+                    }
+                    points.append(point)
+    return points
+
+
+def build_h100(root: Path = ROOT) -> dict[str, Any]:
+    return {
+        "description": (
+            "Real vLLM 0.24.0 measurements (Qwen3-8B dummy weights, one H100 80GB HBM3 a "
+            "machine): each H100 capacity server's first replay, the workload at its own load; "
+            "made by scripts/calibration_points.py --gpu h100, evaluated by "
+            "benchmarks/sim_calibration.py --data. Times in ms, throughput in output tok/s."
+        ),
+        "model": "qwen3-8b",
+        "gpu": "h100",
+        "engine_version": "0.24.0",
+        "points": h100_points(root),
+    }
+
+
 def build(root: Path = ROOT) -> dict[str, Any]:
     points = chat256_points(root) + [interference_point(root)] + bench_points(root)
     points += random256_points(root)
@@ -427,12 +544,14 @@ def build(root: Path = ROOT) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / DEFAULT_OUT)
+    ap.add_argument("--gpu", choices=("h200", "h100"), default="h200")
+    ap.add_argument("--out", type=Path, help=f"default {DEFAULT_OUT}, or {H100_OUT} with h100")
     args = ap.parse_args()
-    data = build(ROOT)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"{len(data['points'])} points -> {args.out}")
+    data = build_h100(ROOT) if args.gpu == "h100" else build(ROOT)
+    out = args.out or ROOT / (H100_OUT if args.gpu == "h100" else DEFAULT_OUT)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{len(data['points'])} points -> {out}")
 
 
 if __name__ == "__main__":
