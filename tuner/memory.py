@@ -172,8 +172,8 @@ GPU_PROFILES: dict[str, GpuProfile] = {
 one's), with the memory NVML reports. The speed model (:class:`tuner.sim.engine.SpeedModel`) is
 the H200's on both: on 86 H100 servers (2026-12-05 ... 12-07) it read output tok/s within 5.3 %
 and TPOT p50 within 4.7 % (medians), and the memory model their KV tokens within -0.7 ... +1.6 %;
-scaling its weight and KV reads by the H100's lower memory bandwidth read them 13 % and 20 %
-off instead (docs/sim-calibration.md, "The H100")."""
+scaling its weight and KV reads by the H100's lower memory bandwidth read chat's tok/s 11-16 %
+low and TPOT p50 19-24 % high instead (docs/sim-calibration.md, "The H100")."""
 NVML_WORDS: dict[str, tuple[str, ...]] = {"h200": ("h200",), "h100": ("h100", "hbm3")}
 """The words a GPU's NVML name holds for :data:`GPU_PROFILES`' entry: the measured H100 reads
 "NVIDIA H100 80GB HBM3" (the SXM module); the H100 PCIe and H100 NVL are other GPUs, with less

@@ -335,8 +335,9 @@ async def predict_start(
     the simulated server's own model, so the live search needs about 3 replays instead of 8; on
     a GPU it is the calibrated model's guess (chat's defaults from 64 in flight: 68.41 req/s
     predicted, 65.38-66.04 measured on an H200 on 2026-12-05, docs/gpu-runs/
-    2026-12-05-capacity-study-fork.md; on 86 H100 servers -4.5 ... +5.1 % where TPOT binds,
-    +20 % at chat's own SLO, ``benchmarks/predicted_capacity.py``). None where
+    2026-12-05-capacity-study-fork.md; on 86 H100 servers -4.5 ... +4.7 % for the defaults and
+    fp8 weights where TPOT binds, +13 % for chat's fp8 KV cache there; +20 % for chat's defaults
+    at their own SLO, where TTFT binds; ``benchmarks/predicted_capacity.py``). None where
     :func:`predict_capacity` says none, or nothing held. ``requests``: the workload's own stream
     (the first step)."""
     t0 = time.perf_counter()
