@@ -39,6 +39,17 @@ async def test_ready_facts_and_clean_teardown(tmp_path: Path) -> None:
     assert server.stop_s is not None
 
 
+async def test_the_simulated_server_has_the_memory_of_engine_gpu(make_cfg, tmp_path: Path) -> None:
+    from tuner.engine.argv import build_env
+    from tuner.memory import GPU_PROFILES, ModelShape, estimate
+
+    shape = ModelShape.from_dir(ROOT / "models" / "qwen-0.5b-dummy")
+    for gpu in ("h100", "h200"):
+        env = build_env(make_cfg("+workload=chat", f"engine.gpu={gpu}").engine, cache_root=None)
+        async with make_server(tmp_path / gpu, env=env) as info:
+            assert info.facts.kv_cache_tokens == estimate(shape, GPU_PROFILES[gpu], {}).kv_tokens
+
+
 async def test_cpu_pinning_covers_the_server_and_its_engine_core(tmp_path: Path) -> None:
     server = make_server(tmp_path)
     server.cpus = [0]
