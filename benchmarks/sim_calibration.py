@@ -1,5 +1,8 @@
 """The simulator against real H200 runs: error per calibration point, and a fit of its speed model.
 
+``--data benchmarks/calibration/h100-qwen3-8b.json`` evaluates the H100 servers' points instead,
+on the file's GPU profile (``gpu``: ``h100``), out of sample (docs/sim-calibration.md, "The H100").
+
 Every point of ``benchmarks/calibration/h200-qwen3-8b.json`` (made by
 ``scripts/calibration_points.py`` from the stored GPU runs) is evaluated in virtual time with
 :func:`tuner.sim.landscape.evaluate` (the simulated server's scheduler, block pool and

@@ -1,10 +1,15 @@
-"""Extract the simulator's calibration points from the stored real H200 runs into one JSON file.
+"""Extract the simulator's calibration points from the stored real H200 runs into one JSON file
+(or, with ``--gpu h100``, the H100 servers' points the same models are checked on).
 
 Every number comes from a stored file (none is typed here); run it again and the JSON is the same::
 
     python scripts/calibration_points.py [--out benchmarks/calibration/h200-qwen3-8b.json]
+    python scripts/calibration_points.py --gpu h100   # -> benchmarks/calibration/h100-qwen3-8b.json
 
-Sources (all vLLM 0.24.0, Qwen3-8B dummy weights, one H200):
+``--gpu h100``: :func:`h100_points`, one point per launched server of the stored H100 screens
+and grid of 2026-12-05 ... 12-07 (:data:`H100_DBS`).
+
+The H200 sources (all vLLM 0.24.0, Qwen3-8B dummy weights, one H200):
 
 - ``chat256``: the Optuna study ``chat256-qwen3-8b`` (chat profile at 256 in flight, 1000 requests,
   TPOT SLO 25 ms): every COMPLETE trial without a failure, its ``metrics`` and the KV tokens vLLM
