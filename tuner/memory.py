@@ -242,6 +242,10 @@ class ResolvedParams:
     async_scheduling: bool = True
     """``--async-scheduling`` (vLLM 0.24's default on): the simulator's host time between steps
     when off (:meth:`tuner.sim.engine.SpeedModel.host_time`)."""
+    stream_interval: int = 1
+    """``--stream-interval`` (vLLM 0.24's default 1): the API server sends one output per this
+    many tokens, so the simulator's admission delay per running request is this much shorter
+    (:meth:`tuner.sim.engine.Scheduler.add`)."""
 
 
 def _get(params: Mapping[str, Any], key: str, default: Any = None) -> Any:
@@ -364,6 +368,7 @@ def resolve_params(shape: ModelShape, gpu: GpuProfile, params: Mapping[str, Any]
         data_parallel_size=int(_get(params, "data_parallel_size")),
         quantization=params.get("quantization"),
         async_scheduling=bool(_get(params, "async_scheduling")),
+        stream_interval=max(1, int(_get(params, "stream_interval", 1))),
     )
 
 

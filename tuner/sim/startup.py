@@ -187,13 +187,13 @@ def resolve(args: SimArgs, env: Mapping[str, str]) -> Settings:
         "enable_prefix_caching": args.enable_prefix_caching,
         "performance_mode": args.performance_mode,
         "async_scheduling": args.async_scheduling,
+        "stream_interval": args.stream_interval,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_gpu_blocks_override": args.num_gpu_blocks_override,
     }
     given = {
         **params,
         "max_num_partial_prefills": args.max_num_partial_prefills,
-        "stream_interval": args.stream_interval,
     }
     # vLLM's order: the argument checks, the compilation config, then the scheduler checks
     _raise(vllm_rules.argument_refusal(shape, given, gpu_count=gpu_count, env=env))
