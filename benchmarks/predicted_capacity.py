@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import sys
@@ -36,8 +37,10 @@ if str(ROOT) not in sys.path:  # runnable as a plain script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from tuner.checks import load_config  # noqa: E402
+from tuner.config import TunerConfig  # noqa: E402
 from tuner.memory import ModelShape  # noqa: E402
 from tuner.prescreen import predict_capacity  # noqa: E402
+from tuner.records import RequestSpec  # noqa: E402
 from tuner.workload import build_requests  # noqa: E402
 
 DATA = ROOT / "benchmarks/calibration/h100-qwen3-8b.json"
@@ -47,8 +50,9 @@ EXTRA = {"+workload=long_docs": ["objective.capacity.rel_width=0.1"]}
 """Overrides the GPU runs gave a workload besides its load (long_docs' screens, levers.md)."""
 
 
-def predicted(overrides: Sequence[str], gpu: str, params: dict[str, Any]) -> float | None:
-    """The simulator's SLO capacity (req/s) for ``params`` on ``overrides``' workload, or None."""
+@functools.cache
+def _workload(overrides: tuple[str, ...], gpu: str) -> tuple[TunerConfig, list[RequestSpec]]:
+    """The config and request stream of ``overrides``' workload on ``gpu``, composed once."""
     with tempfile.TemporaryDirectory(prefix="pred-cap-") as tmp:
         cfg = load_config(
             [
@@ -61,8 +65,14 @@ def predicted(overrides: Sequence[str], gpu: str, params: dict[str, Any]) -> flo
                 f"paths.state_dir={tmp}",
             ]
         )
-    shape = ModelShape.from_dir(MODEL_DIR)
-    requests = build_requests(cfg.workload, cfg.model.files)
+    return cfg, build_requests(cfg.workload, cfg.model.files)
+
+
+def predicted(
+    shape: ModelShape, overrides: Sequence[str], gpu: str, params: dict[str, Any]
+) -> float | None:
+    """The simulator's SLO capacity (req/s) for ``params`` on ``overrides``' workload, or None."""
+    cfg, requests = _workload(tuple(overrides), gpu)
     cap = asyncio.run(predict_capacity(cfg, shape, requests, params))
     return cap.rps if cap is not None and cap.rps > 0 else None
 
@@ -78,12 +88,13 @@ def main() -> None:
         if p["measured"].get("capacity_rps"):
             groups[(p["group"], json.dumps(p["params"], sort_keys=True))].append(p)
     t0 = time.perf_counter()
+    shape = ModelShape.from_dir(MODEL_DIR)
     rows = []
     for (group, params), points in sorted(groups.items()):
         caps = [p["measured"]["capacity_rps"] for p in points]
         censored = sum(bool(p["measured"].get("capacity_censored")) for p in points)
         med = statistics.median(caps)
-        rps = predicted(points[0]["workload"]["overrides"], data["gpu"], json.loads(params))
+        rps = predicted(shape, points[0]["workload"]["overrides"], data["gpu"], json.loads(params))
         rows.append(
             {
                 "group": group,
