@@ -401,11 +401,20 @@ def _warm_start(cfg: TunerConfig, dists: Distributions) -> list[tuple[dict[str, 
 
 
 def search_start(
-    study: optuna.Study, cfg: TunerConfig, params: dict[str, Any] | None = None
+    study: optuna.Study,
+    cfg: TunerConfig,
+    params: dict[str, Any] | None = None,
+    *,
+    baseline: bool = False,
 ) -> Start | None:
     """Where a trial's capacity search goes after the workload's own replay, or None (the
     incumbent probe off, or no capacity known): the study's incumbent
-    (:func:`tuner.stored_study.incumbent_capacity`; a search trial that loses there ends), else
+    (:func:`tuner.stored_study.incumbent_capacity`; a search trial that loses there ends; a
+    ``baseline`` trial's, vLLM's defaults, goes on below it as from a prediction: the study's
+    reference gets its own capacity wherever it runs, as when it runs first, and the confirm
+    stage's first defaults' server starts near that crossing instead of between an estimate and
+    the incumbent: on the simulator's long_docs grid of 2026-12-07 that server took 5 replays
+    to a 17 % bracket from a censored defaults' cell, its next two 3 each), else
     the best capacity of the ``study.warm_start`` study as a prediction (``binding`` False: the
     search goes on from a loss there; its load factor is on that study's workload, so a warm
     start of the same workload predicts best). In the lever screen (``screen.predict_start``)
@@ -427,6 +436,8 @@ def search_start(
     if not cfg.objective.capacity.incumbent_probe:
         return None
     own = incumbent_capacity(study, metric)
+    if own is not None and baseline:
+        return own._replace(rps=None, binding=False)
     if own is not None or not cfg.study.warm_start:
         return own
     other = incumbent_capacity(_warm_source(cfg), metric)
@@ -452,11 +463,15 @@ async def trial_start(
     shape: ModelShape,
     requests: list[RequestSpec],
     params: dict[str, Any],
+    *,
+    baseline: bool = False,
 ) -> Start | None:
     """:func:`search_start`, else the capacity the simulator predicts for ``params``
     (:func:`tuner.prescreen.predict_start`, ``objective.capacity.predict_start``): where a
-    trial of ``study`` goes after its own replay."""
-    return search_start(study, cfg, params) or await predict_start(cfg, shape, requests, params)
+    trial of ``study`` goes after its own replay (``baseline``: vLLM's defaults' trial)."""
+    return search_start(study, cfg, params, baseline=baseline) or await predict_start(
+        cfg, shape, requests, params
+    )
 
 
 def _warm_source(cfg: TunerConfig) -> optuna.Study:

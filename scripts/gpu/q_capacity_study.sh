@@ -22,12 +22,15 @@
 # study.baseline_first=false: the grid's 4 cells, vLLM's defaults among them (with the baseline
 # first the grid measures the defaults twice: 5 servers on the simulator, 2026-12-06); a grid
 # ends once its cells are done, so the same N continues it (max_steps 5: with 4, fp8 weights'
-# server still held at its last step, docs/gpu-runs/2026-12-07-long-docs-fp8-h100.md):
+# server still held at its last step, docs/gpu-runs/2026-12-07-long-docs-fp8-h100.md;
+# confirm.stop_winner=false: issue #30's goal asks 3 + 3 servers, and a clear gain stops after 2):
 #   WL=long_docs T=1560 N=4 EXTRA="study.name=ld-grid study=grid study.baseline_first=false
 #   space.params.block_size.enabled=false
 #   space.params.max_num_batched_tokens.enabled=false space.params.cudagraph_mode.enabled=false
-#   confirm.rounds=3 workload.arrival.concurrency=16 objective.capacity.rel_width=0.1
-#   objective.capacity.max_steps=5"
+#   confirm.rounds=3 confirm.stop_winner=false workload.arrival.concurrency=16
+#   objective.capacity.rel_width=0.1 objective.capacity.max_steps=5"
+# Its first session (docs/gpu-runs/2026-12-07-long-docs-grid-h100.md) ran 2 cells; continue it
+# with DB=docs/gpu-runs/2026-12-07-long-docs-grid-h100/optuna.db.gz
 set -u
 T="${T:-1700}"
 source "$(dirname "$0")/common.sh"

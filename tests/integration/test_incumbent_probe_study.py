@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.capacity import BINDING_SLOS
 
+from tuner import stored_trial
 from tuner import study as study_mod
 from tuner.config import TunerConfig
 
@@ -41,8 +42,12 @@ SMALL = [
 def test_the_second_trial_probes_the_first_trials_capacity(
     make_cfg: Callable[..., TunerConfig],
 ) -> None:
-    outcome = study_mod.run(make_cfg(*SMALL))
+    # the second trial a config other than vLLM's defaults (a baseline is never censored, the
+    # last test): --block-size 32, which the simulator serves about as the defaults
+    search = [o for o in SMALL if o != "space=none"]
+    outcome = study_mod.run(make_cfg(*search, "space=default", "study.enqueue=[{block_size:32}]"))
     first, second = outcome.study.trials
+    assert stored_trial.is_baseline(first) and second.params["block_size"] == 32
     assert outcome.study.study_name == "chat-qwen3-8b-sim-capacity"
     m0 = first.user_attrs["metrics"]
     assert m0["capacity_censored"] == 0.0 and m0["capacity_rps"] > 0
@@ -75,3 +80,35 @@ def test_the_second_trial_probes_the_first_trials_capacity(
             assert m1["capacity_censored"] == 0.0 and m1["capacity_rps"] <= probe["rps"]
     else:
         assert m1["capacity_censored"] >= 0.0
+
+
+def test_a_baseline_run_after_a_capacity_is_measured_gets_its_own(
+    make_cfg: Callable[..., TunerConfig],
+) -> None:
+    """vLLM's defaults (the baseline trial) run once the study has a capacity to beat (a grid's
+    cell of the defaults with ``study.baseline_first=false``, or a baseline enqueued late): its
+    search tries the incumbent's load first, as a prediction, and brackets its own crossing below
+    it instead of ending there censored above. The incumbent here is a stored trial no config
+    can reach (8x the workload's load, 1000 req/s): a search trial would stop at it, capped."""
+    small = [o for o in SMALL if not o.startswith("study.n_trials=")]
+    study = study_mod.run(make_cfg(*small, "study.n_trials=0")).study  # stored, no trial yet
+    best = study.ask()
+    best.set_user_attr("metrics", {"capacity_rps": 1000.0, "capacity_factor": 8.0,
+                                   "capacity_censored": 0.0, "ttft_p95_ms": 50.0})  # fmt: skip
+    system, user = stored_trial.constraint_attrs({"error_rate": -0.05})
+    for k, v in system.items():
+        best.storage.set_trial_system_attr(best._trial_id, k, v)
+    for k, v in user.items():
+        best.set_user_attr(k, v)
+    study.tell(best, [1000.0, 50.0])
+
+    outcome = study_mod.run(make_cfg(*small, "study.n_trials=1"))
+    baseline = outcome.study.trials[-1]
+    assert stored_trial.is_baseline(baseline)
+    steps = json.loads((Path(baseline.user_attrs["trial_dir"]) / "capacity.json").read_text())
+    factors = [s["factor"] for s in steps["steps"]]
+    assert factors[:2] == [1.0, 8.0]  # its own load, then the incumbent's
+    assert not steps["steps"][1]["held"]
+    m = baseline.user_attrs["metrics"]
+    assert m["capacity_censored"] == 0.0  # bracketed below the incumbent: its own capacity
+    assert 0 < m["capacity_rps"] < 1000.0 and len(factors) > 2

@@ -447,6 +447,9 @@ def test_the_first_trial_starts_from_the_warm_start_studys_capacity(
     assert search_start(now, cfg) == Start(5.0, None, None, binding=False)
     _capacity_trial(now, 20.0, 2.0)
     assert search_start(now, cfg) == Start(2.0, 20.0)  # then its own incumbent, binding
+    # vLLM's defaults (the baseline trial) start there too, but go on below a loss: the
+    # study's reference gets its own capacity
+    assert search_start(now, cfg, baseline=True) == Start(2.0, None, None, binding=False)
     off = make_cfg("+workload=chat", "objective=capacity", "study.warm_start=earlier",
                    "objective.capacity.incumbent_probe=false")  # fmt: skip
     assert search_start(now, off) is None
