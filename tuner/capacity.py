@@ -106,6 +106,10 @@ class Start(NamedTuple):
     :data:`NEAR_STEPS`, so that a crossing near the start closes the bracket, instead of
     jumping by the margin or narrowing from the workload's own load far below."""
 
+    def prediction(self) -> Start:
+        """This start as a prediction: not :attr:`binding`, no rate to cap at."""
+        return self._replace(rps=None, binding=False)
+
 
 def for_gpus(start: Start | None, gpus: int) -> Start | None:
     """``start`` for a server on ``gpus`` GPUs: an incumbent ranked per GPU (``start.gpus`` set)

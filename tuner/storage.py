@@ -404,17 +404,13 @@ def search_start(
     study: optuna.Study,
     cfg: TunerConfig,
     params: dict[str, Any] | None = None,
-    *,
     baseline: bool = False,
 ) -> Start | None:
     """Where a trial's capacity search goes after the workload's own replay, or None (the
     incumbent probe off, or no capacity known): the study's incumbent
-    (:func:`tuner.stored_study.incumbent_capacity`; a search trial that loses there ends; a
-    ``baseline`` trial's, vLLM's defaults, goes on below it as from a prediction: the study's
-    reference gets its own capacity wherever it runs, as when it runs first, and the confirm
-    stage's first defaults' server starts near that crossing instead of between an estimate and
-    the incumbent: on the simulator's long_docs grid of 2026-12-07 that server took 5 replays
-    to a 17 % bracket from a censored defaults' cell, its next two 3 each), else
+    (:func:`tuner.stored_study.incumbent_capacity`; a search trial that loses there ends, a
+    ``baseline`` trial, vLLM's defaults and the study's reference, goes on below it as from a
+    prediction: docs/design.md, "The incumbent probe"), else
     the best capacity of the ``study.warm_start`` study as a prediction (``binding`` False: the
     search goes on from a loss there; its load factor is on that study's workload, so a warm
     start of the same workload predicts best). In the lever screen (``screen.predict_start``)
@@ -429,32 +425,25 @@ def search_start(
         if not cfg.screen.predict_start:
             return None
         own = None if params is None else _own_crossing(study, params)
-        if own is not None:
-            return own
-        measured = incumbent_capacity(study, metric, baseline_only=True)
-        return None if measured is None else measured._replace(rps=None, binding=False)
+        start = own or incumbent_capacity(study, metric, baseline_only=True)
+        return None if start is None else start.prediction()
     if not cfg.objective.capacity.incumbent_probe:
         return None
     own = incumbent_capacity(study, metric)
-    if own is not None and baseline:
-        return own._replace(rps=None, binding=False)
-    if own is not None or not cfg.study.warm_start:
-        return own
-    other = incumbent_capacity(_warm_source(cfg), metric)
-    return None if other is None else other._replace(rps=None, binding=False)
+    if own is not None:
+        return own.prediction() if baseline else own
+    other = incumbent_capacity(_warm_source(cfg), metric) if cfg.study.warm_start else None
+    return None if other is None else other.prediction()
 
 
 def _own_crossing(study: optuna.Study, params: dict[str, Any]) -> Start | None:
     """The median crossing of the finished servers with ``params``
-    (:func:`tuner.confirm.median_crossing`), as a ``near`` prediction
+    (:func:`tuner.confirm.median_crossing`), a ``near`` start
     (:attr:`tuner.capacity.Start.near`: the search walks by narrow steps from there, up after a
-    hold, down after a loss), or None. On an H100
-    (docs/gpu-runs/2026-12-06-long-docs-kv-h100-2.md) the fp8 cache's second long_docs
-    server started at the defaults' 18 in flight, held there and at 22, lost at 24: 3 steps of
-    ~2 minutes after its own replay, where its first had crossed between 21 and 23."""
+    hold, down after a loss), or None; what it saved on an H100 and the simulator:
+    docs/levers.md, "How it runs"."""
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    own = median_crossing(stored_trial.metrics(t) for t in done if _same_params(params, t.params))
-    return None if own is None else own._replace(rps=None, binding=False)
+    return median_crossing(stored_trial.metrics(t) for t in done if _same_params(params, t.params))
 
 
 async def trial_start(
@@ -463,15 +452,13 @@ async def trial_start(
     shape: ModelShape,
     requests: list[RequestSpec],
     params: dict[str, Any],
-    *,
     baseline: bool = False,
 ) -> Start | None:
     """:func:`search_start`, else the capacity the simulator predicts for ``params``
     (:func:`tuner.prescreen.predict_start`, ``objective.capacity.predict_start``): where a
     trial of ``study`` goes after its own replay (``baseline``: vLLM's defaults' trial)."""
-    return search_start(study, cfg, params, baseline=baseline) or await predict_start(
-        cfg, shape, requests, params
-    )
+    start = search_start(study, cfg, params, baseline)
+    return start or await predict_start(cfg, shape, requests, params)
 
 
 def _warm_source(cfg: TunerConfig) -> optuna.Study:

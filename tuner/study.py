@@ -217,11 +217,8 @@ async def _trials(
     async def one(trial: optuna.Trial) -> None:
         nonlocal finished, free
         baseline = mark_baseline(trial, cfg)
-        # the SLO capacity: the study's best (for the baseline a prediction), else the
-        # warm-start study's or the sim's guess
-        incumbent = await trial_start(
-            study, cfg, ctx.shape, ctx.requests, trial.params, baseline=baseline
-        )
+        # the study's best capacity (the baseline's: a prediction), else a warm start's or the sim's
+        incumbent = await trial_start(study, cfg, ctx.shape, ctx.requests, trial.params, baseline)
         try:
             result = await run_trial(ctx, trial.number, dict(trial.params), baseline, incumbent)
         except (KeyboardInterrupt, asyncio.CancelledError):
