@@ -302,8 +302,9 @@ def print_confirm(
         if candidates:
             console.print("No pick held up under stress: nothing is recommended.")
         return
+    unconfirmed = "" if results else ", not confirmed on fresh servers"  # no confirm stage ended
     console.print(
-        f"Recommended: trial {best.trial} ({', '.join(best.picks)}): "
+        f"Recommended: trial {best.trial} ({', '.join(best.picks)}){unconfirmed}: "
         f"vllm serve --config {out_dir / recommended_file(best.picks, picks)}"
     )
 

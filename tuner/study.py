@@ -35,6 +35,7 @@ from tuner.config import TunerConfig
 from tuner.confirm import capacity_start, conclude, pick, stressed
 from tuner.confirm_stop import EarlyStop
 from tuner.console import hms, live_best, parent_summary, print_summary, progress_line
+from tuner.deadline import Deadline
 from tuner.engine.argv import cache_root, check_command, fixed_note, mask, params_key, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, on_cores
 from tuner.grid import grid_left
@@ -91,6 +92,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     Every input is read and checked before the storage is opened or anything is written: the
     engine command, the enqueued configs, the model directory, the request streams (a trace's
     rows); a :class:`~tuner.errors.ConfigError` here leaves no study and no trial folder."""
+    deadline = Deadline(cfg.study.deadline_s)  # the window starts with the invocation
     check_command(cfg.engine)
     dists = distributions(cfg.space)
     check_enqueue(cfg, dists)  # before the study is created or changed
@@ -144,7 +146,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     ctx = TrialContext(
         cfg, shape, requests, secrets, run_dir, cache_dir, study_name=study.study_name,
         parent_run_id=tracker.parent_run_id, pool=GpuPool(cfg.engine.gpus),
-        repeat_requests=repeat_requests, cpu_sets=servers_cores,
+        repeat_requests=repeat_requests, cpu_sets=servers_cores, deadline=deadline,
     )  # fmt: skip
     outcome = StudyOutcome(study)
     log.info(
@@ -217,6 +219,7 @@ async def _trials(
     async def one(trial: optuna.Trial) -> None:
         nonlocal finished, free
         baseline = mark_baseline(trial, cfg)
+        since = ctx.deadline.now()
         # the study's best capacity (the baseline's: a prediction), else a warm start's or the sim's
         incumbent = await trial_start(study, cfg, ctx.shape, ctx.requests, trial.params, baseline)
         try:
@@ -233,6 +236,8 @@ async def _trials(
             slots.release()
         untold.pop(trial.number, None)
         # no await between the release above and this: the asking loop sees the new count
+        if not result.rejected_before_launch:
+            ctx.deadline.timed(since)
         not_counted = result.rejected_before_launch and free < free_limit
         if not_counted:
             free += 1
@@ -285,6 +290,11 @@ async def _trials(
                     n,
                 )
                 break
+            if (late := ctx.deadline.check(study)) is not None:
+                slots.release()
+                log.info("%s: no new trial after %d of %d; the same command continues the study",
+                         late, counted(), n)  # fmt: skip
+                break
             end = screen.round_end(study, cfg, time.monotonic() - t_start)
             if end == "end":
                 slots.release()
@@ -312,7 +322,7 @@ async def _trials(
 
 async def _confirm(
     study: optuna.Study, ctx: TrialContext, candidates: list[Candidate]
-) -> list[ConfirmResult]:
+) -> list[ConfirmResult] | None:
     """Every candidate once per round (``confirm.rounds``), interleaved (A, B, defaults, A, B,
     defaults, ...) so a drift of the machine hits them alike, each run on a fresh server with one
     stress replay per seed; one server at a time (no co-running trial biases the numbers that
@@ -322,7 +332,8 @@ async def _confirm(
     after an interruption runs only the servers not stored (those with an eval replay again). A
     candidate that changes numerics, and the defaults, replay the eval set on each server after
     its stress replays (:mod:`tuner.quality_guard`), and are judged on it too. Which candidate
-    runs no more rounds: :class:`tuner.confirm_stop.EarlyStop` (its two stops)."""
+    runs no more rounds: :class:`tuner.confirm_stop.EarlyStop` (its two stops). None where
+    ``study.deadline_s`` leaves no room for the next server: no verdict until every one has run."""
     cfg, root = ctx.cfg, ctx.cache_root
     cc = cfg.confirm
     replays = []
@@ -340,17 +351,17 @@ async def _confirm(
     )  # fmt: skip
     if (intro := guard.intro()) is not None:
         log.info(intro)
-    step = 0
+    step, total = 0, len(candidates) * cc.rounds
     early = EarlyStop(cfg, candidates, stored, guard)
     for rnd in range(1, cc.rounds + 1):  # within a round the order is free: warm keys first
         for c in warm_first(candidates, lambda c: params_key(cfg, c.params, c.baseline), root):
             step += 1
-            if early.skip(c, rnd, runs, f"confirm {step}/{len(candidates) * cc.rounds}"):
+            if early.skip(c, rnd, runs, f"confirm {step}/{total}"):
                 continue
             after = guard.hook(c, rnd)  # the eval replay, if this pick is judged on quality
             kept = None if after is not None else stored.get(c.trial, rnd)
             log.info(
-                "confirm %d/%d: round %d, trial %d (%s)%s", step, len(candidates) * cc.rounds,
+                "confirm %d/%d: round %d, trial %d (%s)%s", step, total,
                 rnd, c.trial, ", ".join(c.picks), " stored by an earlier run" if kept else "",
             )  # fmt: skip
             if kept is not None:  # a server that ended before this stage was cut short
@@ -359,8 +370,15 @@ async def _confirm(
             tdir = trial_dir(ctx.run_dir / "confirm", c.trial) / f"round_{rnd}"
             earlier = [r for _, _, r in runs[c.trial]]  # its servers of earlier rounds
             start = capacity_start(c, cfg, earlier) if needs_capacity(cfg.objective) else None
-            run = (ctx, c.trial, c.params, c.baseline, tdir, replays)
+            if (late := ctx.deadline.check(study)) is not None:
+                log.warning(
+                    "confirm: %s: stopped before server %d of %d; no verdict until every server "
+                    "has run: the same command runs the rest", late, step, total,
+                )  # fmt: skip
+                return None
+            run, since = (ctx, c.trial, c.params, c.baseline, tdir, replays), ctx.deadline.now()
             got = await run_server(*run, prune=False, capacity_start=start, after=after)
+            ctx.deadline.timed(since)
             stored.put(study, c.trial, rnd, list(zip(cc.seeds, got, strict=True)))
             runs[c.trial] += [(rnd, seed, r) for seed, r in zip(cc.seeds, got, strict=True)]
             failed = sorted({r.failure_reason for r in got if r.failure_reason})
@@ -404,10 +422,11 @@ def _after_search(
             log.info("confirm: reusing the stored verdicts of trials %s", sorted(set(done)))
         loop = loop_factory(cfg.workload.client_loop)
         fresh = aio.run(_confirm(study, ctx, todo), loop) if todo else []
-        results = [done[c.trial] if c.trial in done else fresh.pop(0) for c in candidates]
-        results = [replace(r, picks=c.picks) for r, c in zip(results, candidates, strict=True)]
-        conclude(study, candidates, results, cfg).store(study)
-        outcome.confirmed = results
+        if fresh is not None:  # None: study.deadline_s came first
+            results = [done[c.trial] if c.trial in done else fresh.pop(0) for c in candidates]
+            results = [replace(r, picks=c.picks) for r, c in zip(results, candidates, strict=True)]
+            conclude(study, candidates, results, cfg).store(study)
+            outcome.confirmed = results
     try:
         publish(study, cfg, ctx.run_dir, tracker)
     except Exception as exc:  # a report must never cost the study

@@ -47,9 +47,11 @@ stored_db "$W/cs" && cd "$W/cs"
 WL="${WL:-chat}"
 MODEL="${MODEL:-$(model_of "$WL")}"
 # shellcheck disable=SC2086  # EXTRA: overrides, split on spaces
+# study.deadline_s: no server starts that would not end 90 s before the kill (its teardown and the
+# run's report fit there), so the call's end loses no server; the kill stays for one that overruns
 timeout --foreground -s INT -k 60 $(( T - SECONDS - 30 )) python3 -m tuner "+workload=$WL" "engine=$ENGINE" \
   "model=$MODEL" objective=capacity "study.n_trials=${N:-8}" 'confirm.picks=[capacity,baseline]' \
-  confirm.rounds=2 ${EXTRA:-} > "$LOGS/cs.log" 2>&1
+  confirm.rounds=2 "study.deadline_s=$(( T - SECONDS - 120 ))" ${EXTRA:-} > "$LOGS/cs.log" 2>&1
 echo "$(date -u +%T) study: rc=$?"
 grep -h "SLO capacity\|verdict\|Recommended" "$LOGS/cs.log" | cut -c1-240 | tail -20
 echo "used ${SECONDS}s of $T"

@@ -13,10 +13,11 @@ from helpers.cli import FAST, run_study
 
 import tuner.study as study_mod
 from tuner.config import TunerConfig
+from tuner.deadline import Deadline
 from tuner.records import TrialResult
 from tuner.storage import storage_url
 from tuner.stored_study import ConfirmRecord
-from tuner.trial import run_server
+from tuner.trial import run_server, run_trial
 
 COMMON = [
     "+workload=chat",
@@ -140,3 +141,70 @@ def test_a_server_that_never_became_ready_is_tried_again(
     (result,) = [r for r in record.results if r.trial == crashed[0]]
     assert {row["round"] for row in result.runs} == {1, 2}
     assert not any(row["failure_reason"] for row in result.runs)
+
+
+def _servers_take_100_s(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every server, a trial's or a confirm server, takes 100 s on the deadline's clock (the
+    sim's take seconds); the trials and confirm servers started, in order."""
+    now = [0.0]
+    started: list[int] = []
+
+    def slow(run: Any) -> Any:
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            started.append(args[1])
+            got = await run(*args, **kwargs)
+            now[0] += 100.0
+            return got
+
+        return timed
+
+    monkeypatch.setattr(study_mod, "run_trial", slow(run_trial))
+    monkeypatch.setattr(study_mod, "run_server", slow(run_server))
+    monkeypatch.setattr(study_mod, "Deadline", lambda s: Deadline(s, clock=lambda: now[0]))
+    return started
+
+
+def test_a_deadline_starts_no_server_that_would_not_fit_and_the_same_command_goes_on(
+    make_cfg: Callable[..., TunerConfig],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``study.deadline_s``: no trial or confirm server starts unless one more fits before it,
+    nothing is cut short, no verdict is stored from part of the confirm stage, and the same
+    command runs only what is missing. 3 rounds: at least 3 confirm servers, whatever the picks."""
+    args = [a for a in COMMON if a != "confirm.rounds=2"] + ["confirm.rounds=3"]
+    started = _servers_take_100_s(monkeypatch)
+    out = run_study(make_cfg(*args, "study.n_trials=4", "study.deadline_s=250"), capsys, caplog)
+    assert started == [0, 1]  # at 200 s, 50 s are left and a server takes 100
+    assert (
+        "study.deadline_s (250 s): 50 s left, and the study's 2 servers took 100 s on average: "
+        "no new trial after 2 of 4" in out
+    )
+    assert "stopped before server 1 of" in out  # nor a confirm server
+    assert "not confirmed on fresh servers" in out  # the recommendation says so
+    study = optuna.load_study(study_name="resume", storage=storage_url(make_cfg(*args)))
+    assert len(study.trials) == 2 and all(t.state.is_finished() for t in study.trials)
+    assert "interrupted" not in out
+    assert ConfirmRecord.from_study(study) is None and "confirm_runs" not in study.user_attrs
+
+    # a new window: the stored trials' wall times (seconds on the sim) and this run's servers
+    # (100 s) let two confirm servers start, not a third (50 s left, a mean of at least 50 s)
+    started = _servers_take_100_s(monkeypatch)
+    out = run_study(make_cfg(*args, "study.n_trials=0", "study.deadline_s=250"), capsys, caplog)
+    assert len(started) == 2
+    assert "stopped before server 3 of" in out
+    study = optuna.load_study(study_name="resume", storage=storage_url(make_cfg(*args)))
+    assert len(study.user_attrs["confirm_runs"]["runs"]) == 2
+    assert ConfirmRecord.from_study(study) is None  # no verdict from 2 of the servers
+
+    again = _count_servers(monkeypatch, cut_after=None)
+    out = run_study(make_cfg(*args, "study.n_trials=0"), capsys, caplog)
+    assert out.count("stored by an earlier run") == 2
+    assert "Recommended: trial" in out and "not confirmed" not in out
+    record = ConfirmRecord.from_study(
+        optuna.load_study(study_name="resume", storage=storage_url(make_cfg(*args)))
+    )
+    assert record is not None and record.verdict is not None
+    servers = {(r.trial, row["round"]) for r in record.results for row in r.runs}
+    assert len(servers) == len(again) + 2 >= 3  # the stored 2 and the rest, none twice

@@ -170,6 +170,7 @@ def test_other_workloads_complete(make_cfg: Callable[..., TunerConfig], workload
         ([], "+workload=NAME"),
         (["+workload=chat", "study.repeats=0"], "allowed: 1 to 20"),
         (["+workload=chat", "study.timeout_s=0"], "allowed: seconds > 0, or null"),
+        (["+workload=chat", "study.deadline_s=-60"], "study.deadline_s is -60.0; allowed:"),
         (["+workload=chat", "+study.ntrials=5"], "key study.ntrials; the closest known key is"),
         (["+workload=chat", "study.ntrials=5"], "key study.ntrials; the closest known key is"),
     ],

@@ -105,6 +105,11 @@ class StudyConfig:
     """Wall-clock budget of this invocation's search, in seconds (Optuna's ``timeout``): once it
     has passed no new trial starts, running trials finish, and the confirm stage still runs. The
     study stops at ``n_trials`` or here, whichever comes first; the same command continues it."""
+    deadline_s: float | None = None
+    """A hard end for this invocation, search and confirm stage, in seconds from its start
+    (:mod:`tuner.deadline`): a server starts only where one more fits before it, going by the
+    mean wall time of the study's servers; none is cut short. The confirm stage stores no verdict
+    until every server has run; the same command continues the study where it stopped."""
     repeats: int = 1
     """Replays per trial on its one server (repeat k replays the workload with seed
     ``workload.seed + k - 1``, another request order and content; caches reset in between). The

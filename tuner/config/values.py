@@ -77,10 +77,11 @@ def check_study(c: TunerConfig) -> None:
         )
     if not 1 <= c.study.repeats <= 20:
         raise ConfigError(f"study.repeats is {c.study.repeats}; allowed: 1 to 20")
-    if c.study.timeout_s is not None and not c.study.timeout_s > 0:
-        raise ConfigError(
-            f"study.timeout_s is {c.study.timeout_s}; allowed: seconds > 0, or null for no limit"
-        )
+    for key, seconds in (("timeout_s", c.study.timeout_s), ("deadline_s", c.study.deadline_s)):
+        if seconds is not None and not seconds > 0:
+            raise ConfigError(
+                f"study.{key} is {seconds}; allowed: seconds > 0, or null for no limit"
+            )
     if c.study.n_trials < 0:
         raise ConfigError(f"study.n_trials is {c.study.n_trials}; allowed: an integer >= 0")
     if c.study.max_rejected < 0:
