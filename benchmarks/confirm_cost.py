@@ -60,10 +60,10 @@ MODES = ("search", "earlier")
 
 _SEARCH_START = """
 import runpy, sys
-import tuner.confirm, tuner.study
+import tuner.confirm, tuner.confirm_stage as stage
 _start = tuner.confirm.capacity_start
-assert tuner.study.capacity_start is _start, "tuner.study no longer calls confirm.capacity_start"
-tuner.study.capacity_start = lambda c, cfg, earlier=(): _start(c, cfg)  # the search's, always
+assert stage.capacity_start is _start, "confirm_stage no longer calls confirm.capacity_start"
+stage.capacity_start = lambda c, cfg, earlier=(): _start(c, cfg)  # the search's, always
 sys.argv = ["tuner", *sys.argv[1:]]
 runpy.run_module("tuner", run_name="__main__", alter_sys=True)
 """

@@ -1,5 +1,5 @@
 """The confirm stage's early stops (:class:`EarlyStop`, for the confirm loop of
-:mod:`tuner.study`), each from the third round on:
+:mod:`tuner.confirm_stage`), each from the third round on:
 
 - ``confirm.stop_losers``: a pick whose gain over vLLM's defaults settled below
   ``confirm.min_effect`` (:func:`settled_below`: its 95 % interval, from the rounds run so far,

@@ -6,7 +6,7 @@
               enqueue, prescreen) → tracking.open_tracker
     search    ask (space) → trial.run_trial: precheck → launch → measure → teardown
               → stored_trial.tell (Optuna) → tracking (MLflow) → console.progress_line
-    after     confirm (the picks re-run under stress, trial.run_server) → confirm.conclude
+    after     confirm_stage.run_confirm (the picks re-run under stress) → confirm.conclude
               → stored_study.ConfirmRecord.store → publish.publish
 
 Each stage lives in its own module; this one only sequences them. A trial that cannot start or
@@ -30,23 +30,20 @@ import optuna
 
 from tuner import __version__, aio, screen, stored_trial
 from tuner.artifacts import trial_dir
-from tuner.compile_cache import warm_first
 from tuner.config import TunerConfig
-from tuner.confirm import capacity_start, conclude, pick, stressed
-from tuner.confirm_stop import EarlyStop
+from tuner.confirm import conclude, pick
+from tuner.confirm_stage import run_confirm
 from tuner.console import hms, live_best, parent_summary, print_summary, progress_line
 from tuner.deadline import Deadline
-from tuner.engine.argv import cache_root, check_command, fixed_note, mask, params_key, secret_values
+from tuner.engine.argv import cache_root, check_command, fixed_note, mask, secret_values
 from tuner.engine.pool import GpuPool, cpu_layout, on_cores
 from tuner.grid import grid_left
-from tuner.measure import Replay, note_client_cores
+from tuner.measure import note_client_cores
 from tuner.memory import ModelShape
 from tuner.publish import publish
-from tuner.quality_guard import Guard
-from tuner.records import Candidate, ConfirmResult, TrialResult
+from tuner.records import ConfirmResult, TrialResult
 from tuner.recovery import close_runs, lease_dir, recover, worker_id
 from tuner.replay_client import loop_factory
-from tuner.score import needs_capacity
 from tuner.space import distributions
 from tuner.storage import (
     check_enqueue,
@@ -58,12 +55,12 @@ from tuner.storage import (
     study_name,
     trial_start,
 )
-from tuner.stored_study import ConfirmRecord, ConfirmRuns
+from tuner.stored_study import ConfirmRecord
 from tuner.stored_trial import mark_interrupted, mark_tuner_error, mark_worker, tell
 from tuner.stores import check_tracking, hide_url, quick_tracking_retries
 from tuner.study_lock import prepare_lock
 from tuner.tracking import WORKER, NullTracker, Tracker, open_tracker
-from tuner.trial import TrialContext, run_server, run_trial
+from tuner.trial import TrialContext, run_trial
 from tuner.workload import build_requests
 
 __all__ = ["StudyOutcome", "run"]
@@ -146,7 +143,7 @@ def run(cfg: TunerConfig) -> StudyOutcome:
     ctx = TrialContext(
         cfg, shape, requests, secrets, run_dir, cache_dir, study_name=study.study_name,
         parent_run_id=tracker.parent_run_id, pool=GpuPool(cfg.engine.gpus),
-        repeat_requests=repeat_requests, cpu_sets=servers_cores, deadline=deadline,
+        repeat_requests=repeat_requests, cpu_sets=servers_cores,
     )  # fmt: skip
     outcome = StudyOutcome(study)
     log.info(
@@ -161,9 +158,10 @@ def run(cfg: TunerConfig) -> StudyOutcome:
             if own:
                 note_client_cores(cfg, cores, ctx.cpu_sets or {}, requests)
             loop = loop_factory(cfg.workload.client_loop)
-            aio.run(_trials(study, distributions(cfg.space), ctx, tracker, outcome), loop)
+            trials = _trials(study, distributions(cfg.space), ctx, tracker, outcome, deadline)
+            aio.run(trials, loop)
             print_summary(outcome.study, outcome.results, cfg)
-            _after_search(study, ctx, tracker, outcome)
+            _after_search(study, ctx, tracker, outcome, deadline)
     except BaseException as exc:  # Ctrl-C or SIGTERM (KeyboardInterrupt), or a tuner bug
         outcome.interrupted = isinstance(exc, KeyboardInterrupt)
         if outcome.interrupted:
@@ -185,6 +183,7 @@ async def _trials(
     ctx: TrialContext,
     tracker: Tracker | NullTracker,
     outcome: StudyOutcome,
+    deadline: Deadline,
 ) -> None:
     """Run ``study.n_trials`` trials, ``study.n_workers`` at a time, each on its own GPU lease.
 
@@ -219,7 +218,7 @@ async def _trials(
     async def one(trial: optuna.Trial) -> None:
         nonlocal finished, free
         baseline = mark_baseline(trial, cfg)
-        since = ctx.deadline.now()
+        since = deadline.now()
         # the study's best capacity (the baseline's: a prediction), else a warm start's or the sim's
         incumbent = await trial_start(study, cfg, ctx.shape, ctx.requests, trial.params, baseline)
         try:
@@ -237,7 +236,7 @@ async def _trials(
         untold.pop(trial.number, None)
         # no await between the release above and this: the asking loop sees the new count
         if not result.rejected_before_launch:
-            ctx.deadline.timed(since)
+            deadline.timed(since)
         not_counted = result.rejected_before_launch and free < free_limit
         if not_counted:
             free += 1
@@ -290,7 +289,7 @@ async def _trials(
                     n,
                 )
                 break
-            if (late := ctx.deadline.check(study)) is not None:
+            if (late := deadline.check(study)) is not None:
                 slots.release()
                 log.info("%s: no new trial after %d of %d; the same command continues the study",
                          late, counted(), n)  # fmt: skip
@@ -320,81 +319,12 @@ async def _trials(
         raise
 
 
-async def _confirm(
-    study: optuna.Study, ctx: TrialContext, candidates: list[Candidate]
-) -> list[ConfirmResult] | None:
-    """Every candidate once per round (``confirm.rounds``), interleaved (A, B, defaults, A, B,
-    defaults, ...) so a drift of the machine hits them alike, each run on a fresh server with one
-    stress replay per seed; one server at a time (no co-running trial biases the numbers that
-    decide the recommendation); within a round, candidates whose compile key is warm first. A
-    run's folder, ``confirm/trial_NNNN/round_R/seed_S/``, is written as soon as it ends, and its
-    results are stored in the study (:class:`~tuner.stored_study.ConfirmRuns`): the same command
-    after an interruption runs only the servers not stored (those with an eval replay again). A
-    candidate that changes numerics, and the defaults, replay the eval set on each server after
-    its stress replays (:mod:`tuner.quality_guard`), and are judged on it too. Which candidate
-    runs no more rounds: :class:`tuner.confirm_stop.EarlyStop` (its two stops). None where
-    ``study.deadline_s`` leaves no room for the next server: no verdict until every one has run."""
-    cfg, root = ctx.cfg, ctx.cache_root
-    cc = cfg.confirm
-    replays = []
-    for seed in cc.seeds:  # the same stress streams in every round and for every candidate
-        w = stressed(cfg.workload, cc, seed)
-        replays.append(Replay(f"seed_{seed}", build_requests(w, cfg.model.files), w))
-    runs: dict[int, list[tuple[int, int, TrialResult]]] = {c.trial: [] for c in candidates}
-    guard = Guard(cfg, candidates)  # the eval replays of picks that change numerics
-    key = ConfirmRuns.digest([r.workload for r in replays], cfg.objective, cc.load_factor)
-    stored = ConfirmRuns.of(study, key)  # servers an earlier run of this stage finished
-    log.info(
-        "confirm: %d candidate(s) x %d round(s), each on a fresh server: %d server starts at %gx "
-        "load, %gx duration, seeds %s", len(candidates), cc.rounds, len(candidates) * cc.rounds,
-        cc.load_factor, cc.duration_factor, list(cc.seeds),
-    )  # fmt: skip
-    if (intro := guard.intro()) is not None:
-        log.info(intro)
-    step, total = 0, len(candidates) * cc.rounds
-    early = EarlyStop(cfg, candidates, stored, guard)
-    for rnd in range(1, cc.rounds + 1):  # within a round the order is free: warm keys first
-        for c in warm_first(candidates, lambda c: params_key(cfg, c.params, c.baseline), root):
-            step += 1
-            if early.skip(c, rnd, runs, f"confirm {step}/{total}"):
-                continue
-            after = guard.hook(c, rnd)  # the eval replay, if this pick is judged on quality
-            kept = None if after is not None else stored.get(c.trial, rnd)
-            log.info(
-                "confirm %d/%d: round %d, trial %d (%s)%s", step, total,
-                rnd, c.trial, ", ".join(c.picks), " stored by an earlier run" if kept else "",
-            )  # fmt: skip
-            if kept is not None:  # a server that ended before this stage was cut short
-                runs[c.trial] += [(rnd, seed, r) for seed, r in kept]
-                continue
-            tdir = trial_dir(ctx.run_dir / "confirm", c.trial) / f"round_{rnd}"
-            earlier = [r for _, _, r in runs[c.trial]]  # its servers of earlier rounds
-            start = capacity_start(c, cfg, earlier) if needs_capacity(cfg.objective) else None
-            if (late := ctx.deadline.check(study)) is not None:
-                log.warning(
-                    "confirm: %s: stopped before server %d of %d; no verdict until every server "
-                    "has run: the same command runs the rest", late, step, total,
-                )  # fmt: skip
-                return None
-            run, since = (ctx, c.trial, c.params, c.baseline, tdir, replays), ctx.deadline.now()
-            got = await run_server(*run, prune=False, capacity_start=start, after=after)
-            ctx.deadline.timed(since)
-            stored.put(study, c.trial, rnd, list(zip(cc.seeds, got, strict=True)))
-            runs[c.trial] += [(rnd, seed, r) for seed, r in zip(cc.seeds, got, strict=True)]
-            failed = sorted({r.failure_reason for r in got if r.failure_reason})
-            if failed:
-                log.info("confirm: trial %d failed in round %d: %s", c.trial, rnd, failed)
-    out = []
-    for c in candidates:
-        judged = early.result(c, runs[c.trial])
-        held = "holds" if judged.passed else f"DEMOTED: {judged.reason}"
-        log.info("confirm: trial %d %s", c.trial, held)
-        out.append(judged)
-    return out
-
-
 def _after_search(
-    study: optuna.Study, ctx: TrialContext, tracker: Tracker | NullTracker, outcome: StudyOutcome
+    study: optuna.Study,
+    ctx: TrialContext,
+    tracker: Tracker | NullTracker,
+    outcome: StudyOutcome,
+    deadline: Deadline,
 ) -> None:
     """Confirm the picks under stress, then publish (exports, figures, MLflow tags)."""
     cfg = ctx.cfg
@@ -421,7 +351,7 @@ def _after_search(
         if done and len(todo) < len(candidates):
             log.info("confirm: reusing the stored verdicts of trials %s", sorted(set(done)))
         loop = loop_factory(cfg.workload.client_loop)
-        fresh = aio.run(_confirm(study, ctx, todo), loop) if todo else []
+        fresh = aio.run(run_confirm(study, ctx, todo, deadline), loop) if todo else []
         if fresh is not None:  # None: study.deadline_s came first
             results = [done[c.trial] if c.trial in done else fresh.pop(0) for c in candidates]
             results = [replace(r, picks=c.picks) for r, c in zip(results, candidates, strict=True)]

@@ -40,7 +40,6 @@ from tuner.capacity import Start, for_gpus
 from tuner.capacity_probe import probe_capacity
 from tuner.compile_cache import record
 from tuner.config import EngineConfig, ObjectiveConfig, TunerConfig
-from tuner.deadline import Deadline
 from tuner.engine.argv import api_key, build_env, compile_key, mask, mask_argv, trial_argv
 from tuner.engine.container import CIDFILE, container_name, container_server
 from tuner.engine.gpu_memory import gpu_freed, wait_free_memory
@@ -98,8 +97,6 @@ class TrialContext:
     start_server: ServerFactory = field(default_factory=lambda: launch_server)
     """Makes each launch's server (:func:`launch_server`; the unit tests pass an in-process
     one)."""
-    deadline: Deadline = field(default_factory=Deadline)
-    """``study.deadline_s``: whether one more server fits (:mod:`tuner.deadline`)."""
 
 
 async def run_trial(

@@ -11,6 +11,7 @@ import optuna
 import pytest
 from helpers.cli import FAST, run_study
 
+import tuner.confirm_stage as confirm_stage
 import tuner.study as study_mod
 from tuner.config import TunerConfig
 from tuner.deadline import Deadline
@@ -34,7 +35,7 @@ class _Lost(RuntimeError):
 
 
 def _count_servers(monkeypatch: pytest.MonkeyPatch, cut_after: int | None) -> list[int]:
-    """Count the confirm servers :func:`tuner.study.run_server` starts (their trials); with
+    """Count the confirm servers :func:`tuner.confirm_stage.run_server` starts (their trials); with
     ``cut_after``, the stage dies when that many have ended."""
     started: list[int] = []
 
@@ -44,7 +45,7 @@ def _count_servers(monkeypatch: pytest.MonkeyPatch, cut_after: int | None) -> li
         started.append(args[1])
         return await run_server(*args, **kwargs)
 
-    monkeypatch.setattr(study_mod, "run_server", counted)
+    monkeypatch.setattr(confirm_stage, "run_server", counted)
     return started
 
 
@@ -122,7 +123,7 @@ def test_a_server_that_never_became_ready_is_tried_again(
             ]
         return got
 
-    monkeypatch.setattr(study_mod, "run_server", first_dies_at_start)
+    monkeypatch.setattr(confirm_stage, "run_server", first_dies_at_start)
     run_study(cfg, capsys, caplog)
     study = optuna.load_study(study_name="resume", storage=storage_url(cfg))
     stored = study.user_attrs["confirm_runs"]["runs"]
@@ -159,7 +160,7 @@ def _servers_take_100_s(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return timed
 
     monkeypatch.setattr(study_mod, "run_trial", slow(run_trial))
-    monkeypatch.setattr(study_mod, "run_server", slow(run_server))
+    monkeypatch.setattr(confirm_stage, "run_server", slow(run_server))
     monkeypatch.setattr(study_mod, "Deadline", lambda s: Deadline(s, clock=lambda: now[0]))
     return started
 

@@ -72,14 +72,16 @@ def test_the_patch_reaches_the_start_the_study_calls(cc: Any, monkeypatch: Any) 
     # the benchmark's "search" mode: the study's capacity_start ignores the earlier servers
     # (runpy stubbed: the tuner does not run)
     import tuner.confirm
-    import tuner.study
+    import tuner.confirm_stage
     from tuner.config import ConfirmConfig, TunerConfig
     from tuner.records import Candidate, TrialResult
 
     ran: list[str] = []
     monkeypatch.setattr(runpy, "run_module", lambda name, **kw: ran.append(name))
     monkeypatch.setattr(sys, "argv", ["-c", "+workload=chat"])
-    monkeypatch.setattr(tuner.study, "capacity_start", tuner.study.capacity_start)  # restored
+    monkeypatch.setattr(
+        tuner.confirm_stage, "capacity_start", tuner.confirm_stage.capacity_start
+    )  # restored
     exec(compile(cc._SEARCH_START, "confirm_cost", "exec"), {})
     assert ran == ["tuner"] and sys.argv == ["tuner", "+workload=chat"]
     pick = Candidate(
@@ -89,4 +91,4 @@ def test_the_patch_reaches_the_start_the_study_calls(cc: Any, monkeypatch: Any) 
     m = {"capacity_factor": 3.6, "capacity_rps": 69.0, "capacity_censored": 0.0}
     earlier = [TrialResult(3, {}, (), (69.0,), {}, m)]
     assert tuner.confirm.capacity_start(pick, cfg, earlier).factor == 3.6  # as shipped
-    assert tuner.study.capacity_start(pick, cfg, earlier).factor == 4.0  # the search's, / 2
+    assert tuner.confirm_stage.capacity_start(pick, cfg, earlier).factor == 4.0  # the search's, / 2

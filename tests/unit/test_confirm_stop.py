@@ -1,6 +1,6 @@
 """``confirm.stop_losers``: from the third round on, a pick whose gain over vLLM's defaults
 settled below ``confirm.min_effect`` (beyond the spread between rounds) runs no more rounds; the
-defaults run them all unless every pick stopped. The confirm loop of :mod:`tuner.study` with
+defaults run them all unless every pick stopped. The confirm loop of :mod:`tuner.confirm_stage` with
 three candidates and ``run_server`` replaced by one that returns the verdict's metric per
 server: one pick reads half the defaults' value, the other +6 % then -4 % (an interval that
 still reaches +3 %), or the same as the defaults (one that does not)."""
@@ -16,8 +16,9 @@ from typing import Any
 import optuna
 import pytest
 
-import tuner.study as study_mod
+import tuner.confirm_stage as confirm_stage
 from tuner.config import TunerConfig
+from tuner.deadline import Deadline
 from tuner.memory import ModelShape
 from tuner.records import Candidate, TrialResult
 from tuner.trial import TrialContext
@@ -54,15 +55,15 @@ def _confirm(
             value *= {1: 1.06, 2: 0.96}.get(k, 1.0)
         return [TrialResult(trial, {}, (), (value,), {}, {metric: value}, launched=True)]
 
-    monkeypatch.setattr(study_mod, "run_server", fake_run_server)
-    monkeypatch.setattr(study_mod, "build_requests", lambda w, files: [])
+    monkeypatch.setattr(confirm_stage, "run_server", fake_run_server)
+    monkeypatch.setattr(confirm_stage, "build_requests", lambda w, files: [])
     ctx = TrialContext(cfg, ModelShape.from_dir(cfg.model.files), [], [], tmp_path / "run", None)
     study = optuna.create_study(directions=["maximize"])
     cands = CANDIDATES
     if values is not None:
         cands = [Candidate(t, ("baseline" if t == BASE else f"pick {t}",), {}, t == BASE, (), {})
                  for t in values]  # fmt: skip
-    out = asyncio.run(study_mod._confirm(study, ctx, cands))
+    out = asyncio.run(confirm_stage.run_confirm(study, ctx, cands, Deadline()))
     return started, out
 
 
