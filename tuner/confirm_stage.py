@@ -1,6 +1,6 @@
 """The confirm stage's servers (``tuner/study.py`` runs it after the search): each pick and vLLM's
 defaults once per round on a fresh server under stress, stored as each ends, judged at the end
-(:func:`tuner.confirm_stop.EarlyStop.result`); the verdict is :func:`tuner.confirm.conclude`'s.
+(:meth:`tuner.confirm_stop.EarlyStop.result`); the verdict is :func:`tuner.confirm.conclude`'s.
 """
 
 from __future__ import annotations
@@ -75,15 +75,15 @@ async def run_confirm(
             if kept is not None:  # a server that ended before this stage was cut short
                 runs[c.trial] += [(rnd, seed, r) for seed, r in kept]
                 continue
-            tdir = trial_dir(ctx.run_dir / "confirm", c.trial) / f"round_{rnd}"
-            earlier = [r for _, _, r in runs[c.trial]]  # its servers of earlier rounds
-            start = capacity_start(c, cfg, earlier) if needs_capacity(cfg.objective) else None
             if (late := deadline.check(study)) is not None:
                 log.warning(
                     "confirm: %s: stopped before server %d of %d; no verdict until every server "
                     "has run: the same command runs the rest", late, step, total,
                 )  # fmt: skip
                 return None
+            tdir = trial_dir(ctx.run_dir / "confirm", c.trial) / f"round_{rnd}"
+            earlier = [r for _, _, r in runs[c.trial]]  # its servers of earlier rounds
+            start = capacity_start(c, cfg, earlier) if needs_capacity(cfg.objective) else None
             run, since = (ctx, c.trial, c.params, c.baseline, tdir, replays), deadline.now()
             got = await run_server(*run, prune=False, capacity_start=start, after=after)
             deadline.timed(since)
